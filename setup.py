@@ -1,0 +1,36 @@
+"""Installs the two top-level packages: `kernels` (ops) and `fastformer` (the drop-in model)."""
+import re
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "fastformer" / "version.py").read_text()).group(1)
+
+setup(
+    name="fastformer",
+    version=VERSION,
+    description="A drop-in, Triton-accelerated version of the classic tutorial Transformer",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    packages=["kernels", "fastformer"],
+    package_data={"fastformer": ["data/*"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "torch",
+        "triton; platform_system == 'Linux'",
+        "sentencepiece",
+        "numpy",
+        "tqdm",
+    ],
+    extras_require={
+        "test": ["pytest", "pytest-benchmark", "hypothesis"],
+        "bench": ["matplotlib"],
+    },
+    entry_points={"console_scripts": ["fastformer = fastformer.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Operating System :: POSIX :: Linux",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
