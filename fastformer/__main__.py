@@ -1,0 +1,3 @@
+from fastformer.cli import main
+
+raise SystemExit(main())

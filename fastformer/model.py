@@ -1,0 +1,283 @@
+"""The tutorial's Transformer, module for module, with the math routed through `kernels`.
+
+Names, constructor arguments, forward signatures, return tuples and parameter names are the
+tutorial's, so its checkpoints load with strict=True. Two things differ, both invisible to its code:
+
+- Encoder and Decoder pass an `AttentionMask` (key-padding vector + causal flag) down to the layers
+  instead of a dense (bs, n_q_seq, n_k_seq) mask; the layers still accept a dense bool mask.
+- Attention probabilities are computed only when asked for: `config.output_attentions` True
+  returns them, False returns None in their place, and unset (the default) returns them on the
+  reference backend (as the tutorial does) and None on the Triton fast path, which never builds them.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fastformer import backend
+from fastformer.masks import AttentionMask, get_sinusoid_encoding_table
+
+
+def wants_probs(config, tensor):
+    """Whether attention modules return probabilities (see the module docstring)."""
+    flag = config.get("output_attentions")
+    if flag is None:
+        return not backend.uses_triton(tensor)
+    return bool(flag)
+
+
+def active_p(dropout):
+    """An nn.Dropout's probability when it is active (training), else 0."""
+    return dropout.p if dropout.training else 0.0
+
+
+def add_norm(layer_norm, x, residual, dropout):
+    """layer_norm(residual + dropout(x)) through the fused op."""
+    return backend.add_layer_norm(x, residual, layer_norm.weight, layer_norm.bias, layer_norm.eps, active_p(dropout))
+
+
+def check_token_ids(name, ids, max_len):
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got {shape}")
+    if ids.size(1) > max_len:
+        raise ValueError(f"{name} has length {ids.size(1)}, longer than the config's maximum {max_len}")
+
+
+def position_ids(inputs, pad):
+    """Positions 1..n_seq, with 0 (the table's unused row) at padding."""
+    # (bs, n_seq)
+    positions = torch.arange(1, inputs.size(1) + 1, device=inputs.device).expand_as(inputs)
+    return positions.masked_fill(pad, 0)
+
+
+def sinusoid_embedding(n_seq, d_hidn):
+    """The frozen position embedding of n_seq + 1 rows (row 0 for padding)."""
+    table = torch.tensor(get_sinusoid_encoding_table(n_seq + 1, d_hidn), dtype=torch.float32)
+    return nn.Embedding.from_pretrained(table, freeze=True)
+
+
+class ScaledDotProductAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.dropout = nn.Dropout(config.dropout)
+        self.scale = 1 / (self.config.d_head**0.5)
+
+    def forward(self, Q, K, V, attn_mask):
+        """Q: (bs, n_head, n_q_seq, d_head); K, V: (bs, n_head, n_k_seq, d_head); attn_mask: dense
+        bool (bs, [n_head,] n_q_seq, n_k_seq) with True = masked, or an AttentionMask.
+        Returns context (bs, n_head, n_q_seq, d_head) and probabilities or None."""
+        return_probs = wants_probs(self.config, Q)
+        out = backend.attention(
+            Q,
+            K,
+            V,
+            **AttentionMask.of(attn_mask).as_kwargs(),
+            dropout_p=active_p(self.dropout),
+            softmax_scale=self.scale,
+            return_probs=return_probs,
+        )
+        # (bs, n_head, n_q_seq, d_head), (bs, n_head, n_q_seq, n_k_seq) or None
+        return out if return_probs else (out, None)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        d_attn = config.n_head * config.d_head
+        self.W_Q = nn.Linear(config.d_hidn, d_attn)
+        self.W_K = nn.Linear(config.d_hidn, d_attn)
+        self.W_V = nn.Linear(config.d_hidn, d_attn)
+        self.scaled_dot_attn = ScaledDotProductAttention(config)
+        self.linear = nn.Linear(d_attn, config.d_hidn)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def extra_repr(self):
+        return f"n_head={self.config.n_head}, d_head={self.config.d_head}"
+
+    def forward(self, Q, K, V, attn_mask):
+        """Q: (bs, n_q_seq, d_hidn); K, V: (bs, n_k_seq, d_hidn). Returns (bs, n_q_seq, d_hidn) and
+        the probabilities (bs, n_head, n_q_seq, n_k_seq) or None."""
+        output, attn_prob = self.attend(Q, K, V, attn_mask)
+        return self.dropout(output), attn_prob
+
+    def attend(self, Q, K, V, attn_mask):
+        """forward without the output dropout, which the layers fuse into add + LayerNorm."""
+        batch_size = Q.size(0)
+        q_s, k_s, v_s = self.project(Q, K, V)
+        context, attn_prob = self.scaled_dot_attn(q_s, k_s, v_s, attn_mask)
+        # (bs, n_q_seq, n_head * d_head): free when the kernel wrote context head-interleaved
+        context = context.transpose(1, 2).reshape(batch_size, -1, self.config.n_head * self.config.d_head)
+        return self.linear(context), attn_prob
+
+    def project(self, Q, K, V):
+        """q_s, k_s, v_s as (bs, n_head, n_seq, d_head) views of the projections: one GEMM for
+        self-attention (Q is K is V), one for K and V in cross-attention, no transpose copies."""
+        linears = [self.W_Q, self.W_K, self.W_V]
+        if Q is K and K is V:
+            groups = [(Q, linears)]
+        elif K is V:
+            groups = [(Q, linears[:1]), (K, linears[1:])]
+        else:
+            groups = [(Q, linears[:1]), (K, linears[1:2]), (V, linears[2:])]
+        heads = []
+        for x, group in groups:
+            weight = group[0].weight if len(group) == 1 else torch.cat([lin.weight for lin in group])
+            bias = group[0].bias if len(group) == 1 else torch.cat([lin.bias for lin in group])
+            # (bs, n_seq, len(group), n_head, d_head)
+            y = F.linear(x, weight, bias).view(x.size(0), x.size(1), len(group), self.config.n_head, self.config.d_head)
+            heads.extend(y.unbind(2))
+        # each (bs, n_head, n_seq, d_head)
+        return [h.transpose(1, 2) for h in heads]
+
+
+class PoswiseFeedForwardNet(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        # Conv1d with kernel_size 1, as the tutorial has them, so its checkpoints load.
+        self.conv1 = nn.Conv1d(in_channels=config.d_hidn, out_channels=config.d_ff, kernel_size=1)
+        self.conv2 = nn.Conv1d(in_channels=config.d_ff, out_channels=config.d_hidn, kernel_size=1)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, inputs):
+        """inputs: (bs, n_seq, d_hidn) -> (bs, n_seq, d_hidn)."""
+        return self.dropout(self.transform(inputs))
+
+    def transform(self, inputs):
+        """forward without the output dropout, which the layers fuse into add + LayerNorm."""
+        # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
+        return backend.feed_forward(
+            inputs, self.conv1.weight.squeeze(-1), self.conv1.bias, self.conv2.weight.squeeze(-1), self.conv2.bias
+        )
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.self_attn = MultiHeadAttention(config)
+        self.layer_norm1 = nn.LayerNorm(config.d_hidn, eps=config.layer_norm_epsilon)
+        self.pos_ffn = PoswiseFeedForwardNet(config)
+        self.layer_norm2 = nn.LayerNorm(config.d_hidn, eps=config.layer_norm_epsilon)
+
+    def forward(self, inputs, attn_mask):
+        """inputs: (bs, n_enc_seq, d_hidn). Returns (bs, n_enc_seq, d_hidn) and the self-attention
+        probabilities (bs, n_head, n_enc_seq, n_enc_seq) or None."""
+        att_outputs, attn_prob = self.self_attn.attend(inputs, inputs, inputs, attn_mask)
+        att_outputs = add_norm(self.layer_norm1, att_outputs, inputs, self.self_attn.dropout)
+        ffn_outputs = self.pos_ffn.transform(att_outputs)
+        ffn_outputs = add_norm(self.layer_norm2, ffn_outputs, att_outputs, self.pos_ffn.dropout)
+        return ffn_outputs, attn_prob
+
+
+class Encoder(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.enc_emb = nn.Embedding(config.n_enc_vocab, config.d_hidn)
+        self.pos_emb = sinusoid_embedding(config.n_enc_seq, config.d_hidn)
+        self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.n_layer)])
+
+    def forward(self, inputs):
+        """inputs: (bs, n_enc_seq) token ids. Returns (bs, n_enc_seq, d_hidn) and a list of each
+        layer's probabilities (or None)."""
+        check_token_ids("inputs", inputs, self.config.n_enc_seq)
+        # (bs, n_enc_seq)
+        pad = inputs.eq(self.config.i_pad)
+        outputs = self.enc_emb(inputs) + self.pos_emb(position_ids(inputs, pad))
+        attn_mask = AttentionMask(key_padding_mask=pad)
+        attn_probs = []
+        for layer in self.layers:
+            outputs, attn_prob = layer(outputs, attn_mask)
+            attn_probs.append(attn_prob)
+        return outputs, attn_probs
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.self_attn = MultiHeadAttention(config)
+        self.layer_norm1 = nn.LayerNorm(config.d_hidn, eps=config.layer_norm_epsilon)
+        self.dec_enc_attn = MultiHeadAttention(config)
+        self.layer_norm2 = nn.LayerNorm(config.d_hidn, eps=config.layer_norm_epsilon)
+        self.pos_ffn = PoswiseFeedForwardNet(config)
+        self.layer_norm3 = nn.LayerNorm(config.d_hidn, eps=config.layer_norm_epsilon)
+
+    def forward(self, dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask):
+        """dec_inputs: (bs, n_dec_seq, d_hidn); enc_outputs: (bs, n_enc_seq, d_hidn). Returns
+        (bs, n_dec_seq, d_hidn) and the self- and cross-attention probabilities (or None)."""
+        self_att_outputs, self_attn_prob = self.self_attn.attend(dec_inputs, dec_inputs, dec_inputs, self_attn_mask)
+        self_att_outputs = add_norm(self.layer_norm1, self_att_outputs, dec_inputs, self.self_attn.dropout)
+        dec_enc_att_outputs, dec_enc_attn_prob = self.dec_enc_attn.attend(
+            self_att_outputs, enc_outputs, enc_outputs, dec_enc_attn_mask
+        )
+        dec_enc_att_outputs = add_norm(
+            self.layer_norm2, dec_enc_att_outputs, self_att_outputs, self.dec_enc_attn.dropout
+        )
+        ffn_outputs = self.pos_ffn.transform(dec_enc_att_outputs)
+        ffn_outputs = add_norm(self.layer_norm3, ffn_outputs, dec_enc_att_outputs, self.pos_ffn.dropout)
+        return ffn_outputs, self_attn_prob, dec_enc_attn_prob
+
+
+class Decoder(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.dec_emb = nn.Embedding(config.n_dec_vocab, config.d_hidn)
+        self.pos_emb = sinusoid_embedding(config.n_dec_seq, config.d_hidn)
+        self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.n_layer)])
+
+    def forward(self, dec_inputs, enc_inputs, enc_outputs):
+        """dec_inputs: (bs, n_dec_seq) ids; enc_inputs: (bs, n_enc_seq) ids; enc_outputs:
+        (bs, n_enc_seq, d_hidn). Returns (bs, n_dec_seq, d_hidn) and lists of each layer's self- and
+        cross-attention probabilities (or None)."""
+        check_token_ids("dec_inputs", dec_inputs, self.config.n_dec_seq)
+        # (bs, n_dec_seq)
+        dec_pad = dec_inputs.eq(self.config.i_pad)
+        dec_outputs = self.dec_emb(dec_inputs) + self.pos_emb(position_ids(dec_inputs, dec_pad))
+        self_attn_mask = AttentionMask(key_padding_mask=dec_pad, causal=True)
+        dec_enc_attn_mask = AttentionMask(key_padding_mask=enc_inputs.eq(self.config.i_pad))
+        self_attn_probs, dec_enc_attn_probs = [], []
+        for layer in self.layers:
+            dec_outputs, self_attn_prob, dec_enc_attn_prob = layer(
+                dec_outputs, enc_outputs, self_attn_mask, dec_enc_attn_mask
+            )
+            self_attn_probs.append(self_attn_prob)
+            dec_enc_attn_probs.append(dec_enc_attn_prob)
+        return dec_outputs, self_attn_probs, dec_enc_attn_probs
+
+
+class Transformer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+
+    def forward(self, enc_inputs, dec_inputs):
+        """Returns dec_outputs (bs, n_dec_seq, d_hidn) and the encoder self-, decoder self- and
+        decoder-encoder attention probabilities, one list entry per layer (or None)."""
+        enc_outputs, enc_self_attn_probs = self.encoder(enc_inputs)
+        dec_outputs, dec_self_attn_probs, dec_enc_attn_probs = self.decoder(dec_inputs, enc_inputs, enc_outputs)
+        return dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
+
+
+class MovieClassification(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = Transformer(config)
+        self.projection = nn.Linear(config.d_hidn, config.n_output, bias=False)
+
+    def forward(self, enc_inputs, dec_inputs):
+        """Returns logits (bs, n_output) and the three lists of attention probabilities."""
+        dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs = self.transformer(
+            enc_inputs, dec_inputs
+        )
+        # (bs, d_hidn): max over the decoder sequence
+        dec_outputs, _ = torch.max(dec_outputs, dim=1)
+        logits = self.projection(dec_outputs)
+        return logits, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
