@@ -1,0 +1,92 @@
+"""The backend switch: set_backend, use_backend, FASTFORMER_BACKEND, and attention probabilities."""
+import pytest
+import torch
+
+import fastformer
+from fastformer import backend
+from tests.test_drop_in import small_config, token_batch
+
+
+def test_default_is_auto_and_set_backend_changes_it():
+    assert fastformer.get_backend() == "auto"
+    fastformer.set_backend("reference")
+    assert fastformer.get_backend() == "reference"
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'triton', 'reference', got 'cuda'"):
+        fastformer.set_backend("cuda")
+
+
+def test_use_backend_restores_the_previous_choice_even_on_error():
+    fastformer.set_backend("reference")
+    with pytest.raises(RuntimeError):
+        with fastformer.use_backend("triton"):
+            assert fastformer.get_backend() == "triton"
+            raise RuntimeError("inside")
+    assert fastformer.get_backend() == "reference"
+
+
+def test_environment_variable(monkeypatch):
+    monkeypatch.setenv("FASTFORMER_BACKEND", "reference")
+    assert fastformer.get_backend() == "reference"
+    with fastformer.use_backend("triton"):
+        assert fastformer.get_backend() == "triton"
+    monkeypatch.setenv("FASTFORMER_BACKEND", "fast")
+    with pytest.raises(ValueError, match=r"\$FASTFORMER_BACKEND must be one of"):
+        fastformer.get_backend()
+
+
+def test_auto_uses_triton_for_cuda_tensors_only():
+    cpu = torch.zeros(1)
+    assert not backend.uses_triton(cpu)
+    with fastformer.use_backend("triton"):
+        assert backend.uses_triton(cpu)
+    with fastformer.use_backend("reference"):
+        assert not backend.uses_triton(cpu)
+
+
+def test_ops_dispatch_to_the_chosen_implementation(monkeypatch):
+    calls = []
+    monkeypatch.setattr(backend.kernels, "attention", lambda *a, **kw: calls.append("triton"))
+    monkeypatch.setattr(backend.kernels, "attention_reference", lambda *a, **kw: calls.append("reference"))
+    q = torch.zeros(1, 1, 1, 16)
+    with fastformer.use_backend("triton"):
+        backend.attention(q, q, q)
+    with fastformer.use_backend("reference"):
+        backend.attention(q, q, q)
+    backend.attention(q, q, q)  # auto on a CPU tensor
+    assert calls == ["triton", "reference", "reference"]
+
+
+@pytest.mark.parametrize(
+    "flag, backend_name, expect_probs",
+    [
+        (None, "reference", True),  # the tutorial's behaviour on the reference path
+        (None, "triton", False),  # the fast path never builds probabilities unless asked
+        (True, "triton", True),
+        (False, "reference", False),
+    ],
+)
+def test_output_attentions_policy(flag, backend_name, expect_probs):
+    overrides = {} if flag is None else {"output_attentions": flag}
+    config = small_config(dropout=0.0, **overrides)
+    model = fastformer.MovieClassification(config).eval()
+    enc, dec = token_batch(config)
+    with fastformer.use_backend(backend_name), torch.no_grad():
+        logits, enc_probs, dec_probs, cross_probs = model(enc, dec)
+    for probs in (enc_probs, dec_probs, cross_probs):
+        assert len(probs) == config.n_layer
+        assert all((p is not None) == expect_probs for p in probs)
+    if expect_probs:
+        assert enc_probs[0].shape == (enc.size(0), config.n_head, enc.size(1), enc.size(1))
+        assert cross_probs[0].shape == (enc.size(0), config.n_head, dec.size(1), enc.size(1))
+
+
+def test_triton_backend_matches_reference_on_the_model():
+    config = small_config(dropout=0.0)
+    model = fastformer.MovieClassification(config).eval()
+    enc, dec = token_batch(config)
+    with torch.no_grad():
+        with fastformer.use_backend("reference"):
+            expected = model(enc, dec)[0]
+        with fastformer.use_backend("triton"):
+            got = model(enc, dec)[0]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
