@@ -4,18 +4,37 @@ import warnings
 
 import torch
 
+
+def _identity_decorator(*args, **kwargs):
+    """`@x` and `@x(...)` both leave the function as it is."""
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return args[0]
+    return lambda fn: fn
+
+
+class _TritonMissing:
+    """Stands in for `triton` and `tl` where Triton is not installed (it ships for Linux only), so
+    the op files still import and the reference path works; launching a kernel is refused first."""
+
+    def __getattr__(self, name):
+        return _identity_decorator
+
+
 try:
-    import triton  # noqa: F401
-    import triton.language as tl  # noqa: F401
+    import triton
+    import triton.language as tl
 
     HAS_TRITON = True
-except ImportError:  # Triton ships for Linux only
+except ImportError:
+    triton = tl = _TritonMissing()
     HAS_TRITON = False
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so this is fixed at import time.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The references also take fp64, so tests can use them as oracles.
+REFERENCE_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
 _warned = set()
 
@@ -74,3 +93,16 @@ def check_same_device(**tensors):
 def check_dropout_p(dropout_p):
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+
+
+def autotune_configs(candidates, keep, interpreter_config):
+    """The kernel's autotune list: the kept candidates on a GPU, one config under the interpreter
+    (where autotuning is only slow). Each candidate is (meta dict, num_warps, num_stages)."""
+    if INTERPRET:
+        return [triton.Config(interpreter_config, num_warps=4, num_stages=1)]
+    return [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in candidates if keep(meta, w, s)]
+
+
+def last_dim_contiguous(t):
+    """t itself when its last dimension has unit stride (kernels take the other strides as they are)."""
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()

@@ -1,27 +1,41 @@
-"""Masked scaled-dot-product attention: the public op and its PyTorch reference.
+"""Masked scaled-dot-product attention in Triton (FlashAttention-2), and its PyTorch reference.
 
 Mask conventions (the tutorial's): boolean masks, True = masked. A query row whose keys are all
 masked gets the tutorial's value, the mean of V over all Lk keys (its -1e9 fill makes the softmax
 uniform), never NaN.
+
+The kernels stream K/V blocks past a tile of queries with an online softmax in fp32 and never
+write an (Lq, Lk) matrix. The forward saves the per-row log-sum-exp (base 2; +inf marks a row whose
+keys are all masked); the backward recomputes the probabilities from it, in two kernels (dK/dV per
+key block, dQ per query block), so no atomics and bitwise-reproducible gradients.
 """
 import torch
 import torch.nn.functional as F
 
 from kernels._common import (
+    FLOAT_DTYPES,
+    INTERPRET,
+    REFERENCE_DTYPES,
+    autotune_configs,
     check_dropout_p,
     check_same_device,
     check_same_dtype,
     check_tensor,
+    last_dim_contiguous,
+    require_launchable,
+    tl,
+    triton,
+    warn_once,
 )
 
 # The tutorial fills masked scores with -1e9; kept so fully masked rows average V uniformly.
 MASKED_SCORE = -1e9
 
 
-def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale):
+def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, dtypes=FLOAT_DTYPES):
     """Validate the arguments of `attention`; returns (B, H, Lq, Lk, D)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, ndim=4)
+        check_tensor(name, t, ndim=4, dtypes=dtypes)
     check_same_dtype(q=q, k=k, v=v)
     B, H, Lq, D = q.shape
     if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
@@ -34,6 +48,8 @@ def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softma
             f"q, k and v must share the head dim D: got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     Lk = k.shape[2]
+    if Lq == 0 or Lk == 0 or B == 0 or H == 0:
+        raise ValueError(f"attention needs non-empty inputs, got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if v.shape[2] != Lk:
         raise ValueError(f"k and v must have the same length: got k {tuple(k.shape)}, v {tuple(v.shape)}")
     if key_padding_mask is not None:
@@ -72,38 +88,578 @@ def dense_mask(Lq, Lk, device, key_padding_mask=None, causal=False, attn_mask=No
     return mask
 
 
-def attention_reference(
-    q,
-    k,
-    v,
-    *,
-    key_padding_mask=None,
-    causal=False,
-    attn_mask=None,
-    dropout_p=0.0,
-    softmax_scale=None,
-    return_probs=False,
-):
-    """The tutorial's attention in plain PyTorch: the oracle for the Triton kernel.
+# ----------------------------------------------------------------------------------------------
+# Triton kernels. Scores live in base 2: s = q k^T * scale * log2(e), p = exp2(s - lse).
+# ----------------------------------------------------------------------------------------------
+LOG2E = 1.4426950408889634
 
-    Same signature and semantics as `attention`. Scores are masked with -1e9 and the softmax runs in
-    fp32 (the -1e9 fill would overflow fp16); the probabilities are cast back to v's dtype for the
-    product with V, as a kernel does.
-    """
-    B, H, Lq, Lk, D = check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale)
-    scale = D**-0.5 if softmax_scale is None else softmax_scale
-    # (B, H, Lq, Lk)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    mask = dense_mask(Lq, Lk, q.device, key_padding_mask, causal, attn_mask)
-    if mask is not None:
-        scores = scores.masked_fill(mask, MASKED_SCORE)
-    probs = torch.softmax(scores, dim=-1)
-    if dropout_p > 0.0:
-        probs = F.dropout(probs, p=dropout_p, training=True)
-    probs = probs.to(v.dtype)
-    # (B, H, Lq, D)
-    out = torch.matmul(probs, v)
-    return (out, probs) if return_probs else out
+
+@triton.jit
+def _tile_valid(
+    offs_m, offs_n, b, h, Lq, Lk,
+    PAD, stride_pb, stride_pn,
+    MASK, stride_mb, stride_mh, stride_mm, stride_mn,
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+):
+    """(BLOCK_M, BLOCK_N) True where query offs_m may attend to key offs_n."""
+    in_bounds = (offs_m[:, None] < Lq) & (offs_n[None, :] < Lk)
+    valid = in_bounds
+    if HAS_PAD:
+        # the key-padding vector of this key block, never expanded to (Lq, Lk)
+        pad = tl.load(PAD + b * stride_pb + offs_n * stride_pn, mask=offs_n < Lk, other=1)
+        valid = valid & (pad == 0)[None, :]
+    if IS_CAUSAL:
+        valid = valid & (offs_n[None, :] <= offs_m[:, None])
+    if HAS_MASK:
+        dense = tl.load(
+            MASK + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
+            mask=in_bounds,
+            other=1,
+        )
+        valid = valid & (dense == 0)
+    return valid
+
+
+@triton.jit
+def _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p):
+    """(BLOCK_M, BLOCK_N) keep-mask: Philox on the element's flat index in (B*H, Lq, Lk)."""
+    offsets = (bh.to(tl.int64) * Lq + offs_m[:, None]) * Lk + offs_n[None, :]
+    return tl.rand(seed, offsets) >= dropout_p
+
+
+@triton.jit
+def _masked_rows_value(
+    v_base, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
+    HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """The tutorial's output for a row whose keys are all masked: uniform 1/Lk over every key
+    (after dropout, as the tutorial applies it), times V. The rare, slower path."""
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(0, Lk, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        p = tl.where(offs_n[None, :] < Lk, 1.0 / Lk, 0.0) + tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if HAS_DROPOUT:
+            p = tl.where(_dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
+        v = tl.load(
+            v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
+            mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < D),
+            other=0.0,
+        )
+        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc
+
+
+def _fwd_configs():
+    candidates = [
+        ({"BLOCK_M": bm, "BLOCK_N": bn}, w, s)
+        for bm in (64, 128)
+        for bn in (32, 64, 128)
+        for w in (4, 8)
+        for s in (2, 3, 4)
+    ]
+    return autotune_configs(
+        candidates,
+        keep=lambda meta, w, s: meta["BLOCK_M"] >= meta["BLOCK_N"] and (w == 8) == (meta["BLOCK_M"] == 128),
+        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16},
+    )
+
+
+_KEY = ["BLOCK_D", "LQ_BUCKET", "LK_BUCKET", "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION"]
+
+
+@triton.autotune(configs=_fwd_configs(), key=_KEY)
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, O, LSE, PAD, KV_END, MASK, SEED,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    stride_pb, stride_pn,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    H, Lq, Lk, D, qk_scale, dropout_p,
+    LQ_BUCKET, LK_BUCKET,  # autotune keys only
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    n_m_blocks = tl.cdiv(Lq, BLOCK_M)
+    pid = tl.program_id(0)
+    bh = pid // n_m_blocks
+    start_m = (n_m_blocks - 1 - pid % n_m_blocks) * BLOCK_M  # longest causal rows first
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    # (BLOCK_M, BLOCK_D)
+    q = tl.load(
+        Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+        mask=(offs_m[:, None] < Lq) & d_ok[None, :],
+        other=0.0,
+    )
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+
+    # Key blocks past the last valid key (trailing padding) or above the diagonal are skipped.
+    end_n = Lk
+    if HAS_PAD:
+        end_n = tl.load(KV_END + b)
+    if IS_CAUSAL:
+        end_n = tl.minimum(end_n, start_m + BLOCK_M)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(0, end_n, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        valid = _tile_valid(
+            offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
+            MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
+        )
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no valid key yet
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p)
+            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    masked_row = l_i == 0.0
+    l_safe = tl.where(masked_row, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse = tl.where(masked_row, float("inf"), m_i + tl.log2(l_safe))
+    if HAS_PAD or HAS_MASK:
+        if tl.max((masked_row & (offs_m < Lq)).to(tl.int32), 0) > 0:
+            uniform = _masked_rows_value(
+                v_base, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
+                HAS_DROPOUT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_D,
+            )
+            out = tl.where(masked_row[:, None], uniform, out)
+    tl.store(
+        O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=(offs_m[:, None] < Lq) & d_ok[None, :],
+    )
+    tl.store(LSE + bh * Lq + offs_m, lse, mask=offs_m < Lq)
+
+
+def _bwd_configs():
+    candidates = [
+        ({"BLOCK_M": bm, "BLOCK_N": bn}, w, s)
+        for bm in (32, 64, 128)
+        for bn in (32, 64, 128)
+        for w in (4, 8)
+        for s in (2, 3)
+    ]
+    return autotune_configs(
+        candidates,
+        keep=lambda meta, w, s: meta["BLOCK_M"] * meta["BLOCK_N"] <= 128 * 64 and (w == 8) == (meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 64),
+        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16},
+    )
+
+
+@triton.autotune(configs=_bwd_configs(), key=_KEY)
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, PAD, KV_END, MASK, SEED, HAS_MASKED_ROW,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    stride_pb, stride_pn,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    H, Lq, Lk, D, qk_scale, sm_scale, dropout_p,
+    LQ_BUCKET, LK_BUCKET,
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dK and dV of one key block, looping over the query blocks that can see it."""
+    n_n_blocks = tl.cdiv(Lk, BLOCK_N)
+    pid = tl.program_id(0)
+    bh = pid // n_n_blocks
+    start_n = (pid % n_n_blocks) * BLOCK_N
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
+    # (BLOCK_N, BLOCK_D)
+    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+    q_base = Q + b * stride_qb + h * stride_qh
+    do_base = DO + b * stride_dob + h * stride_doh
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+
+    start_m = 0
+    if IS_CAUSAL:
+        start_m = (start_n // BLOCK_M) * BLOCK_M  # queries above the diagonal never see this block
+    end_m = Lq
+    if HAS_PAD:
+        end_m = tl.where(start_n < tl.load(KV_END + b), Lq, start_m)  # a block of trailing padding: skip
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for m in range(start_m, end_m, BLOCK_M):
+        offs_m = m + tl.arange(0, BLOCK_M)
+        q_mask = (offs_m[:, None] < Lq) & d_ok[None, :]
+        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
+        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_mask, other=0.0)
+        lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
+        delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+        # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        valid = _tile_valid(
+            offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
+            MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
+        )
+        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        p_dropped = p
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p)
+            p_dropped = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+        dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
+
+    if HAS_PAD or HAS_MASK:
+        # Rows whose keys are all masked spread 1/Lk over every key (the tutorial's -1e9 fill):
+        # they reach dV only, and only in the (B, H) slices that have such rows.
+        if tl.load(HAS_MASKED_ROW + bh) != 0:
+            for m in range(0, Lq, BLOCK_M):
+                offs_m = m + tl.arange(0, BLOCK_M)
+                lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+                row = (lse == float("inf")) & (offs_m < Lq)
+                p = tl.where(row[:, None] & (offs_n[None, :] < Lk), 1.0 / Lk, 0.0)
+                if HAS_DROPOUT:
+                    keep = _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p)
+                    p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+                do = tl.load(
+                    do_base + offs_m[:, None] * stride_dom + offs_d[None, :],
+                    mask=(offs_m[:, None] < Lq) & d_ok[None, :],
+                    other=0.0,
+                )
+                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
+
+    dk = dk * sm_scale
+    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.autotune(configs=_bwd_configs(), key=_KEY)
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ, PAD, KV_END, MASK, SEED,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    stride_dqb, stride_dqh, stride_dqm,
+    stride_pb, stride_pn,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    H, Lq, Lk, D, qk_scale, sm_scale, dropout_p,
+    LQ_BUCKET, LK_BUCKET,
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dQ of one query block, looping over the key blocks it can see."""
+    n_m_blocks = tl.cdiv(Lq, BLOCK_M)
+    pid = tl.program_id(0)
+    bh = pid // n_m_blocks
+    start_m = (n_m_blocks - 1 - pid % n_m_blocks) * BLOCK_M
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q_mask = (offs_m[:, None] < Lq) & d_ok[None, :]
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_mask, other=0.0)
+    lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
+    delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+    k_base = K + b * stride_kb + h * stride_kh
+    v_base = V + b * stride_vb + h * stride_vh
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+
+    end_n = Lk
+    if HAS_PAD:
+        end_n = tl.load(KV_END + b)
+    if IS_CAUSAL:
+        end_n = tl.minimum(end_n, start_m + BLOCK_M)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for start_n in range(0, end_n, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
+        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        valid = _tile_valid(
+            offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
+            MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
+        )
+        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        if HAS_DROPOUT:
+            keep = _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p)
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+    dq = dq * sm_scale
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def _attn_probs_kernel(
+    Q, K, LSE, P, PAD, MASK, SEED,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_pb, stride_pn,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    H, Lq, Lk, D, qk_scale, dropout_p,
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One (BLOCK_M, BLOCK_N) tile of the probabilities, exactly exp2(s - lse), into (B, H, Lq, Lk)."""
+    n_m_blocks = tl.cdiv(Lq, BLOCK_M)
+    n_n_blocks = tl.cdiv(Lk, BLOCK_N)
+    pid = tl.program_id(0)
+    bh = pid // (n_m_blocks * n_n_blocks)
+    tile = pid % (n_m_blocks * n_n_blocks)
+    offs_m = (tile // n_n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (tile % n_n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=(offs_m[:, None] < Lq) & d_ok[None, :], other=0.0)
+    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=(offs_n[:, None] < Lk) & d_ok[None, :], other=0.0)
+    lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    valid = _tile_valid(
+        offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
+        MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
+    )
+    p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
+    p = tl.where((lse == float("inf"))[:, None], 1.0 / Lk, p)  # all keys masked: uniform
+    if HAS_DROPOUT:
+        p = tl.where(_dropout_keep(tl.load(SEED), bh, offs_m, offs_n, Lq, Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
+    tl.store(
+        P + bh.to(tl.int64) * Lq * Lk + offs_m[:, None] * Lk + offs_n[None, :],
+        p.to(P.dtype.element_ty),
+        mask=(offs_m[:, None] < Lq) & (offs_n[None, :] < Lk),
+    )
+
+
+@triton.jit
+def _dropout_keep_kernel(KEEP, SEED, Lq, Lk, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The testing hook's kernel: the keep-mask the attention kernels draw, as (B*H, Lq, Lk) uint8."""
+    n_m_blocks = tl.cdiv(Lq, BLOCK_M)
+    n_n_blocks = tl.cdiv(Lk, BLOCK_N)
+    pid = tl.program_id(0)
+    bh = pid // (n_m_blocks * n_n_blocks)
+    tile = pid % (n_m_blocks * n_n_blocks)
+    offs_m = (tile // n_n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (tile % n_n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = _dropout_keep(tl.load(SEED), bh, offs_m, offs_n, Lq, Lk, dropout_p)
+    tl.store(
+        KEEP + bh.to(tl.int64) * Lq * Lk + offs_m[:, None] * Lk + offs_n[None, :],
+        keep.to(tl.uint8),
+        mask=(offs_m[:, None] < Lq) & (offs_n[None, :] < Lk),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers: arguments checked by `attention`, block sizes from autotuning, grids flattened to one
+# axis so B * H may exceed 65535.
+# ----------------------------------------------------------------------------------------------
+def _head_block(D):
+    """Head dims are padded (masked) up to a power of two of at least 16, tl.dot's minimum."""
+    return max(16, triton.next_power_of_2(D))
+
+
+def _dot_precision(dtype):
+    """fp32 inputs use IEEE dots unless the user allowed TF32 for matmuls."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _draw_seed(device):
+    """The dropout seed, drawn on the device from torch's generator: no host sync, and
+    reproducible under torch.manual_seed."""
+    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
+
+
+def _mask_args(q, key_padding_mask, attn_mask):
+    """Pointers and strides of the masks as the kernels take them (q stands in for absent ones)."""
+    if key_padding_mask is None:
+        pad, kv_end, pad_strides = q, q, (0, 0)
+    else:
+        pad = key_padding_mask.view(torch.uint8)
+        Lk = key_padding_mask.shape[1]
+        # (B,): one past each sequence's last valid key, computed on the device
+        positions = torch.arange(1, Lk + 1, device=q.device, dtype=torch.int32)
+        kv_end = torch.where(key_padding_mask, 0, positions).amax(dim=1).to(torch.int32)
+        pad_strides = tuple(pad.stride())
+    if attn_mask is None:
+        dense, dense_strides = q, (0, 0, 0, 0)
+    else:
+        dense = attn_mask.view(torch.uint8)
+        if dense.dim() == 3:
+            dense = dense.unsqueeze(1)
+        sb, sh, sm, sn = dense.stride()
+        dense_strides = (sb, 0 if dense.shape[1] == 1 else sh, sm, sn)
+    return pad, kv_end, pad_strides, dense, dense_strides
+
+
+def _flags(q, key_padding_mask, causal, attn_mask, dropout_p):
+    return {
+        "HAS_PAD": key_padding_mask is not None,
+        "IS_CAUSAL": bool(causal),
+        "HAS_MASK": attn_mask is not None,
+        "HAS_DROPOUT": dropout_p > 0.0,
+        "DOT_PRECISION": _dot_precision(q.dtype),
+        "BLOCK_D": _head_block(q.shape[-1]),
+    }
+
+
+def _attn_forward(q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale):
+    """Returns o (B, H, Lq, D) stored head-interleaved as (B, Lq, H, D), lse (B, H, Lq) in base 2
+    (+inf for rows whose keys are all masked), and the dropout seed (or None)."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    # (B, H, Lq, D) view of (B, Lq, H, D) memory: `.transpose(1, 2).reshape(B, Lq, H * D)` is free
+    o = torch.empty(B, Lq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+    seed = _draw_seed(q.device) if dropout_p > 0.0 else None
+    pad, kv_end, pad_strides, dense, dense_strides = _mask_args(q, key_padding_mask, attn_mask)
+    grid = lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)  # noqa: E731
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse, pad, kv_end, dense, q if seed is None else seed,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+        *pad_strides, *dense_strides,
+        H, Lq, Lk, D, softmax_scale * LOG2E, dropout_p,
+        triton.next_power_of_2(Lq), triton.next_power_of_2(Lk),
+        **_flags(q, key_padding_mask, causal, attn_mask, dropout_p),
+    )
+    return o, lse, seed
+
+
+def _attn_backward(do, q, k, v, o, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale):
+    """dq, dk, dv in the layouts of q, k, v."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    do = last_dim_contiguous(do)
+    # (B, H, Lq): rowsum(dO * O), which also holds under dropout
+    delta = (do.float() * o.float()).sum(dim=-1)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    pad, kv_end, pad_strides, dense, dense_strides = _mask_args(q, key_padding_mask, attn_mask)
+    flags = _flags(q, key_padding_mask, causal, attn_mask, dropout_p)
+    seed_arg = q if seed is None else seed
+    # (B * H,): which slices have rows whose keys are all masked (only masks can make them)
+    has_masked_row = torch.isinf(lse).any(dim=-1).view(torch.uint8) if flags["HAS_PAD"] or flags["HAS_MASK"] else q
+    common = (
+        *pad_strides, *dense_strides,
+        H, Lq, Lk, D, softmax_scale * LOG2E, softmax_scale, dropout_p,
+        triton.next_power_of_2(Lq), triton.next_power_of_2(Lk),
+    )
+    _attn_bwd_dkdv_kernel[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
+        q, k, v, do, lse, delta, dk, dv, pad, kv_end, dense, seed_arg, has_masked_row,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+        *common, **flags,
+    )
+    _attn_bwd_dq_kernel[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+        q, k, v, do, lse, delta, dq, pad, kv_end, dense, seed_arg,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
+        *common, **flags,
+    )
+    return dq, dk, dv
+
+
+_TILE = 16 if INTERPRET else 64  # probabilities and keep-mask tiles (inspection paths, not tuned)
+
+
+def _attn_probs(q, k, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale):
+    """(B, H, Lq, Lk) probabilities that multiplied V, from the forward's log-sum-exp."""
+    B, H, Lq, D = q.shape
+    Lk = k.shape[2]
+    probs = torch.empty(B, H, Lq, Lk, dtype=q.dtype, device=q.device)
+    pad, _, pad_strides, dense, dense_strides = _mask_args(q, key_padding_mask, attn_mask)
+    grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
+    _attn_probs_kernel[grid](
+        q, k, lse, probs, pad, dense, q if seed is None else seed,
+        *q.stride()[:3], *k.stride()[:3], *pad_strides, *dense_strides,
+        H, Lq, Lk, D, softmax_scale * LOG2E, dropout_p,
+        **_flags(q, key_padding_mask, causal, attn_mask, dropout_p), BLOCK_M=_TILE, BLOCK_N=_TILE,
+    )
+    return probs
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale):
+        o, lse, seed = _attn_forward(q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale)
+        ctx.save_for_backward(q, k, v, o, lse, seed, key_padding_mask, attn_mask)
+        ctx.causal, ctx.dropout_p, ctx.softmax_scale = causal, dropout_p, softmax_scale
+        ctx.mark_non_differentiable(lse)
+        if seed is not None:
+            ctx.mark_non_differentiable(seed)
+        return o, lse, seed
+
+    @staticmethod
+    def backward(ctx, do, _dlse, _dseed):
+        q, k, v, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
+        dq, dk, dv = _attn_backward(
+            do, q, k, v, o, lse, seed, key_padding_mask, ctx.causal, attn_mask, ctx.dropout_p, ctx.softmax_scale
+        )
+        return dq, dk, dv, None, None, None, None, None
+
+
+def attention_dropout_mask(B, H, Lq, Lk, dropout_p, device):
+    """Testing hook: the (B, H, Lq, Lk) bool keep-mask that `attention` uses for dropout on these
+    shapes when called right after the same `torch.manual_seed` (it draws the seed the same way).
+    Materializes Lq x Lk per head: for small shapes."""
+    check_dropout_p(dropout_p)
+    seed = _draw_seed(device)
+    keep = torch.empty(B, H, Lq, Lk, dtype=torch.uint8, device=device)
+    require_launchable("attention_dropout_mask", keep)
+    grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
+    _dropout_keep_kernel[grid](keep, seed, Lq, Lk, dropout_p, BLOCK_M=_TILE, BLOCK_N=_TILE)
+    return keep.bool()
+
+
+MAX_HEAD_DIM = 128
+
+
+def _autocast(q, k, v):
+    """Under torch.autocast, hand the kernel the autocast dtype, as matmul would get."""
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        q, k, v = (t.to(dtype) if t.dtype == torch.float32 else t for t in (q, k, v))
+    return q, k, v
 
 
 def attention(
@@ -118,29 +674,83 @@ def attention(
     softmax_scale=None,
     return_probs=False,
 ):
-    """Masked scaled-dot-product attention, softmax(q k^T * scale + mask) v.
+    """Masked scaled-dot-product attention, softmax(q k^T * scale + mask) v, in Triton.
 
     Args:
-        q: (B, H, Lq, D); k, v: (B, H, Lk, D). fp16, bf16 or fp32, one dtype, any strides.
-        key_padding_mask: (B, Lk) bool, True = padding key, masked for every query.
-        causal: mask key j > query i (top-left aligned, as the tutorial's decoder mask).
-        attn_mask: (B, Lq, Lk) or (B, H, Lq, Lk) bool, True = masked. All masks combine by OR.
-        dropout_p: dropout on the probabilities (pass 0.0 in eval).
+        q: (B, H, Lq, D); k, v: (B, H, Lk, D). fp16, bf16 or fp32, one dtype; any strides with a
+            unit last dimension (views of a fused QKV projection need no copy).
+        key_padding_mask: (B, Lk) bool, True = padding key, masked for every query. Read as one
+            vector per key block; key blocks past a sequence's last valid key are skipped.
+        causal: mask key j > query i (top-left aligned, as the tutorial's decoder mask); key blocks
+            above the diagonal are skipped.
+        attn_mask: (B, Lq, Lk) or (B, H, Lq, Lk) bool, True = masked: the general, slower path.
+            All masks combine by OR.
+        dropout_p: dropout on the probabilities, drawn in the kernel (Philox) from a seed taken
+            from torch's generator, so torch.manual_seed reproduces it (pass 0.0 in eval).
         softmax_scale: defaults to D ** -0.5.
-        return_probs: also return the probabilities that multiplied V (after dropout), (B, H, Lq, Lk).
+        return_probs: also return the (B, H, Lq, Lk) probabilities that multiplied V (after
+            dropout), computed exactly from the saved log-sum-exp; they carry no gradient.
 
     Returns:
-        (B, H, Lq, D) in q's dtype, or (out, probs) when return_probs. A row whose keys are all
-        masked is the mean of v over all Lk keys (the tutorial's -1e9 fill), never NaN.
+        (B, H, Lq, D) in q's dtype, laid out as (B, Lq, H, D) in memory, or (out, probs). A row
+        whose keys are all masked is the mean of v over all Lk keys (the tutorial's -1e9 fill),
+        never NaN. Head dims up to 128 run in the kernel (padded to a power of two inside);
+        larger ones run the reference with a one-time warning. Under torch.autocast, fp32 inputs
+        are cast to the autocast dtype.
     """
-    return attention_reference(
-        q,
-        k,
-        v,
-        key_padding_mask=key_padding_mask,
-        causal=causal,
-        attn_mask=attn_mask,
-        dropout_p=dropout_p,
-        softmax_scale=softmax_scale,
-        return_probs=return_probs,
+    check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale)
+    q, k, v = _autocast(q, k, v)
+    kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
+    if q.shape[-1] > MAX_HEAD_DIM:
+        warn_once(
+            ("attention", "head_dim"),
+            f"kernels.attention: head dim {q.shape[-1]} > {MAX_HEAD_DIM} is not supported by the Triton kernel; "
+            "running the PyTorch reference instead",
+        )
+        return attention_reference(q, k, v, **kwargs, softmax_scale=softmax_scale, return_probs=return_probs)
+    require_launchable("attention", q)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    out, lse, seed = _Attention.apply(q, k, v, key_padding_mask, bool(causal), attn_mask, float(dropout_p), scale)
+    if not return_probs:
+        return out
+    probs = _attn_probs(q, k, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, scale)
+    return out, probs
+
+
+def attention_reference(
+    q,
+    k,
+    v,
+    *,
+    key_padding_mask=None,
+    causal=False,
+    attn_mask=None,
+    dropout_p=0.0,
+    softmax_scale=None,
+    return_probs=False,
+):
+    """The tutorial's attention in plain PyTorch: the oracle for the Triton kernel.
+
+    Same signature and semantics as `attention`; also takes fp64, to serve as the tests' oracle.
+    Scores are masked with -1e9 and the softmax runs in at least fp32 (the -1e9 fill would overflow
+    fp16); the probabilities are cast back to v's dtype for the product with V, as a kernel does.
+    """
+    B, H, Lq, Lk, D = check_attention_args(
+        q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, dtypes=REFERENCE_DTYPES
     )
+    scale = D**-0.5 if softmax_scale is None else softmax_scale
+    # (B, H, Lq, Lk)
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale
+    mask = dense_mask(Lq, Lk, q.device, key_padding_mask, causal, attn_mask)
+    if mask is not None:
+        scores = scores.masked_fill(mask, MASKED_SCORE)
+    probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        probs = F.dropout(probs, p=dropout_p, training=True)
+    probs = probs.to(v.dtype)
+    # (B, H, Lq, D)
+    out = torch.matmul(probs, v)
+    return (out, probs) if return_probs else out
+

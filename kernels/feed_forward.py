@@ -1,18 +1,18 @@
 """The position-wise feed-forward block, linear(gelu(linear(x))): public op and PyTorch reference."""
 import torch.nn.functional as F
 
-from kernels._common import check_same_device, check_same_dtype, check_tensor
+from kernels._common import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
 from kernels.linear_gelu import check_linear_args, linear_gelu, linear_gelu_reference
 
 
-def check_feed_forward_args(x, w1, b1, w2, b2):
+def check_feed_forward_args(x, w1, b1, w2, b2, dtypes=FLOAT_DTYPES):
     """Validate the FFN's arguments; returns (d, d_ff)."""
-    d, d_ff = check_linear_args(x, w1, b1, weight_name="w1", bias_name="b1")
-    check_tensor("w2", w2, ndim=2)
+    d, d_ff = check_linear_args(x, w1, b1, weight_name="w1", bias_name="b1", dtypes=dtypes)
+    check_tensor("w2", w2, ndim=2, dtypes=dtypes)
     if tuple(w2.shape) != (d, d_ff):
         raise ValueError(f"w2 must have shape (d, d_ff) = {(d, d_ff)} to match w1 {tuple(w1.shape)}, got {tuple(w2.shape)}")
     if b2 is not None:
-        check_tensor("b2", b2, ndim=1)
+        check_tensor("b2", b2, ndim=1, dtypes=dtypes)
         if tuple(b2.shape) != (d,):
             raise ValueError(f"b2 must have shape ({d},), got {tuple(b2.shape)}")
     check_same_dtype(x=x, w2=w2, **({} if b2 is None else {"b2": b2}))
@@ -21,8 +21,8 @@ def check_feed_forward_args(x, w1, b1, w2, b2):
 
 
 def feed_forward_reference(x, w1, b1, w2, b2):
-    """linear(gelu(linear(x, w1, b1)), w2, b2) in PyTorch."""
-    check_feed_forward_args(x, w1, b1, w2, b2)
+    """linear(gelu(linear(x, w1, b1)), w2, b2) in PyTorch (fp64 too, for tests)."""
+    check_feed_forward_args(x, w1, b1, w2, b2, dtypes=REFERENCE_DTYPES)
     return F.linear(linear_gelu_reference(x, w1, b1), w2, b2)
 
 

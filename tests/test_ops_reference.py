@@ -106,7 +106,7 @@ def test_attention_reference_takes_non_contiguous_views():
         ({"k": torch.randn(2, 4, 7, 16)}, ValueError, "share batch and heads"),
         ({"v": torch.randn(2, 3, 7, 8)}, ValueError, "share the head dim"),
         ({"v": torch.randn(2, 3, 6, 16)}, ValueError, "k and v must have the same length"),
-        ({"q": torch.randn(2, 3, 5, 16).double()}, TypeError, "q must be one of"),
+        ({"q": torch.ones(2, 3, 5, 16, dtype=torch.int32)}, TypeError, "q must be one of"),
         ({"k": torch.randn(2, 3, 7, 16).half()}, TypeError, "share one dtype"),
         ({"q": [1, 2]}, TypeError, "q must be a torch.Tensor"),
         ({"key_padding_mask": torch.zeros(2, 6, dtype=torch.bool)}, ValueError, r"key_padding_mask must have shape \(B, Lk\)"),

@@ -1,0 +1,281 @@
+"""The Triton attention kernel against the fp64 reference: outputs, gradients, masks, dropout.
+
+On a CPU the kernels run through Triton's interpreter (tests/conftest.py), so shapes stay small;
+bf16 runs on the GPU only (the interpreter's bf16 tl.dot is wrong).
+"""
+import warnings
+
+import pytest
+import torch
+
+import fastformer
+import kernels
+from tests.helpers import assert_max_diff, assert_within_torch_error
+from tests.test_drop_in import small_config, token_batch
+
+# dtype with its atol for the 2x-torch-error rule
+FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
+FP16 = pytest.param(torch.float16, 1e-3, id="fp16")
+BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.cuda)
+DTYPES = [FP32, FP16, BF16]
+
+
+def make_inputs(B, H, Lq, Lk, D, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64).to(device) for L in (Lq, Lk, Lk))
+    do = torch.randn(B, H, Lq, D, generator=g, dtype=torch.float64).to(device)
+    return q, k, v, do
+
+
+def run(op, q, k, v, do, dtype, **kwargs):
+    """Output and (dq, dk, dv) of `op` on copies of q, k, v cast to dtype."""
+    leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (q, k, v)]
+    out = op(*leaves, **kwargs)
+    out.backward(do.to(dtype))
+    return [out] + [t.grad for t in leaves]
+
+
+def check_parity(q, k, v, do, dtype, atol, **kwargs):
+    """Kernel error vs fp64 <= 2 x PyTorch-in-dtype error + atol, for out, dq, dk, dv."""
+    reference = run(kernels.attention_reference, q, k, v, do, torch.float64, **kwargs)
+    torch_same = run(kernels.attention_reference, q, k, v, do, dtype, **kwargs)
+    ours = run(kernels.attention, q, k, v, do, dtype, **kwargs)
+    for name, a, r, t in zip(("out", "dq", "dk", "dv"), ours, reference, torch_same):
+        assert a.dtype == dtype, name
+        assert_within_torch_error(name, a, r, t, atol)
+
+
+def padding(B, Lk, where, device):
+    """(B, Lk) key-padding mask with padding at the end, start, middle, or a sequence all padding."""
+    pad = torch.zeros(B, Lk, dtype=torch.bool)
+    lengths = torch.linspace(max(1, Lk // 3), Lk, B).long()
+    for b in range(B):
+        if where == "end":
+            pad[b, lengths[b]:] = True
+        elif where == "start":
+            pad[b, : Lk - lengths[b]] = True
+        elif where == "middle":
+            pad[b, Lk // 3 : Lk // 3 + (Lk - lengths[b])] = True
+        elif where == "all":
+            pad[b] = b == 0  # batch 0 entirely padding, the rest none
+    return pad.to(device)
+
+
+@pytest.mark.parametrize("dtype, atol", DTYPES)
+@pytest.mark.parametrize(
+    "B, H, Lq, Lk, D",
+    [
+        (1, 1, 1, 1, 16),  # length 1
+        (2, 3, 17, 17, 32),  # not a multiple of BLOCK_N
+        (3, 5, 100, 100, 64),  # B and H not powers of two
+        (1, 2, 129, 129, 128),  # one past a block boundary
+        (2, 3, 17, 100, 64),  # Lq != Lk (cross-attention)
+        (2, 2, 100, 17, 16),
+        (1, 3, 33, 33, 24),  # head dim padded inside the kernel
+        (1, 2, 20, 20, 80),
+    ],
+)
+def test_parity_shapes(B, H, Lq, Lk, D, dtype, atol, device):
+    q, k, v, do = make_inputs(B, H, Lq, Lk, D, device)
+    check_parity(q, k, v, do, dtype, atol)
+
+
+@pytest.mark.parametrize("dtype, atol", DTYPES)
+@pytest.mark.parametrize("where", ["end", "start", "middle", "all"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_parity_key_padding(where, causal, dtype, atol, device):
+    q, k, v, do = make_inputs(3, 2, 37, 37, 32, device, seed=1)
+    check_parity(q, k, v, do, dtype, atol, key_padding_mask=padding(3, 37, where, device), causal=causal)
+
+
+@pytest.mark.parametrize("dtype, atol", DTYPES)
+@pytest.mark.parametrize("per_head", [False, True], ids=["(B,Lq,Lk)", "(B,H,Lq,Lk)"])
+@pytest.mark.parametrize("with_pad_and_causal", [False, True], ids=["dense", "dense+pad+causal"])
+def test_parity_dense_mask(per_head, with_pad_and_causal, dtype, atol, device):
+    B, H, Lq, Lk = 2, 3, 21, 40
+    q, k, v, do = make_inputs(B, H, Lq, Lk, 16, device, seed=2)
+    g = torch.Generator().manual_seed(3)
+    dense = torch.rand(B, H, Lq, Lk, generator=g) < 0.4
+    dense[0, :, 5] = True  # a query row with every key masked
+    dense = (dense if per_head else dense[:, 0]).to(device)
+    extra = {"key_padding_mask": padding(B, Lk, "end", device), "causal": True} if with_pad_and_causal else {}
+    check_parity(q, k, v, do, dtype, atol, attn_mask=dense, **extra)
+
+
+def test_fully_masked_rows_are_the_mean_of_v(device):
+    q, k, v, _ = make_inputs(2, 2, 9, 13, 16, device)
+    q, k, v = q.float(), k.float(), v.float()
+    pad = torch.zeros(2, 13, dtype=torch.bool, device=device)
+    pad[0] = True  # batch 0: every key is padding
+    pad[1, :4] = True  # batch 1 + causal: queries 0..3 see only padding
+    out = kernels.attention(q, k, v, key_padding_mask=pad, causal=True)
+    assert torch.isfinite(out).all()
+    mean_v = v.mean(dim=2)  # (B, H, D)
+    assert_max_diff("all padding", out[0], mean_v[0][:, None].expand_as(out[0]), 1e-6)
+    assert_max_diff("causal + leading padding", out[1, :, :4], mean_v[1][:, None].expand(-1, 4, -1), 1e-6)
+
+
+def test_views_of_a_fused_projection_need_no_copy_and_output_is_head_interleaved(device):
+    B, L, H, D = 2, 19, 3, 32
+    qkv = torch.randn(B, L, 3, H, D, device=device)
+    q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # (B, H, L, D) views with strides
+    assert not q.is_contiguous()
+    out = kernels.attention(q, k, v, causal=True)
+    expected = kernels.attention_reference(q.double(), k.double(), v.double(), causal=True)
+    assert_max_diff("strided views", out, expected, 1e-5)
+    # (B, L, H * D) without a copy: the kernel wrote (B, L, H, D) memory
+    assert out.transpose(1, 2).is_contiguous()
+    assert out.transpose(1, 2).reshape(B, L, H * D).data_ptr() == out.data_ptr()
+
+
+def test_non_unit_last_stride_is_accepted(device):
+    q, k, v, _ = make_inputs(1, 2, 11, 11, 16, device)
+    q_wide = torch.stack([q.float(), q.float()], dim=-1)[..., 0]  # last-dim stride 2
+    assert q_wide.stride(-1) == 2
+    out = kernels.attention(q_wide, k.float(), v.float())
+    assert_max_diff("non-unit last stride", out, kernels.attention_reference(q, k, v), 1e-5)
+
+
+def test_deterministic_outputs_and_gradients(device):
+    q, k, v, do = make_inputs(2, 3, 45, 45, 32, device, seed=4)
+    pad = padding(2, 45, "middle", device)
+    first = run(kernels.attention, q, k, v, do, torch.float32, key_padding_mask=pad, causal=True)
+    second = run(kernels.attention, q, k, v, do, torch.float32, key_padding_mask=pad, causal=True)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), first, second):
+        assert torch.equal(a, b), name
+
+
+def test_return_probs_matches_the_reference(device):
+    q, k, v, _ = make_inputs(2, 3, 21, 30, 16, device)
+    q, k, v = q.float(), k.float(), v.float()
+    pad = padding(2, 30, "all", device)
+    out, probs = kernels.attention(q, k, v, key_padding_mask=pad, causal=True, return_probs=True)
+    ref_out, ref_probs = kernels.attention_reference(
+        q.double(), k.double(), v.double(), key_padding_mask=pad, causal=True, return_probs=True
+    )
+    assert probs.shape == (2, 3, 21, 30) and probs.dtype == torch.float32
+    assert_max_diff("probs", probs, ref_probs, 1e-6)
+    assert_max_diff("out", out, ref_out, 1e-5)
+
+
+class TestDropout:
+    p = 0.3
+
+    def test_keep_rate_within_three_sigma(self, device):
+        keep = kernels.attention_dropout_mask(4, 4, 64, 64, self.p, device)
+        n = keep.numel()
+        sigma = (self.p * (1 - self.p) / n) ** 0.5
+        assert abs(keep.float().mean().item() - (1 - self.p)) <= 3 * sigma
+
+    def test_matches_the_reference_with_the_kernels_mask(self, device):
+        B, H, Lq, Lk, D = 2, 2, 23, 30, 16
+        q, k, v, do = make_inputs(B, H, Lq, Lk, D, device, seed=5)
+        pad = padding(B, Lk, "all", device)  # includes rows whose keys are all masked
+        torch.manual_seed(7)
+        ours = run(kernels.attention, q, k, v, do, torch.float32, key_padding_mask=pad, dropout_p=self.p)
+        torch.manual_seed(7)
+        keep = kernels.attention_dropout_mask(B, H, Lq, Lk, self.p, device)
+
+        def with_mask(q, k, v):
+            probs = kernels.attention_reference(q, k, v, key_padding_mask=pad, return_probs=True)[1]
+            return (probs * keep / (1 - self.p)) @ v
+
+        reference = run(with_mask, q, k, v, do, torch.float64)
+        torch_same = run(with_mask, q, k, v, do, torch.float32)
+        for name, a, r, t in zip(("out", "dq", "dk", "dv"), ours, reference, torch_same):
+            assert_within_torch_error(name, a, r, t, 1e-5)
+
+    def test_same_seed_same_result_and_probs_show_the_drops(self, device):
+        q, k, v, _ = make_inputs(1, 2, 16, 16, 16, device)
+        q, k, v = q.float(), k.float(), v.float()
+        torch.manual_seed(3)
+        out1, probs = kernels.attention(q, k, v, dropout_p=self.p, return_probs=True)
+        torch.manual_seed(3)
+        out2 = kernels.attention(q, k, v, dropout_p=self.p)
+        torch.manual_seed(3)
+        keep = kernels.attention_dropout_mask(1, 2, 16, 16, self.p, device)
+        assert torch.equal(out1, out2)
+        assert torch.equal(probs != 0, keep)
+        assert_max_diff("out == probs @ v", out1, probs @ v, 1e-5)
+        out3 = kernels.attention(q, k, v, dropout_p=self.p)
+        assert not torch.equal(out1, out3)
+
+
+def test_rejects_fp64_and_warns_once_for_large_head_dims(device):
+    q, k, v, _ = make_inputs(1, 1, 5, 5, 16, device)
+    with pytest.raises(TypeError, match="q must be one of"):
+        kernels.attention(q, k, v)
+    q, k, v, _ = make_inputs(1, 1, 5, 5, 160, device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = kernels.attention(q.float(), k.float(), v.float())
+        kernels.attention(q.float(), k.float(), v.float())
+    messages = [str(w.message) for w in caught if "head dim 160" in str(w.message)]
+    assert len(messages) <= 1  # once per process (an earlier test may have used it up)
+    assert_max_diff("fallback", out, kernels.attention_reference(q, k, v), 1e-5)
+
+
+def test_autocast_hands_the_kernel_half_precision(device):
+    q, k, v, _ = make_inputs(1, 2, 9, 9, 16, device)
+    dtype = torch.float16 if device.type == "cpu" else torch.bfloat16
+    with torch.autocast(device.type, dtype=dtype):
+        out = kernels.attention(q.float(), k.float(), v.float())
+    assert out.dtype == dtype
+
+
+@pytest.mark.cuda
+def test_tensors_on_different_devices_are_rejected():
+    q = torch.randn(1, 1, 4, 16, device="cuda")
+    with pytest.raises(ValueError, match="one device"):
+        kernels.attention(q, q.cpu(), q)
+    with pytest.raises(ValueError, match="one device"):
+        kernels.attention(q, q, q, key_padding_mask=torch.zeros(1, 4, dtype=torch.bool))
+
+
+@pytest.mark.cuda
+def test_batch_times_heads_beyond_65535():
+    q, k, v, do = make_inputs(65536 + 7, 1, 3, 5, 16, torch.device("cuda"))
+    check_parity(q, k, v, do, torch.float16, 1e-3)
+
+
+@pytest.mark.cuda
+def test_torch_compile_fullgraph_on_the_model():
+    config = small_config(dropout=0.1)
+    model = fastformer.MovieClassification(config).cuda()
+    enc, dec = (t.cuda() for t in token_batch(config))
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = compiled(enc, dec)[0]
+    logits.float().sum().backward()
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(
+    "dtype, atol",
+    [pytest.param(torch.float32, 1e-5, id="fp32"), BF16],
+)
+def test_model_on_triton_matches_reference_outputs_and_all_gradients(dtype, atol, device):
+    """Shared weights: the Triton backend vs the reference backend in the same dtype, both
+    measured against the reference backend in fp64."""
+    config = small_config(dropout=0.0)
+    torch.manual_seed(0)
+    base = fastformer.MovieClassification(config).to(device)
+    enc, dec = (t.to(device) for t in token_batch(config, enc_len=13, dec_len=7))
+    dec[:, 0] = 2  # every decoder sequence starts with [BOS]
+
+    def run_model(backend, run_dtype):
+        model = fastformer.MovieClassification(config).to(device)
+        model.load_state_dict(base.state_dict())
+        model.to(run_dtype)
+        with fastformer.use_backend(backend):
+            dec_outputs = model.transformer(enc, dec)[0]
+        dec_outputs.double().sum().backward()
+        return dec_outputs, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_out, ref_grads = run_model("reference", torch.float64)
+    torch_out, torch_grads = run_model("reference", dtype)
+    out, grads = run_model("triton", dtype)
+    assert_within_torch_error("dec_outputs", out, ref_out, torch_out, atol)
+    assert grads.keys() == ref_grads.keys()
+    for name in ref_grads:
+        assert_within_torch_error(f"grad {name}", grads[name], ref_grads[name], torch_grads[name], atol)
