@@ -9,6 +9,8 @@ write an (Lq, Lk) matrix. The forward saves the per-row log-sum-exp (base 2; +in
 keys are all masked); the backward recomputes the probabilities from it, in two kernels (dK/dV per
 key block, dQ per query block), so no atomics and bitwise-reproducible gradients.
 """
+from typing import Optional, Tuple
+
 import torch
 import torch.nn.functional as F
 
@@ -494,6 +496,11 @@ def _dropout_keep_kernel(KEEP, SEED, Lq, Lk, dropout_p, BLOCK_M: tl.constexpr, B
 # Launchers: arguments checked by `attention`, block sizes from autotuning, grids flattened to one
 # axis so B * H may exceed 65535.
 # ----------------------------------------------------------------------------------------------
+def _launch(kernel):
+    """Kernels launch through torch.library.wrap_triton, so torch.compile traces them in place."""
+    return torch.library.wrap_triton(kernel)
+
+
 def _head_block(D):
     """Head dims are padded (masked) up to a power of two of at least 16, tl.dot's minimum."""
     return max(16, triton.next_power_of_2(D))
@@ -556,7 +563,7 @@ def _attn_forward(q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softm
     seed = _draw_seed(q.device) if dropout_p > 0.0 else None
     pad, kv_end, pad_strides, dense, dense_strides = _mask_args(q, key_padding_mask, attn_mask)
     grid = lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)  # noqa: E731
-    _attn_fwd_kernel[grid](
+    _launch(_attn_fwd_kernel)[grid](
         q, k, v, o, lse, pad, kv_end, dense, q if seed is None else seed,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
         *pad_strides, *dense_strides,
@@ -585,12 +592,12 @@ def _attn_backward(do, q, k, v, o, lse, seed, key_padding_mask, causal, attn_mas
         H, Lq, Lk, D, softmax_scale * LOG2E, softmax_scale, dropout_p,
         triton.next_power_of_2(Lq), triton.next_power_of_2(Lk),
     )
-    _attn_bwd_dkdv_kernel[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
+    _launch(_attn_bwd_dkdv_kernel)[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
         q, k, v, do, lse, delta, dk, dv, pad, kv_end, dense, seed_arg, has_masked_row,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         *common, **flags,
     )
-    _attn_bwd_dq_kernel[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+    _launch(_attn_bwd_dq_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, do, lse, delta, dq, pad, kv_end, dense, seed_arg,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
         *common, **flags,
@@ -608,7 +615,7 @@ def _attn_probs(q, k, lse, seed, key_padding_mask, causal, attn_mask, dropout_p,
     probs = torch.empty(B, H, Lq, Lk, dtype=q.dtype, device=q.device)
     pad, _, pad_strides, dense, dense_strides = _mask_args(q, key_padding_mask, attn_mask)
     grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
-    _attn_probs_kernel[grid](
+    _launch(_attn_probs_kernel)[grid](
         q, k, lse, probs, pad, dense, q if seed is None else seed,
         *q.stride()[:3], *k.stride()[:3], *pad_strides, *dense_strides,
         H, Lq, Lk, D, softmax_scale * LOG2E, dropout_p,
@@ -617,24 +624,60 @@ def _attn_probs(q, k, lse, seed, key_padding_mask, causal, attn_mask, dropout_p,
     return probs
 
 
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale):
-        o, lse, seed = _attn_forward(q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale)
-        ctx.save_for_backward(q, k, v, o, lse, seed, key_padding_mask, attn_mask)
-        ctx.causal, ctx.dropout_p, ctx.softmax_scale = causal, dropout_p, softmax_scale
-        ctx.mark_non_differentiable(lse)
-        if seed is not None:
-            ctx.mark_non_differentiable(seed)
-        return o, lse, seed
+# ----------------------------------------------------------------------------------------------
+# The op, registered with torch.library so torch.compile(fullgraph=True) traces it without breaks.
+# ----------------------------------------------------------------------------------------------
+@torch.library.triton_op("fastformer::attention_forward", mutates_args=())
+def _attention_forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding_mask: Optional[torch.Tensor],
+    attn_mask: Optional[torch.Tensor],
+    causal: bool,
+    dropout_p: float,
+    softmax_scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    o, lse, seed = _attn_forward(q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale)
+    # an op returns tensors only: no dropout -> an empty seed
+    return o, lse, torch.empty(0, dtype=torch.int64, device=q.device) if seed is None else seed
 
-    @staticmethod
-    def backward(ctx, do, _dlse, _dseed):
-        q, k, v, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
-        dq, dk, dv = _attn_backward(
-            do, q, k, v, o, lse, seed, key_padding_mask, ctx.causal, attn_mask, ctx.dropout_p, ctx.softmax_scale
-        )
-        return dq, dk, dv, None, None, None, None, None
+
+@torch.library.triton_op("fastformer::attention_backward", mutates_args=())
+def _attention_backward_op(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    seed: torch.Tensor,
+    key_padding_mask: Optional[torch.Tensor],
+    attn_mask: Optional[torch.Tensor],
+    causal: bool,
+    dropout_p: float,
+    softmax_scale: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seed = seed if seed.numel() else None
+    return _attn_backward(do, q, k, v, o, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale = inputs
+    o, lse, seed = output
+    ctx.save_for_backward(q, k, v, o, lse, seed, key_padding_mask, attn_mask)
+    ctx.causal, ctx.dropout_p, ctx.softmax_scale = causal, dropout_p, softmax_scale
+
+
+def _backward(ctx, do, _dlse, _dseed):
+    q, k, v, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
+    dq, dk, dv = _attention_backward_op(
+        do, q, k, v, o, lse, seed, key_padding_mask, attn_mask, ctx.causal, ctx.dropout_p, ctx.softmax_scale
+    )
+    return dq, dk, dv, None, None, None, None, None
+
+
+torch.library.register_autograd(_attention_forward_op, _backward, setup_context=_setup_context)
 
 
 def attention_dropout_mask(B, H, Lq, Lk, dropout_p, device):
@@ -646,7 +689,7 @@ def attention_dropout_mask(B, H, Lq, Lk, dropout_p, device):
     keep = torch.empty(B, H, Lq, Lk, dtype=torch.uint8, device=device)
     require_launchable("attention_dropout_mask", keep)
     grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
-    _dropout_keep_kernel[grid](keep, seed, Lq, Lk, dropout_p, BLOCK_M=_TILE, BLOCK_N=_TILE)
+    _launch(_dropout_keep_kernel)[grid](keep, seed, Lq, Lk, dropout_p, BLOCK_M=_TILE, BLOCK_N=_TILE)
     return keep.bool()
 
 
@@ -711,9 +754,10 @@ def attention(
     require_launchable("attention", q)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    out, lse, seed = _Attention.apply(q, k, v, key_padding_mask, bool(causal), attn_mask, float(dropout_p), scale)
+    out, lse, seed = _attention_forward_op(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale)
     if not return_probs:
         return out
+    seed = seed if seed.numel() else None
     probs = _attn_probs(q, k, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, scale)
     return out, probs
 

@@ -279,3 +279,27 @@ def test_model_on_triton_matches_reference_outputs_and_all_gradients(dtype, atol
     assert grads.keys() == ref_grads.keys()
     for name in ref_grads:
         assert_within_torch_error(f"grad {name}", grads[name], ref_grads[name], torch_grads[name], atol)
+
+
+def _opcheck_args(device):
+    q, k, v, _ = make_inputs(2, 3, 17, 17, 16, device)
+    q, k, v = (t.float().requires_grad_() for t in (q, k, v))
+    pad = padding(2, 17, "end", device)
+    return [(q, k, v, None, None, False, 0.0, 0.25), (q, k, v, pad, None, True, 0.0, 0.25)]
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["no mask", "padding+causal"])
+def test_registered_op_schema_and_autograd(case, device):
+    """torch.library's own checks of the op registration that run under the interpreter."""
+    args = _opcheck_args(device)[case]
+    torch.library.opcheck(
+        torch.ops.fastformer.attention_forward.default, args, test_utils=("test_schema", "test_autograd_registration")
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", [0, 1], ids=["no mask", "padding+causal"])
+def test_registered_op_fake_tensors_and_aot_dispatch(case):
+    """Fake-tensor and AOT checks: the interpreter cannot run kernels on fake tensors, so GPU only."""
+    args = _opcheck_args(torch.device("cuda"))[case]
+    torch.library.opcheck(torch.ops.fastformer.attention_forward.default, args)
