@@ -106,3 +106,47 @@ def autotune_configs(candidates, keep, interpreter_config):
 def last_dim_contiguous(t):
     """t itself when its last dimension has unit stride (kernels take the other strides as they are)."""
     return t if t is None or t.stride(-1) == 1 else t.contiguous()
+
+
+# ----------------------------------------------------------------------------------------------
+# Dropout inside kernels: Philox keyed by one seed per call, on each element's flat index in a
+# (rows, cols) view, so a backward regenerates the forward's mask and a test can ask for it.
+# ----------------------------------------------------------------------------------------------
+def draw_seed(device):
+    """A dropout seed drawn on the device from torch's generator: no host sync, and reproducible
+    under torch.manual_seed."""
+    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
+
+
+@triton.jit
+def philox_keep(seed, rows, cols, n_cols, dropout_p):
+    """Keep-mask of a (len(rows), len(cols)) tile of a (n_rows, n_cols) array."""
+    offsets = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    return tl.rand(seed, offsets) >= dropout_p
+
+
+@triton.jit
+def _dropout_mask_kernel(KEEP, SEED, n_rows, n_cols, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
+    pid = tl.program_id(0)
+    rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (pid % n_col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = philox_keep(tl.load(SEED), rows, cols, n_cols, dropout_p)
+    tl.store(
+        KEEP + rows[:, None].to(tl.int64) * n_cols + cols[None, :],
+        keep.to(tl.uint8),
+        mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols),
+    )
+
+
+def dropout_mask(n_rows, n_cols, dropout_p, device):
+    """The (n_rows, n_cols) bool keep-mask a kernel draws when called right after the same
+    torch.manual_seed (the seed is drawn the same way). For tests; materializes the whole mask."""
+    check_dropout_p(dropout_p)
+    seed = draw_seed(device)
+    keep = torch.empty(n_rows, n_cols, dtype=torch.uint8, device=device)
+    require_launchable("dropout_mask", keep)
+    block = 16 if INTERPRET else 64
+    grid = (triton.cdiv(n_rows, block) * triton.cdiv(n_cols, block),)
+    torch.library.wrap_triton(_dropout_mask_kernel)[grid](keep, seed, n_rows, n_cols, dropout_p, BLOCK_M=block, BLOCK_N=block)
+    return keep.bool()

@@ -16,6 +16,9 @@ import torch.nn.functional as F
 
 from kernels._common import (
     FLOAT_DTYPES,
+    draw_seed,
+    dropout_mask,
+    philox_keep,
     INTERPRET,
     REFERENCE_DTYPES,
     autotune_configs,
@@ -123,13 +126,6 @@ def _tile_valid(
 
 
 @triton.jit
-def _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p):
-    """(BLOCK_M, BLOCK_N) keep-mask: Philox on the element's flat index in (B*H, Lq, Lk)."""
-    offsets = (bh.to(tl.int64) * Lq + offs_m[:, None]) * Lk + offs_n[None, :]
-    return tl.rand(seed, offsets) >= dropout_p
-
-
-@triton.jit
 def _masked_rows_value(
     v_base, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -142,7 +138,7 @@ def _masked_rows_value(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         p = tl.where(offs_n[None, :] < Lk, 1.0 / Lk, 0.0) + tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if HAS_DROPOUT:
-            p = tl.where(_dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
+            p = tl.where(philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
         v = tl.load(
             v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
             mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < D),
@@ -233,7 +229,7 @@ def _attn_fwd_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p)
+            keep = philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -336,7 +332,7 @@ def _attn_bwd_dkdv_kernel(
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         p_dropped = p
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p)
+            keep = philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p)
             p_dropped = tl.where(keep, p / (1.0 - dropout_p), 0.0)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=DOT_PRECISION)
@@ -353,7 +349,7 @@ def _attn_bwd_dkdv_kernel(
                 row = (lse == float("inf")) & (offs_m < Lq)
                 p = tl.where(row[:, None] & (offs_n[None, :] < Lk), 1.0 / Lk, 0.0)
                 if HAS_DROPOUT:
-                    keep = _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p)
+                    keep = philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p)
                     p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
                 do = tl.load(
                     do_base + offs_m[:, None] * stride_dom + offs_d[None, :],
@@ -424,7 +420,7 @@ def _attn_bwd_dq_kernel(
         p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if HAS_DROPOUT:
-            keep = _dropout_keep(seed, bh, offs_m, offs_n, Lq, Lk, dropout_p)
+            keep = philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
@@ -466,28 +462,10 @@ def _attn_probs_kernel(
     p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
     p = tl.where((lse == float("inf"))[:, None], 1.0 / Lk, p)  # all keys masked: uniform
     if HAS_DROPOUT:
-        p = tl.where(_dropout_keep(tl.load(SEED), bh, offs_m, offs_n, Lq, Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
+        p = tl.where(philox_keep(tl.load(SEED), bh * Lq + offs_m, offs_n, Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
     tl.store(
         P + bh.to(tl.int64) * Lq * Lk + offs_m[:, None] * Lk + offs_n[None, :],
         p.to(P.dtype.element_ty),
-        mask=(offs_m[:, None] < Lq) & (offs_n[None, :] < Lk),
-    )
-
-
-@triton.jit
-def _dropout_keep_kernel(KEEP, SEED, Lq, Lk, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The testing hook's kernel: the keep-mask the attention kernels draw, as (B*H, Lq, Lk) uint8."""
-    n_m_blocks = tl.cdiv(Lq, BLOCK_M)
-    n_n_blocks = tl.cdiv(Lk, BLOCK_N)
-    pid = tl.program_id(0)
-    bh = pid // (n_m_blocks * n_n_blocks)
-    tile = pid % (n_m_blocks * n_n_blocks)
-    offs_m = (tile // n_n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = (tile % n_n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = _dropout_keep(tl.load(SEED), bh, offs_m, offs_n, Lq, Lk, dropout_p)
-    tl.store(
-        KEEP + bh.to(tl.int64) * Lq * Lk + offs_m[:, None] * Lk + offs_n[None, :],
-        keep.to(tl.uint8),
         mask=(offs_m[:, None] < Lq) & (offs_n[None, :] < Lk),
     )
 
@@ -511,12 +489,6 @@ def _dot_precision(dtype):
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"
-
-
-def _draw_seed(device):
-    """The dropout seed, drawn on the device from torch's generator: no host sync, and
-    reproducible under torch.manual_seed."""
-    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
 
 
 def _mask_args(q, key_padding_mask, attn_mask):
@@ -560,7 +532,7 @@ def _attn_forward(q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softm
     # (B, H, Lq, D) view of (B, Lq, H, D) memory: `.transpose(1, 2).reshape(B, Lq, H * D)` is free
     o = torch.empty(B, Lq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
-    seed = _draw_seed(q.device) if dropout_p > 0.0 else None
+    seed = draw_seed(q.device) if dropout_p > 0.0 else None
     pad, kv_end, pad_strides, dense, dense_strides = _mask_args(q, key_padding_mask, attn_mask)
     grid = lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)  # noqa: E731
     _launch(_attn_fwd_kernel)[grid](
@@ -605,7 +577,7 @@ def _attn_backward(do, q, k, v, o, lse, seed, key_padding_mask, causal, attn_mas
     return dq, dk, dv
 
 
-_TILE = 16 if INTERPRET else 64  # probabilities and keep-mask tiles (inspection paths, not tuned)
+_TILE = 16 if INTERPRET else 64  # probabilities tiles (an inspection path, not tuned)
 
 
 def _attn_probs(q, k, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale):
@@ -682,15 +654,8 @@ torch.library.register_autograd(_attention_forward_op, _backward, setup_context=
 
 def attention_dropout_mask(B, H, Lq, Lk, dropout_p, device):
     """Testing hook: the (B, H, Lq, Lk) bool keep-mask that `attention` uses for dropout on these
-    shapes when called right after the same `torch.manual_seed` (it draws the seed the same way).
-    Materializes Lq x Lk per head: for small shapes."""
-    check_dropout_p(dropout_p)
-    seed = _draw_seed(device)
-    keep = torch.empty(B, H, Lq, Lk, dtype=torch.uint8, device=device)
-    require_launchable("attention_dropout_mask", keep)
-    grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
-    _launch(_dropout_keep_kernel)[grid](keep, seed, Lq, Lk, dropout_p, BLOCK_M=_TILE, BLOCK_N=_TILE)
-    return keep.bool()
+    shapes when called right after the same `torch.manual_seed`. For small shapes."""
+    return dropout_mask(B * H * Lq, Lk, dropout_p, device).view(B, H, Lq, Lk)
 
 
 MAX_HEAD_DIM = 128

@@ -1,0 +1,150 @@
+"""The Triton add + LayerNorm kernel against the fp64 reference: outputs, every gradient, dropout."""
+import warnings
+
+import pytest
+import torch
+
+import kernels
+from tests.helpers import assert_within_torch_error
+
+FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
+FP16 = pytest.param(torch.float16, 1e-3, id="fp16")
+BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.cuda)
+NAMES = ("y", "dx", "dresidual", "dweight", "dbias")
+
+
+def make_inputs(shape, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, residual, dy = (torch.randn(*shape, generator=g, dtype=torch.float64).to(device) for _ in range(3))
+    weight = (1 + 0.5 * torch.randn(shape[-1], generator=g, dtype=torch.float64)).to(device)
+    bias = torch.randn(shape[-1], generator=g, dtype=torch.float64).to(device)
+    return x, residual, weight, bias, dy
+
+
+def run(op, x, residual, weight, bias, dy, dtype, eps=1e-5, **kwargs):
+    leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (x, residual, weight, bias)]
+    y = op(*leaves, eps, **kwargs)
+    y.backward(dy.to(y.dtype))
+    return [y] + [t.grad for t in leaves]
+
+
+def check_parity(inputs, dtype, atol, **kwargs):
+    reference = run(kernels.add_layer_norm_reference, *inputs, torch.float64, **kwargs)
+    torch_same = run(kernels.add_layer_norm_reference, *inputs, dtype, **kwargs)
+    ours = run(kernels.add_layer_norm, *inputs, dtype, **kwargs)
+    for name, a, r, t in zip(NAMES, ours, reference, torch_same):
+        assert a.dtype == t.dtype, name
+        assert_within_torch_error(name, a, r, t, atol)
+
+
+@pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 16),  # one row
+        (7, 48),  # width not a power of two
+        (33, 256),  # the tutorial's d_hidn
+        (1000, 32),  # many rows per backward program
+        (3, 5, 40),  # 3-D input
+    ],
+)
+def test_parity(shape, dtype, atol, device):
+    check_parity(make_inputs(shape, device), dtype, atol)
+
+
+def test_parity_with_the_eps_of_the_tutorial(device):
+    check_parity(make_inputs((9, 64), device, seed=1), torch.float32, 1e-5, eps=1e-12)
+
+
+def test_non_contiguous_input(device):
+    x, residual, weight, bias, dy = make_inputs((6, 4, 32), device)
+    x = x.transpose(0, 1)  # (4, 6, 32) view with strides
+    residual, dy = residual.transpose(0, 1), dy.transpose(0, 1)
+    assert not x.is_contiguous()
+    check_parity((x, residual, weight, bias, dy), torch.float32, 1e-5)
+
+
+def test_mixed_dtypes_under_autocast_give_fp32_like_layer_norm(device):
+    x, residual, weight, bias, _ = make_inputs((5, 32), device)
+    half = torch.float16 if device.type == "cpu" else torch.bfloat16
+    with torch.autocast(device.type, dtype=half):
+        y = kernels.add_layer_norm(x.to(half), residual.float(), weight.float(), bias.float(), 1e-5)
+        expected = kernels.add_layer_norm_reference(x.to(half), residual.float(), weight.float(), bias.float(), 1e-5)
+    assert y.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(y, expected, rtol=0, atol=1e-5)
+
+
+def test_deterministic(device):
+    inputs = make_inputs((300, 64), device, seed=2)
+    torch.manual_seed(0)
+    first = run(kernels.add_layer_norm, *inputs, torch.float32, dropout_p=0.2)
+    torch.manual_seed(0)
+    second = run(kernels.add_layer_norm, *inputs, torch.float32, dropout_p=0.2)
+    for name, a, b in zip(NAMES, first, second):
+        assert torch.equal(a, b), name
+
+
+class TestDropout:
+    p = 0.25
+
+    def test_keep_rate_within_three_sigma(self, device):
+        keep = kernels.add_layer_norm_dropout_mask((64, 256), self.p, device)
+        sigma = (self.p * (1 - self.p) / keep.numel()) ** 0.5
+        assert abs(keep.float().mean().item() - (1 - self.p)) <= 3 * sigma
+
+    def test_matches_the_reference_with_the_kernels_mask(self, device):
+        inputs = make_inputs((2, 9, 48), device, seed=3)
+        torch.manual_seed(11)
+        ours = run(kernels.add_layer_norm, *inputs, torch.float32, dropout_p=self.p)
+        torch.manual_seed(11)
+        keep = kernels.add_layer_norm_dropout_mask((2, 9, 48), self.p, device)
+
+        def with_mask(x, residual, weight, bias, eps):
+            return kernels.add_layer_norm_reference(x * keep / (1 - self.p), residual, weight, bias, eps)
+
+        reference = run(with_mask, *inputs, torch.float64)
+        torch_same = run(with_mask, *inputs, torch.float32)
+        for name, a, r, t in zip(NAMES, ours, reference, torch_same):
+            assert_within_torch_error(name, a, r, t, 1e-5)
+
+    def test_same_seed_same_result(self, device):
+        x, residual, weight, bias, _ = (t.float() for t in make_inputs((4, 32), device))
+        torch.manual_seed(5)
+        a = kernels.add_layer_norm(x, residual, weight, bias, 1e-5, dropout_p=self.p)
+        torch.manual_seed(5)
+        b = kernels.add_layer_norm(x, residual, weight, bias, 1e-5, dropout_p=self.p)
+        c = kernels.add_layer_norm(x, residual, weight, bias, 1e-5, dropout_p=self.p)
+        assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_without_weight_and_bias(device):
+    x, residual, _, _, _ = (t.float() for t in make_inputs((5, 24), device))
+    y = kernels.add_layer_norm(x, residual, None, None, 1e-5)
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x + residual, (24,), eps=1e-5), rtol=0, atol=1e-5)
+
+
+def test_too_wide_rows_fall_back_with_one_warning(device):
+    x = torch.randn(2, kernels.add_layer_norm.__globals__["MAX_FEATURES"] + 1, device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = kernels.add_layer_norm(x, x, None, None, 1e-5)
+        kernels.add_layer_norm(x, x, None, None, 1e-5)
+    assert len([w for w in caught if "not supported by the Triton kernel" in str(w.message)]) <= 1
+    torch.testing.assert_close(y, kernels.add_layer_norm_reference(x, x, None, None, 1e-5))
+
+
+def test_registered_op_schema_and_autograd(device):
+    x, residual, weight, bias, _ = (t.float().requires_grad_() for t in make_inputs((5, 32), device))
+    torch.library.opcheck(
+        torch.ops.fastformer.add_layer_norm_forward.default,
+        (x, residual, weight, bias, 1e-5, 0.0, torch.float32),
+        test_utils=("test_schema", "test_autograd_registration"),
+    )
+
+
+@pytest.mark.cuda
+def test_registered_op_fake_tensors_and_aot_dispatch():
+    x, residual, weight, bias, _ = (t.float().requires_grad_() for t in make_inputs((5, 32), torch.device("cuda")))
+    torch.library.opcheck(
+        torch.ops.fastformer.add_layer_norm_forward.default, (x, residual, weight, bias, 1e-5, 0.0, torch.float32)
+    )
