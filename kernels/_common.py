@@ -103,6 +103,15 @@ def autotune_configs(candidates, keep, interpreter_config):
     return [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in candidates if keep(meta, w, s)]
 
 
+def autocast_inputs(*tensors):
+    """Under torch.autocast, fp32 inputs cast to the autocast dtype, as matmul would see them."""
+    device_type = tensors[0].device.type
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.dtype == torch.float32 else t for t in tensors)
+
+
 def last_dim_contiguous(t):
     """t itself when its last dimension has unit stride (kernels take the other strides as they are)."""
     return t if t is None or t.stride(-1) == 1 else t.contiguous()

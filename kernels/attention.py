@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from kernels._common import (
     FLOAT_DTYPES,
+    autocast_inputs,
     draw_seed,
     dropout_mask,
     philox_keep,
@@ -661,15 +662,6 @@ def attention_dropout_mask(B, H, Lq, Lk, dropout_p, device):
 MAX_HEAD_DIM = 128
 
 
-def _autocast(q, k, v):
-    """Under torch.autocast, hand the kernel the autocast dtype, as matmul would get."""
-    device_type = q.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        q, k, v = (t.to(dtype) if t.dtype == torch.float32 else t for t in (q, k, v))
-    return q, k, v
-
-
 def attention(
     q,
     k,
@@ -707,7 +699,7 @@ def attention(
         are cast to the autocast dtype.
     """
     check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale)
-    q, k, v = _autocast(q, k, v)
+    q, k, v = autocast_inputs(q, k, v)
     kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
     if q.shape[-1] > MAX_HEAD_DIM:
         warn_once(

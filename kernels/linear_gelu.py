@@ -1,7 +1,162 @@
-"""Linear layer with the exact (erf) GELU: the public op and its PyTorch reference."""
+"""Linear layer with the exact (erf) GELU in Triton, and its PyTorch reference.
+
+The forward is a GEMM whose epilogue adds the bias and applies GELU to the fp32 accumulator, so
+the pre-activation never makes a round trip through memory before the GELU. (cuBLASLt, Apex and
+TransformerEngine epilogues offer only the tanh GELU, which is not the tutorial's.) For training
+it also writes the pre-activation; the backward turns dY into dPre = dY * GELU'(pre) in one fused
+elementwise kernel, then dX, dW and db come from tensor-core GEMMs and a column sum.
+"""
+from typing import Optional, Tuple
+
+import torch
 import torch.nn.functional as F
 
-from kernels._common import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
+from kernels._common import (
+    FLOAT_DTYPES,
+    REFERENCE_DTYPES,
+    autocast_inputs,
+    autotune_configs,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+    last_dim_contiguous,
+    require_launchable,
+    tl,
+    triton,
+)
+
+SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
+INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 * pi)
+
+
+def _gemm_configs():
+    candidates = [
+        ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, w, s)
+        for bm in (64, 128)
+        for bn in (64, 128, 256)
+        for bk in (32, 64)
+        for w in (4, 8)
+        for s in (3, 4)
+    ]
+    return autotune_configs(
+        candidates,
+        keep=lambda meta, w, s: (w == 8) == (meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128)
+        and meta["BLOCK_M"] * meta["BLOCK_N"] <= 128 * 256
+        and (s == 3 or meta["BLOCK_K"] == 32),
+        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
+    )
+
+
+@triton.autotune(configs=_gemm_configs(), key=["M_BUCKET", "N", "K", "STORE_PRE", "DOT_PRECISION"])
+@triton.jit
+def _linear_gelu_fwd_kernel(
+    X, W, B, Y, PRE,
+    stride_xm, stride_wn, stride_wk, stride_ym, stride_pm,
+    M, N, K,
+    M_BUCKET,  # autotune key only
+    HAS_BIAS: tl.constexpr, STORE_PRE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # grouped ordering: GROUP_M row blocks share each column block of W while it is in L2
+    pid = tl.program_id(0)
+    n_m_blocks = tl.cdiv(M, BLOCK_M)
+    n_n_blocks = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * n_n_blocks)
+    first_m = group * GROUP_M
+    group_size = tl.minimum(n_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * n_n_blocks)) % group_size
+    pid_n = (pid % (GROUP_M * n_n_blocks)) // group_size
+
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        ks = k + offs_k
+        # (BLOCK_M, BLOCK_K) of x and (BLOCK_K, BLOCK_N) of w^T
+        a = tl.load(X + offs_m[:, None] * stride_xm + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
+        b = tl.load(
+            W + offs_n[None, :] * stride_wn + ks[:, None] * stride_wk,
+            mask=(offs_n[None, :] < N) & (ks[:, None] < K),
+            other=0.0,
+        )
+        acc += tl.dot(a, b, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(B + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if STORE_PRE:
+        tl.store(PRE + offs_m[:, None] * stride_pm + offs_n[None, :], acc.to(PRE.dtype.element_ty), mask=out_mask)
+    y = 0.5 * acc * (1.0 + tl.erf(acc * SQRT1_2))
+    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y.to(Y.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _gelu_grad_kernel(DY, PRE, DPRE, n_elements, BLOCK: tl.constexpr):
+    """dPre = dY * GELU'(pre), GELU'(a) = Phi(a) + a * phi(a), in fp32."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n_elements
+    dy = tl.load(DY + offs, mask=ok, other=0.0).to(tl.float32)
+    a = tl.load(PRE + offs, mask=ok, other=0.0).to(tl.float32)
+    grad = 0.5 * (1.0 + tl.erf(a * SQRT1_2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
+    tl.store(DPRE + offs, (dy * grad).to(DPRE.dtype.element_ty), mask=ok)
+
+
+def _dot_precision(dtype):
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _linear_gelu_forward(x2, weight, bias, store_pre):
+    M, K = x2.shape
+    N = weight.shape[0]
+    y = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
+    pre = torch.empty(M if store_pre else 0, N, dtype=x2.dtype, device=x2.device)
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    torch.library.wrap_triton(_linear_gelu_fwd_kernel)[grid](
+        x2, weight, x2 if bias is None else bias, y, pre if store_pre else y,
+        x2.stride(0), weight.stride(0), weight.stride(1), y.stride(0), pre.stride(0) if store_pre else 0,
+        M, N, K, triton.next_power_of_2(M),
+        HAS_BIAS=bias is not None, STORE_PRE=store_pre, DOT_PRECISION=_dot_precision(x2.dtype),
+    )
+    return y, pre
+
+
+@torch.library.triton_op("fastformer::linear_gelu_forward", mutates_args=())
+def _linear_gelu_forward_op(
+    x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], store_pre: bool
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _linear_gelu_forward(x2, weight, bias, store_pre)
+
+
+@torch.library.triton_op("fastformer::gelu_backward", mutates_args=())
+def _gelu_backward_op(dy: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    dy = dy.contiguous() if not dy.is_contiguous() else dy
+    dpre = torch.empty_like(pre)
+    block = 1024
+    torch.library.wrap_triton(_gelu_grad_kernel)[(triton.cdiv(pre.numel(), block),)](dy, pre, dpre, pre.numel(), BLOCK=block)
+    return dpre
+
+
+def _setup_context(ctx, inputs, output):
+    x2, weight, bias, _ = inputs
+    _, pre = output
+    ctx.save_for_backward(x2, weight, pre)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, dy, _dpre):
+    x2, weight, pre = ctx.saved_tensors
+    if pre.numel() == 0 and x2.numel() != 0:
+        raise RuntimeError("linear_gelu: backward through a forward run without gradients (no pre-activation saved)")
+    dpre = _gelu_backward_op(dy, pre)
+    dx = dpre @ weight
+    dw = dpre.t() @ x2
+    db = dpre.sum(0, dtype=torch.float32).to(dpre.dtype) if ctx.has_bias else None
+    return dx, dw, db, None
+
+
+torch.library.register_autograd(_linear_gelu_forward_op, _backward, setup_context=_setup_context)
 
 
 def check_linear_args(x, weight, bias, x_name="x", weight_name="weight", bias_name="bias", dtypes=FLOAT_DTYPES):
@@ -30,19 +185,28 @@ def check_linear_args(x, weight, bias, x_name="x", weight_name="weight", bias_na
     return K, N
 
 
+def linear_gelu(x, weight, bias):
+    """Exact (erf) GELU of x @ weight.T + bias, with the bias and GELU fused into the GEMM.
+
+    Args:
+        x: (..., K); weight: (N, K) (nn.Linear layout; any strides, so Conv1d weight views work);
+            bias: (N,) or None. One dtype (fp16, bf16, fp32), one device. Under torch.autocast,
+            fp32 inputs are cast to the autocast dtype, as F.linear would.
+
+    Returns:
+        (..., N) in the inputs' dtype. fp32 uses IEEE dots unless TF32 is allowed for matmuls.
+    """
+    check_linear_args(x, weight, bias)
+    x, weight, bias = autocast_inputs(x, weight, bias)
+    require_launchable("linear_gelu", x)
+    K = x.shape[-1]
+    x2 = last_dim_contiguous(x.reshape(-1, K))
+    store_pre = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    y, _ = _linear_gelu_forward_op(x2, weight, bias, store_pre)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
 def linear_gelu_reference(x, weight, bias):
     """gelu(x @ weight.T + bias) with the exact erf GELU, in PyTorch (fp64 too, for tests)."""
     check_linear_args(x, weight, bias, dtypes=REFERENCE_DTYPES)
     return F.gelu(F.linear(x, weight, bias))
-
-
-def linear_gelu(x, weight, bias):
-    """Exact (erf) GELU of x @ weight.T + bias.
-
-    Args:
-        x: (..., K); weight: (N, K) (nn.Linear layout); bias: (N,) or None. One dtype, one device.
-
-    Returns:
-        (..., N) in x's dtype.
-    """
-    return linear_gelu_reference(x, weight, bias)

@@ -1,0 +1,109 @@
+"""The Triton linear + exact GELU kernel and the FFN built on it, against fp64 references."""
+import pytest
+import torch
+
+import kernels
+from tests.helpers import assert_within_torch_error
+
+FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
+FP16 = pytest.param(torch.float16, 1e-3, id="fp16")
+BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.cuda)
+
+
+def make_inputs(x_shape, widths, device, seed=0):
+    """x and one (weight, bias) pair per consecutive pair of widths, scaled like nn.Linear."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = [torch.randn(*x_shape, generator=g, dtype=torch.float64)]
+    for fan_in, fan_out in zip(widths, widths[1:]):
+        tensors.append(torch.randn(fan_out, fan_in, generator=g, dtype=torch.float64) / fan_in**0.5)
+        tensors.append(torch.randn(fan_out, generator=g, dtype=torch.float64))
+    return [t.to(device) for t in tensors]
+
+
+def run(op, inputs, dtype, upstream_seed=1):
+    leaves = [t.detach().to(dtype).clone().requires_grad_() for t in inputs]
+    y = op(*leaves)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(upstream_seed), dtype=torch.float64)
+    y.backward(dy.to(y.device, y.dtype))
+    return [y] + [t.grad for t in leaves]
+
+
+def check_parity(op, reference_op, inputs, dtype, atol, names):
+    reference = run(reference_op, inputs, torch.float64)
+    torch_same = run(reference_op, inputs, dtype)
+    ours = run(op, inputs, dtype)
+    for name, a, r, t in zip(names, ours, reference, torch_same):
+        assert a.dtype == dtype, name
+        assert_within_torch_error(name, a, r, t, atol)
+
+
+SHAPES = [
+    ((1, 32), 48),  # M = 1
+    ((7, 40), 24),  # K, N not multiples of the block
+    ((33, 64), 128),
+    ((1000, 16), 32),  # M = 1000
+    ((3, 11, 32), 64),  # 3-D input
+]
+
+
+@pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
+@pytest.mark.parametrize("x_shape, n", SHAPES)
+def test_linear_gelu_parity(x_shape, n, dtype, atol, device):
+    inputs = make_inputs(x_shape, [x_shape[-1], n], device)
+    check_parity(kernels.linear_gelu, kernels.linear_gelu_reference, inputs, dtype, atol, ("y", "dx", "dw", "db"))
+
+
+@pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
+@pytest.mark.parametrize("x_shape", [(1, 32), (7, 32), (2, 33, 32)])
+def test_feed_forward_parity(x_shape, dtype, atol, device):
+    inputs = make_inputs(x_shape, [32, 96, 32], device)
+    names = ("y", "dx", "dw1", "db1", "dw2", "db2")
+    check_parity(kernels.feed_forward, kernels.feed_forward_reference, inputs, dtype, atol, names)
+
+
+def test_conv1d_weight_views_and_non_contiguous_input(device):
+    conv = torch.nn.Conv1d(24, 40, kernel_size=1).to(device)
+    weight = conv.weight.squeeze(-1)  # (40, 24) view of (40, 24, 1): no copy
+    assert weight.data_ptr() == conv.weight.data_ptr()
+    x = torch.randn(24, 5, 3, device=device).permute(2, 1, 0)  # (3, 5, 24), non-contiguous
+    assert not x.is_contiguous()
+    y = kernels.linear_gelu(x, weight, conv.bias)
+    expected = kernels.linear_gelu_reference(x.double(), weight.double(), conv.bias.double())
+    torch.testing.assert_close(y.double(), expected, rtol=0, atol=1e-5)
+
+
+def test_no_grad_skips_the_saved_pre_activation_and_matches(device):
+    x, w, b = (t.float() for t in make_inputs((9, 32), [32, 16], device))
+    with torch.no_grad():
+        y = kernels.linear_gelu(x, w, b)
+    torch.testing.assert_close(y.double(), kernels.linear_gelu_reference(x.double(), w.double(), b.double()), rtol=0, atol=1e-5)
+
+
+def test_autocast_runs_in_half_precision(device):
+    x, w, b = (t.float() for t in make_inputs((5, 32), [32, 16], device))
+    half = torch.float16 if device.type == "cpu" else torch.bfloat16
+    with torch.autocast(device.type, dtype=half):
+        y = kernels.linear_gelu(x, w, b)
+    assert y.dtype == half
+
+
+def test_deterministic(device):
+    inputs = make_inputs((50, 32), [32, 48], device)
+    first, second = run(kernels.linear_gelu, inputs, torch.float32), run(kernels.linear_gelu, inputs, torch.float32)
+    for name, a, b in zip(("y", "dx", "dw", "db"), first, second):
+        assert torch.equal(a, b), name
+
+
+def test_registered_op_schema_and_autograd(device):
+    x, w, b = (t.float().requires_grad_() for t in make_inputs((6, 32), [32, 16], device))
+    torch.library.opcheck(
+        torch.ops.fastformer.linear_gelu_forward.default,
+        (x, w, b, True),
+        test_utils=("test_schema", "test_autograd_registration"),
+    )
+
+
+@pytest.mark.cuda
+def test_registered_op_fake_tensors_and_aot_dispatch():
+    x, w, b = (t.float().requires_grad_() for t in make_inputs((6, 32), [32, 16], torch.device("cuda")))
+    torch.library.opcheck(torch.ops.fastformer.linear_gelu_forward.default, (x, w, b, True))
