@@ -234,14 +234,6 @@ def check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, dtypes=
     check_dropout_p(dropout_p)
 
 
-def add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p=0.0):
-    """layer_norm(residual + dropout(x)) over the last dimension, in PyTorch (fp64 too, for tests)."""
-    check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, dtypes=REFERENCE_DTYPES)
-    if dropout_p > 0.0:
-        x = F.dropout(x, p=dropout_p, training=True)
-    return F.layer_norm(residual + x, (x.shape[-1],), weight, bias, eps)
-
-
 def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0):
     """Post-LayerNorm residual block in one Triton pass: layer_norm(residual + dropout(x)).
 
