@@ -4,7 +4,12 @@
 """
 from fastformer.backend import get_backend, set_backend, use_backend
 from fastformer.config import Config
-from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
+from fastformer.masks import (
+    AttentionMask,
+    get_attn_decoder_mask,
+    get_attn_pad_mask,
+    get_sinusoid_encoding_table,
+)
 from fastformer.model import (
     Decoder,
     DecoderLayer,

@@ -4,7 +4,11 @@ Every op `name` has its oracle `name_reference` with the same signature. This pa
 nothing of nn.Module or Config; `fastformer` chooses which of the pair to call.
 """
 from kernels._common import HAS_TRITON, INTERPRET
-from kernels.add_layer_norm import add_layer_norm, add_layer_norm_dropout_mask, add_layer_norm_reference
+from kernels.add_layer_norm import (
+    add_layer_norm,
+    add_layer_norm_dropout_mask,
+    add_layer_norm_reference,
+)
 from kernels.attention import attention, attention_dropout_mask, attention_reference
 from kernels.feed_forward import feed_forward, feed_forward_reference
 from kernels.linear_gelu import linear_gelu, linear_gelu_reference

@@ -112,6 +112,13 @@ def autocast_inputs(*tensors):
     return tuple(t.to(dtype) if t is not None and t.dtype == torch.float32 else t for t in tensors)
 
 
+def dot_precision(dtype):
+    """tl.dot's input precision: IEEE for fp32 unless the user allowed TF32 for matmuls."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
 def last_dim_contiguous(t):
     """t itself when its last dimension has unit stride (kernels take the other strides as they are)."""
     return t if t is None or t.stride(-1) == 1 else t.contiguous()

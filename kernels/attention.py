@@ -16,18 +16,19 @@ import torch.nn.functional as F
 
 from kernels._common import (
     FLOAT_DTYPES,
-    autocast_inputs,
-    draw_seed,
-    dropout_mask,
-    philox_keep,
     INTERPRET,
     REFERENCE_DTYPES,
+    autocast_inputs,
     autotune_configs,
     check_dropout_p,
     check_same_device,
     check_same_dtype,
     check_tensor,
+    dot_precision,
+    draw_seed,
+    dropout_mask,
     last_dim_contiguous,
+    philox_keep,
     require_launchable,
     tl,
     triton,
@@ -485,13 +486,6 @@ def _head_block(D):
     return max(16, triton.next_power_of_2(D))
 
 
-def _dot_precision(dtype):
-    """fp32 inputs use IEEE dots unless the user allowed TF32 for matmuls."""
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"
-
-
 def _mask_args(q, key_padding_mask, attn_mask):
     """Pointers and strides of the masks as the kernels take them (q stands in for absent ones)."""
     if key_padding_mask is None:
@@ -520,7 +514,7 @@ def _flags(q, key_padding_mask, causal, attn_mask, dropout_p):
         "IS_CAUSAL": bool(causal),
         "HAS_MASK": attn_mask is not None,
         "HAS_DROPOUT": dropout_p > 0.0,
-        "DOT_PRECISION": _dot_precision(q.dtype),
+        "DOT_PRECISION": dot_precision(q.dtype),
         "BLOCK_D": _head_block(q.shape[-1]),
     }
 

@@ -1,7 +1,13 @@
 """The position-wise feed-forward block, linear(gelu(linear(x))): public op and PyTorch reference."""
 import torch.nn.functional as F
 
-from kernels._common import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
+from kernels._common import (
+    FLOAT_DTYPES,
+    REFERENCE_DTYPES,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+)
 from kernels.linear_gelu import check_linear_args, linear_gelu, linear_gelu_reference
 
 

@@ -19,6 +19,7 @@ from kernels._common import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    dot_precision,
     last_dim_contiguous,
     require_launchable,
     tl,
@@ -101,12 +102,6 @@ def _gelu_grad_kernel(DY, PRE, DPRE, n_elements, BLOCK: tl.constexpr):
     tl.store(DPRE + offs, (dy * grad).to(DPRE.dtype.element_ty), mask=ok)
 
 
-def _dot_precision(dtype):
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"
-
-
 def _linear_gelu_forward(x2, weight, bias, store_pre):
     M, K = x2.shape
     N = weight.shape[0]
@@ -117,7 +112,7 @@ def _linear_gelu_forward(x2, weight, bias, store_pre):
         x2, weight, x2 if bias is None else bias, y, pre if store_pre else y,
         x2.stride(0), weight.stride(0), weight.stride(1), y.stride(0), pre.stride(0) if store_pre else 0,
         M, N, K, triton.next_power_of_2(M),
-        HAS_BIAS=bias is not None, STORE_PRE=store_pre, DOT_PRECISION=_dot_precision(x2.dtype),
+        HAS_BIAS=bias is not None, STORE_PRE=store_pre, DOT_PRECISION=dot_precision(x2.dtype),
     )
     return y, pre
 
