@@ -90,16 +90,18 @@ def test_parity_key_padding(where, causal, dtype, atol, device):
 
 @pytest.mark.parametrize("dtype, atol", DTYPES)
 @pytest.mark.parametrize("per_head", [False, True], ids=["(B,Lq,Lk)", "(B,H,Lq,Lk)"])
-@pytest.mark.parametrize("with_pad_and_causal", [False, True], ids=["dense", "dense+pad+causal"])
-def test_parity_dense_mask(per_head, with_pad_and_causal, dtype, atol, device):
+@pytest.mark.parametrize(
+    "with_pad, causal", [(False, False), (True, False), (False, True), (True, True)], ids=["", "+pad", "+causal", "+pad+causal"]
+)
+def test_parity_dense_mask(per_head, with_pad, causal, dtype, atol, device):
     B, H, Lq, Lk = 2, 3, 21, 40
     q, k, v, do = make_inputs(B, H, Lq, Lk, 16, device, seed=2)
     g = torch.Generator().manual_seed(3)
     dense = torch.rand(B, H, Lq, Lk, generator=g) < 0.4
     dense[0, :, 5] = True  # a query row with every key masked
     dense = (dense if per_head else dense[:, 0]).to(device)
-    extra = {"key_padding_mask": padding(B, Lk, "end", device), "causal": True} if with_pad_and_causal else {}
-    check_parity(q, k, v, do, dtype, atol, attn_mask=dense, **extra)
+    pad = padding(B, Lk, "end", device) if with_pad else None
+    check_parity(q, k, v, do, dtype, atol, attn_mask=dense, key_padding_mask=pad, causal=causal)
 
 
 def test_fully_masked_rows_are_the_mean_of_v(device):
