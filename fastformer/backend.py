@@ -64,9 +64,9 @@ def attention(q, k, v, **kwargs):
     return op(q, k, v, **kwargs)
 
 
-def feed_forward(x, w1, b1, w2, b2):
+def feed_forward(x, w1, b1, w2, b2, activation="gelu"):
     op = kernels.feed_forward if uses_triton(x) else kernels.feed_forward_reference
-    return op(x, w1, b1, w2, b2)
+    return op(x, w1, b1, w2, b2, activation=activation)
 
 
 def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0):

@@ -22,7 +22,8 @@ TUTORIAL = {
 class Config(dict):
     """A dict with attribute access, as in the tutorial: `config.d_hidn == config["d_hidn"]`.
 
-    fastformer reads one optional key of its own, `output_attentions` (see MultiHeadAttention).
+    fastformer reads two optional keys of its own: `output_attentions` (see fastformer.model) and
+    `ffn_activation` ("gelu", the tutorial's and the default, or "relu").
     """
 
     def __getattr__(self, name):

@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from fastformer import backend
 from fastformer.masks import AttentionMask, get_sinusoid_encoding_table
 
+ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
+
 
 def wants_probs(config, tensor):
     """Whether attention modules return probabilities (see the module docstring)."""
@@ -133,13 +135,21 @@ class MultiHeadAttention(nn.Module):
 
 
 class PoswiseFeedForwardNet(nn.Module):
+    """conv2(act(conv1(x))): act is the tutorial's exact GELU, or ReLU with config.ffn_activation = "relu"."""
+
     def __init__(self, config):
         super().__init__()
         self.config = config
+        self.activation = config.get("ffn_activation", "gelu")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"config.ffn_activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         # Conv1d with kernel_size 1, as the tutorial has them, so its checkpoints load.
         self.conv1 = nn.Conv1d(in_channels=config.d_hidn, out_channels=config.d_ff, kernel_size=1)
         self.conv2 = nn.Conv1d(in_channels=config.d_ff, out_channels=config.d_hidn, kernel_size=1)
         self.dropout = nn.Dropout(config.dropout)
+
+    def extra_repr(self):
+        return f"activation={self.activation!r}"
 
     def forward(self, inputs):
         """inputs: (bs, n_seq, d_hidn) -> (bs, n_seq, d_hidn)."""
@@ -149,7 +159,12 @@ class PoswiseFeedForwardNet(nn.Module):
         """forward without the output dropout, which the layers fuse into add + LayerNorm."""
         # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
         return backend.feed_forward(
-            inputs, self.conv1.weight.squeeze(-1), self.conv1.bias, self.conv2.weight.squeeze(-1), self.conv2.bias
+            inputs,
+            self.conv1.weight.squeeze(-1),
+            self.conv1.bias,
+            self.conv2.weight.squeeze(-1),
+            self.conv2.bias,
+            self.activation,
         )
 
 

@@ -1,4 +1,4 @@
-"""The position-wise feed-forward block, linear(gelu(linear(x))): public op and PyTorch reference."""
+"""The position-wise feed-forward block, linear(act(linear(x))), act GELU or ReLU: public op and PyTorch reference."""
 import torch.nn.functional as F
 
 from kernels._common import (
@@ -26,13 +26,13 @@ def check_feed_forward_args(x, w1, b1, w2, b2, dtypes=FLOAT_DTYPES):
     return d, d_ff
 
 
-def feed_forward_reference(x, w1, b1, w2, b2):
-    """linear(gelu(linear(x, w1, b1)), w2, b2) in PyTorch (fp64 too, for tests)."""
+def feed_forward_reference(x, w1, b1, w2, b2, *, activation="gelu"):
+    """linear(gelu(linear(x, w1, b1)), w2, b2) (or relu) in PyTorch (fp64 too, for tests)."""
     check_feed_forward_args(x, w1, b1, w2, b2, dtypes=REFERENCE_DTYPES)
-    return F.linear(linear_gelu_reference(x, w1, b1), w2, b2)
+    return F.linear(linear_gelu_reference(x, w1, b1, activation=activation), w2, b2)
 
 
-def feed_forward(x, w1, b1, w2, b2):
+def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
     """The tutorial's FFN: linear(gelu(linear(x, w1, b1)), w2, b2), exact erf GELU.
 
     The first GEMM runs in Triton with the bias and GELU fused into its epilogue (`linear_gelu`);
@@ -41,9 +41,10 @@ def feed_forward(x, w1, b1, w2, b2):
 
     Args:
         x: (..., d); w1: (d_ff, d); b1: (d_ff,); w2: (d, d_ff); b2: (d,). nn.Linear layout.
+        activation: "gelu" (exact erf, the tutorial's) or "relu".
 
     Returns:
         (..., d) in x's dtype.
     """
     check_feed_forward_args(x, w1, b1, w2, b2)
-    return F.linear(linear_gelu(x, w1, b1), w2, b2)
+    return F.linear(linear_gelu(x, w1, b1, activation=activation), w2, b2)

@@ -1,10 +1,11 @@
-"""Linear layer with the exact (erf) GELU in Triton, and its PyTorch reference.
+"""Linear layer with the exact (erf) GELU, or ReLU, in Triton, and its PyTorch reference.
 
-The forward is a GEMM whose epilogue adds the bias and applies GELU to the fp32 accumulator, so
-the pre-activation never makes a round trip through memory before the GELU. (cuBLASLt, Apex and
-TransformerEngine epilogues offer only the tanh GELU, which is not the tutorial's.) For training
-it also writes the pre-activation; the backward turns dY into dPre = dY * GELU'(pre) in one fused
-elementwise kernel, then dX, dW and db come from tensor-core GEMMs and a column sum.
+The forward is a GEMM whose epilogue adds the bias and applies the activation to the fp32
+accumulator, so the pre-activation never makes a round trip through memory before it. (cuBLASLt,
+Apex and TransformerEngine epilogues offer only the tanh GELU, which is not the tutorial's.) For
+training it also writes the pre-activation; the backward turns dY into dPre = dY * act'(pre) in one
+fused elementwise kernel, then dX, dW and db come from tensor-core GEMMs and a column sum.
+ReLU serves the seed models that use it (002, 004) through the same kernels.
 """
 from typing import Optional, Tuple
 
@@ -28,6 +29,7 @@ from kernels._common import (
 
 SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
 INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 * pi)
+ACTIVATIONS = ("gelu", "relu")
 
 
 def _gemm_configs():
@@ -48,14 +50,21 @@ def _gemm_configs():
     )
 
 
-@triton.autotune(configs=_gemm_configs(), key=["M_BUCKET", "N", "K", "STORE_PRE", "DOT_PRECISION"])
+@triton.jit
+def _activation(a, ACTIVATION: tl.constexpr):
+    if ACTIVATION == "relu":
+        return tl.maximum(a, 0.0)
+    return 0.5 * a * (1.0 + tl.erf(a * SQRT1_2))
+
+
+@triton.autotune(configs=_gemm_configs(), key=["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION"])
 @triton.jit
 def _linear_gelu_fwd_kernel(
     X, W, B, Y, PRE,
     stride_xm, stride_wn, stride_wk, stride_ym, stride_pm,
     M, N, K,
     M_BUCKET,  # autotune key only
-    HAS_BIAS: tl.constexpr, STORE_PRE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PRE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # grouped ordering: GROUP_M row blocks share each column block of W while it is in L2
@@ -87,22 +96,25 @@ def _linear_gelu_fwd_kernel(
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if STORE_PRE:
         tl.store(PRE + offs_m[:, None] * stride_pm + offs_n[None, :], acc.to(PRE.dtype.element_ty), mask=out_mask)
-    y = 0.5 * acc * (1.0 + tl.erf(acc * SQRT1_2))
+    y = _activation(acc, ACTIVATION)
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y.to(Y.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
-def _gelu_grad_kernel(DY, PRE, DPRE, n_elements, BLOCK: tl.constexpr):
-    """dPre = dY * GELU'(pre), GELU'(a) = Phi(a) + a * phi(a), in fp32."""
+def _activation_grad_kernel(DY, PRE, DPRE, n_elements, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
+    """dPre = dY * act'(pre) in fp32: GELU'(a) = Phi(a) + a * phi(a); ReLU'(a) = [a > 0]."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < n_elements
     dy = tl.load(DY + offs, mask=ok, other=0.0).to(tl.float32)
     a = tl.load(PRE + offs, mask=ok, other=0.0).to(tl.float32)
-    grad = 0.5 * (1.0 + tl.erf(a * SQRT1_2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
+    if ACTIVATION == "relu":
+        grad = tl.where(a > 0.0, 1.0, 0.0)
+    else:
+        grad = 0.5 * (1.0 + tl.erf(a * SQRT1_2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
     tl.store(DPRE + offs, (dy * grad).to(DPRE.dtype.element_ty), mask=ok)
 
 
-def _linear_gelu_forward(x2, weight, bias, store_pre):
+def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
     M, K = x2.shape
     N = weight.shape[0]
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
@@ -112,43 +124,46 @@ def _linear_gelu_forward(x2, weight, bias, store_pre):
         x2, weight, x2 if bias is None else bias, y, pre if store_pre else y,
         x2.stride(0), weight.stride(0), weight.stride(1), y.stride(0), pre.stride(0) if store_pre else 0,
         M, N, K, triton.next_power_of_2(M),
-        HAS_BIAS=bias is not None, STORE_PRE=store_pre, DOT_PRECISION=dot_precision(x2.dtype),
+        HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_PRE=store_pre, DOT_PRECISION=dot_precision(x2.dtype),
     )
     return y, pre
 
 
 @torch.library.triton_op("fastformer::linear_gelu_forward", mutates_args=())
 def _linear_gelu_forward_op(
-    x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], store_pre: bool
+    x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str, store_pre: bool
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _linear_gelu_forward(x2, weight, bias, store_pre)
+    return _linear_gelu_forward(x2, weight, bias, activation, store_pre)
 
 
-@torch.library.triton_op("fastformer::gelu_backward", mutates_args=())
-def _gelu_backward_op(dy: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+@torch.library.triton_op("fastformer::activation_backward", mutates_args=())
+def _activation_backward_op(dy: torch.Tensor, pre: torch.Tensor, activation: str) -> torch.Tensor:
     dy = dy.contiguous() if not dy.is_contiguous() else dy
     dpre = torch.empty_like(pre)
     block = 1024
-    torch.library.wrap_triton(_gelu_grad_kernel)[(triton.cdiv(pre.numel(), block),)](dy, pre, dpre, pre.numel(), BLOCK=block)
+    torch.library.wrap_triton(_activation_grad_kernel)[(triton.cdiv(pre.numel(), block),)](
+        dy, pre, dpre, pre.numel(), ACTIVATION=activation, BLOCK=block
+    )
     return dpre
 
 
 def _setup_context(ctx, inputs, output):
-    x2, weight, bias, _ = inputs
+    x2, weight, bias, activation, _ = inputs
     _, pre = output
     ctx.save_for_backward(x2, weight, pre)
     ctx.has_bias = bias is not None
+    ctx.activation = activation
 
 
 def _backward(ctx, dy, _dpre):
     x2, weight, pre = ctx.saved_tensors
     if pre.numel() == 0 and x2.numel() != 0:
         raise RuntimeError("linear_gelu: backward through a forward run without gradients (no pre-activation saved)")
-    dpre = _gelu_backward_op(dy, pre)
+    dpre = _activation_backward_op(dy, pre, ctx.activation)
     dx = dpre @ weight
     dw = dpre.t() @ x2
     db = dpre.sum(0, dtype=torch.float32).to(dpre.dtype) if ctx.has_bias else None
-    return dx, dw, db, None
+    return dx, dw, db, None, None
 
 
 torch.library.register_autograd(_linear_gelu_forward_op, _backward, setup_context=_setup_context)
@@ -180,28 +195,37 @@ def check_linear_args(x, weight, bias, x_name="x", weight_name="weight", bias_na
     return K, N
 
 
-def linear_gelu(x, weight, bias):
+def check_activation(activation):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, got {activation!r}")
+
+
+def linear_gelu(x, weight, bias, *, activation="gelu"):
     """Exact (erf) GELU of x @ weight.T + bias, with the bias and GELU fused into the GEMM.
 
     Args:
         x: (..., K); weight: (N, K) (nn.Linear layout; any strides, so Conv1d weight views work);
             bias: (N,) or None. One dtype (fp16, bf16, fp32), one device. Under torch.autocast,
             fp32 inputs are cast to the autocast dtype, as F.linear would.
+        activation: "gelu" (exact erf, the tutorial's) or "relu" (the other seed models').
 
     Returns:
         (..., N) in the inputs' dtype. fp32 uses IEEE dots unless TF32 is allowed for matmuls.
     """
     check_linear_args(x, weight, bias)
+    check_activation(activation)
     x, weight, bias = autocast_inputs(x, weight, bias)
     require_launchable("linear_gelu", x)
     K = x.shape[-1]
     x2 = last_dim_contiguous(x.reshape(-1, K))
     store_pre = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    y, _ = _linear_gelu_forward_op(x2, weight, bias, store_pre)
+    y, _ = _linear_gelu_forward_op(x2, weight, bias, activation, store_pre)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-def linear_gelu_reference(x, weight, bias):
-    """gelu(x @ weight.T + bias) with the exact erf GELU, in PyTorch (fp64 too, for tests)."""
+def linear_gelu_reference(x, weight, bias, *, activation="gelu"):
+    """gelu(x @ weight.T + bias) with the exact erf GELU (or relu), in PyTorch (fp64 too, for tests)."""
     check_linear_args(x, weight, bias, dtypes=REFERENCE_DTYPES)
-    return F.gelu(F.linear(x, weight, bias))
+    check_activation(activation)
+    act = F.relu if activation == "relu" else F.gelu
+    return act(F.linear(x, weight, bias))

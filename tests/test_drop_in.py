@@ -237,3 +237,17 @@ def test_autocast_runs_the_reference_path():
     logits.float().sum().backward()
     assert torch.isfinite(logits).all()
     assert model.transformer.encoder.enc_emb.weight.grad is not None
+
+
+def test_ffn_activation_option():
+    """config.ffn_activation = "relu" gives conv2(relu(conv1(x))); gelu stays the default; others are refused."""
+    torch.manual_seed(0)
+    config = small_config(ffn_activation="relu")
+    x = torch.randn(2, 5, config.d_hidn)
+    relu_ffn = fastformer.PoswiseFeedForwardNet(config).eval()
+    expected = relu_ffn.conv2(torch.relu(relu_ffn.conv1(x.transpose(1, 2)))).transpose(1, 2)
+    assert_max_diff("relu ffn", relu_ffn(x), expected, 1e-6)
+    gelu_ffn = fastformer.PoswiseFeedForwardNet(small_config()).eval()
+    assert gelu_ffn.activation == "gelu"
+    with pytest.raises(ValueError, match="ffn_activation must be one of"):
+        fastformer.PoswiseFeedForwardNet(small_config(ffn_activation="tanh"))

@@ -1,4 +1,6 @@
 """The Triton linear + exact GELU kernel and the FFN built on it, against fp64 references."""
+import functools
+
 import pytest
 import torch
 
@@ -54,11 +56,35 @@ def test_linear_gelu_parity(x_shape, n, dtype, atol, device):
 
 
 @pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
+@pytest.mark.parametrize("x_shape, n", [((1, 32), 48), ((7, 40), 24), ((3, 11, 32), 64)])
+def test_linear_relu_parity(x_shape, n, dtype, atol, device):
+    inputs = make_inputs(x_shape, [x_shape[-1], n], device)
+    relu = functools.partial(kernels.linear_gelu, activation="relu")
+    relu_reference = functools.partial(kernels.linear_gelu_reference, activation="relu")
+    check_parity(relu, relu_reference, inputs, dtype, atol, ("y", "dx", "dw", "db"))
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
 @pytest.mark.parametrize("x_shape", [(1, 32), (7, 32), (2, 33, 32)])
-def test_feed_forward_parity(x_shape, dtype, atol, device):
+def test_feed_forward_parity(x_shape, dtype, atol, activation, device):
     inputs = make_inputs(x_shape, [32, 96, 32], device)
     names = ("y", "dx", "dw1", "db1", "dw2", "db2")
-    check_parity(kernels.feed_forward, kernels.feed_forward_reference, inputs, dtype, atol, names)
+    op = functools.partial(kernels.feed_forward, activation=activation)
+    reference_op = functools.partial(kernels.feed_forward_reference, activation=activation)
+    check_parity(op, reference_op, inputs, dtype, atol, names)
+
+
+def test_relu_really_is_relu(device):
+    """The relu path is not the gelu path: negative pre-activations give exactly 0."""
+    x, w, b = (t.float() for t in make_inputs((9, 32), [32, 16], device))
+    y = kernels.linear_gelu(x, w, b, activation="relu")
+    pre = x @ w.T + b
+    assert (y[pre < -1e-3] == 0).all() and (y[pre > 1e-3] > 0).all()
+    with pytest.raises(ValueError, match="activation must be one of"):
+        kernels.linear_gelu(x, w, b, activation="tanh")
+    with pytest.raises(ValueError, match="activation must be one of"):
+        kernels.feed_forward_reference(x, w, b, w.T.contiguous(), None, activation="swish")
 
 
 def test_conv1d_weight_views_and_non_contiguous_input(device):
@@ -98,7 +124,7 @@ def test_registered_op_schema_and_autograd(device):
     x, w, b = (t.float().requires_grad_() for t in make_inputs((6, 32), [32, 16], device))
     torch.library.opcheck(
         torch.ops.fastformer.linear_gelu_forward.default,
-        (x, w, b, True),
+        (x, w, b, "gelu", True),
         test_utils=("test_schema", "test_autograd_registration"),
     )
 
@@ -106,4 +132,5 @@ def test_registered_op_schema_and_autograd(device):
 @pytest.mark.cuda
 def test_registered_op_fake_tensors_and_aot_dispatch():
     x, w, b = (t.float().requires_grad_() for t in make_inputs((6, 32), [32, 16], torch.device("cuda")))
-    torch.library.opcheck(torch.ops.fastformer.linear_gelu_forward.default, (x, w, b, True))
+    torch.library.opcheck(torch.ops.fastformer.linear_gelu_forward.default, (x, w, b, "gelu", True))
+    torch.library.opcheck(torch.ops.fastformer.linear_gelu_forward.default, (x, w, b, "relu", True))

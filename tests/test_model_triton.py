@@ -7,17 +7,21 @@ import fastformer
 from tests.helpers import assert_within_torch_error
 from tests.test_drop_in import small_config, token_batch
 
-BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.cuda)
+BF16 = pytest.param(torch.bfloat16, 1e-2, "gelu", id="bf16", marks=pytest.mark.cuda)
 
 
 @pytest.mark.parametrize(
-    "dtype, atol",
-    [pytest.param(torch.float32, 1e-5, id="fp32"), BF16],
+    "dtype, atol, activation",
+    [
+        pytest.param(torch.float32, 1e-5, "gelu", id="fp32"),
+        pytest.param(torch.float32, 1e-5, "relu", id="fp32-relu"),
+        BF16,
+    ],
 )
-def test_model_on_triton_matches_reference_outputs_and_all_gradients(dtype, atol, device):
+def test_model_on_triton_matches_reference_outputs_and_all_gradients(dtype, atol, activation, device):
     """Shared weights: the Triton backend vs the reference backend in the same dtype, both
     measured against the reference backend in fp64."""
-    config = small_config(dropout=0.0)
+    config = small_config(dropout=0.0, ffn_activation=activation)
     torch.manual_seed(0)
     base = fastformer.MovieClassification(config).to(device)
     enc, dec = (t.to(device) for t in token_batch(config, enc_len=13, dec_len=7))
