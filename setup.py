@@ -1,8 +1,8 @@
-"""Installs the two top-level packages: `kernels` (ops) and `fastformer` (the drop-in model)."""
+"""Installs the two top-level packages: `kernels` (ops) and `fastformer` (the drop-in model, data, CLI)."""
 import re
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "fastformer" / "version.py").read_text()).group(1)
@@ -13,8 +13,8 @@ setup(
     description="A drop-in, Triton-accelerated version of the classic tutorial Transformer",
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
-    packages=["kernels", "fastformer"],
-    package_data={"fastformer": ["data/*"]},
+    packages=find_packages(include=["kernels", "kernels.*", "fastformer", "fastformer.*"]),
+    package_data={"fastformer.data": ["*.tsv"]},
     python_requires=">=3.10",
     install_requires=[
         "torch",
@@ -22,10 +22,11 @@ setup(
         "sentencepiece",
         "numpy",
         "tqdm",
+        "matplotlib",
     ],
     extras_require={
         "test": ["pytest", "pytest-benchmark", "hypothesis"],
-        "bench": ["matplotlib"],
+        "bench": ["pytest", "pytest-benchmark"],
     },
     entry_points={"console_scripts": ["fastformer = fastformer.cli:main"]},
     classifiers=[

@@ -1,0 +1,33 @@
+"""Data for the tutorial's sentiment job: the SentencePiece vocab, review files, the Dataset.
+
+    vocab = train_vocab(texts, "vocab.model", n_pieces=8000)        # the tutorial's vocab
+    train = MovieDataSet(vocab, "ratings_train.txt", max_len=256)    # NSMC TSV or the tutorial's JSONL
+    loader = DataLoader(train, batch_size=128, collate_fn=movie_collate_fn)
+
+The embedded demo set (`fastformer.data.demo.TRAIN_FILE`, `.TEST_FILE`) is generated, not real
+data; see demo.py.
+"""
+from fastformer.data.reviews import (
+    LengthBucketSampler,
+    MovieDataSet,
+    Review,
+    movie_collate_fn,
+    read_jsonl,
+    read_nsmc,
+    read_reviews,
+)
+from fastformer.data.vocab import N_SPECIAL, check_vocab_matches, load_vocab, train_vocab
+
+__all__ = [
+    "LengthBucketSampler",
+    "MovieDataSet",
+    "N_SPECIAL",
+    "Review",
+    "check_vocab_matches",
+    "load_vocab",
+    "movie_collate_fn",
+    "read_jsonl",
+    "read_nsmc",
+    "read_reviews",
+    "train_vocab",
+]

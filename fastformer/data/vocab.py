@@ -1,0 +1,79 @@
+"""The tutorial's SentencePiece vocab: BPE pieces plus seven special symbols at fixed ids."""
+import io
+import os
+
+# (id, piece) of the four control symbols, as the tutorial trains them; then three user symbols.
+PAD, UNK, BOS, EOS = (0, "[PAD]"), (1, "[UNK]"), (2, "[BOS]"), (3, "[EOS]")
+USER_SYMBOLS = ("[SEP]", "[CLS]", "[MASK]")
+N_SPECIAL = 4 + len(USER_SYMBOLS)  # the tutorial's "vocab_size + 7"
+
+
+def _spm():
+    try:
+        import sentencepiece
+    except ImportError as error:  # a dependency of the package; say so if it is missing
+        raise ImportError("fastformer's vocab needs sentencepiece: pip install sentencepiece") from error
+    return sentencepiece
+
+
+def train_vocab(texts, model_file, n_pieces=8000):
+    """Train a BPE vocab the tutorial's way on an iterable of texts and write it to `model_file`.
+
+    The vocab holds `n_pieces` learned pieces plus the 7 special symbols ([PAD] 0, [UNK] 1,
+    [BOS] 2, [EOS] 3, [SEP], [CLS], [MASK]), as the tutorial's `--vocab_size={vocab_size + 7}`.
+    On a small corpus it holds fewer, as many as the corpus supports. Returns the loaded vocab.
+    """
+    if n_pieces < 1:
+        raise ValueError(f"n_pieces must be positive, got {n_pieces}")
+    texts = [t for t in texts if t]
+    if not texts:
+        raise ValueError("cannot train a vocab on an empty corpus")
+    model = io.BytesIO()
+    _spm().SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        vocab_size=n_pieces + N_SPECIAL,
+        model_type="bpe",
+        max_sentence_length=999999,
+        pad_id=PAD[0], pad_piece=PAD[1],
+        unk_id=UNK[0], unk_piece=UNK[1],
+        bos_id=BOS[0], bos_piece=BOS[1],
+        eos_id=EOS[0], eos_piece=EOS[1],
+        user_defined_symbols=list(USER_SYMBOLS),
+        hard_vocab_limit=False,  # a small corpus gets a smaller vocab instead of an error
+        minloglevel=2,
+    )
+    with open(model_file, "wb") as f:
+        f.write(model.getvalue())
+    return load_vocab(model_file)
+
+
+def load_vocab(model_file):
+    """Load a SentencePiece model and check it has the tutorial's special symbols at their ids."""
+    if not os.path.isfile(model_file):
+        raise FileNotFoundError(f"vocab file not found: {model_file}")
+    vocab = _spm().SentencePieceProcessor()
+    try:
+        vocab.load(model_file)
+    except (OSError, RuntimeError) as error:
+        raise ValueError(f"{model_file} is not a SentencePiece model ({error})") from None
+    for id_, piece in (PAD, UNK, BOS, EOS):
+        if id_ >= vocab.get_piece_size() or vocab.id_to_piece(id_) != piece:
+            found = vocab.id_to_piece(id_) if id_ < vocab.get_piece_size() else None
+            raise ValueError(
+                f"vocab {model_file} does not have {piece} at id {id_} (it has {found!r}); "
+                "train it with fastformer.data.train_vocab or the tutorial's flags"
+            )
+    return vocab
+
+
+def check_vocab_matches(vocab, config, vocab_name="vocab"):
+    """Raise ValueError if the vocab's ids do not fit the config's embeddings or padding id."""
+    size = vocab.get_piece_size()
+    if size > config.n_enc_vocab:
+        raise ValueError(
+            f"{vocab_name} has {size} pieces but config.n_enc_vocab is {config.n_enc_vocab}: "
+            "the ids would not fit the embedding"
+        )
+    if vocab.pad_id() != config.i_pad:
+        raise ValueError(f"{vocab_name} pads with id {vocab.pad_id()} but config.i_pad is {config.i_pad}")

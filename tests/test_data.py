@@ -1,0 +1,176 @@
+"""fastformer.data: the vocab, the review readers on good and malformed files, Dataset, collate,
+the length-bucketing sampler, and the embedded demo set."""
+import json
+
+import pytest
+import torch
+
+from fastformer import Config
+from fastformer.data import (
+    LengthBucketSampler,
+    MovieDataSet,
+    Review,
+    check_vocab_matches,
+    demo,
+    load_vocab,
+    movie_collate_fn,
+    read_jsonl,
+    read_nsmc,
+    read_reviews,
+    train_vocab,
+)
+
+TEXTS = ["the movie was great fun", "a boring plot and awful acting", "i loved the ending"] * 30
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+    return train_vocab(TEXTS, str(tmp_path_factory.mktemp("vocab") / "vocab.model"), n_pieces=200)
+
+
+def write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_vocab_has_the_tutorials_special_symbols(vocab):
+    assert [vocab.piece_to_id(p) for p in ("[PAD]", "[UNK]", "[BOS]", "[EOS]")] == [0, 1, 2, 3]
+    assert [vocab.piece_to_id(p) for p in ("[SEP]", "[CLS]", "[MASK]")] == [4, 5, 6]
+    assert vocab.encode_as_pieces("the movie") == ["▁the", "▁movie"]
+    assert vocab.get_piece_size() <= 200 + 7  # a small corpus gives fewer pieces, not an error
+
+
+def test_vocab_errors(tmp_path, vocab):
+    with pytest.raises(ValueError, match="empty corpus"):
+        train_vocab(["", ""], str(tmp_path / "v.model"))
+    with pytest.raises(FileNotFoundError, match="vocab file not found"):
+        load_vocab(str(tmp_path / "missing.model"))
+    with pytest.raises(ValueError, match="not a SentencePiece model"):
+        load_vocab(write(tmp_path / "junk.model", "not a model"))
+    size = vocab.get_piece_size()
+    check_vocab_matches(vocab, Config(n_enc_vocab=size, i_pad=0))
+    with pytest.raises(ValueError, match=f"has {size} pieces but config.n_enc_vocab is {size - 1}"):
+        check_vocab_matches(vocab, Config(n_enc_vocab=size - 1, i_pad=0))
+    with pytest.raises(ValueError, match="config.i_pad is 1"):
+        check_vocab_matches(vocab, Config(n_enc_vocab=size, i_pad=1))
+
+
+def test_vocab_without_the_special_ids_is_refused(tmp_path):
+    import sentencepiece as spm
+
+    prefix = str(tmp_path / "plain")
+    spm.SentencePieceTrainer.train(  # SentencePiece's defaults: <unk> 0, <s> 1, </s> 2, no [PAD]
+        input=write(tmp_path / "corpus.txt", "\n".join(TEXTS)), model_prefix=prefix, vocab_size=40,
+        model_type="bpe", minloglevel=2,
+    )
+    with pytest.raises(ValueError, match=r"does not have \[PAD\] at id 0"):
+        load_vocab(prefix + ".model")
+
+
+def test_read_nsmc_skips_empty_documents_and_keeps_quotes(tmp_path):
+    path = write(
+        tmp_path / "ratings.txt",
+        'id\tdocument\tlabel\n1\t"quoted" text, kept as is\t1\n2\t\t0\n3\t   \t1\n\n4\tplain\t0\n',
+    )
+    assert read_nsmc(path) == [Review("1", '"quoted" text, kept as is', 1), Review("4", "plain", 0)]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("id\ttext\tlabel\n1\tgood\t1\n", "expected a TSV header with columns id, document, label, got id, text, label"),
+        ("", "expected a TSV header"),
+        ("id\tdocument\tlabel\n1\tgood\n", "line 2: expected 3 tab-separated fields, got 2"),
+        ("id\tdocument\tlabel\n1\tgood\tyes\n", "line 2: label must be an integer, got 'yes'"),
+        ("id\tdocument\tlabel\n1\t\t1\n", "has no reviews"),  # only empty documents: an empty corpus
+    ],
+)
+def test_read_reviews_rejects_malformed_tsv(tmp_path, content, message):
+    with pytest.raises(ValueError, match=message):
+        read_reviews(write(tmp_path / "bad.txt", content), "train")
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "line 1: not JSON"),
+        ('{"id": 1, "label": 0}', "line 1: expected keys id, doc, label; missing doc"),
+        ('["a list"]', "missing id, doc, label"),
+        ('{"id": 1, "doc": "a string", "label": 0}', "doc must be a list of SentencePiece pieces"),
+    ],
+)
+def test_read_jsonl_rejects_malformed_lines(tmp_path, line, message):
+    with pytest.raises(ValueError, match=message):
+        read_jsonl(write(tmp_path / "bad.json", line + "\n"))
+
+
+def test_read_reviews_checks_files_and_labels(tmp_path):
+    with pytest.raises(FileNotFoundError, match="test file not found: .*nope.txt"):
+        read_reviews(str(tmp_path / "nope.txt"), "test")
+    with pytest.raises(ValueError, match="train file .*empty.txt has no reviews"):
+        read_reviews(write(tmp_path / "empty.txt", "id\tdocument\tlabel\n"), "train")
+    path = write(tmp_path / "three.txt", "id\tdocument\tlabel\n1\tfine\t1\n2\tmeh\t2\n")
+    with pytest.raises(ValueError, match="review 2 has label 2, outside the 2 classes 0..1"):
+        read_reviews(path, "train", n_classes=2)
+    assert len(read_reviews(path, "train", n_classes=3)) == 2
+
+
+def test_tsv_and_jsonl_give_the_same_dataset(tmp_path, vocab):
+    texts = ["the movie was great fun", "awful acting"]
+    tsv = write(tmp_path / "r.txt", "id\tdocument\tlabel\n" + "".join(f"{i}\t{t}\t{i % 2}\n" for i, t in enumerate(texts)))
+    jsonl = write(
+        tmp_path / "r.json",
+        "".join(json.dumps({"id": i, "doc": vocab.encode_as_pieces(t), "label": i % 2}) + "\n" for i, t in enumerate(texts)),
+    )
+    a, b = MovieDataSet(vocab, tsv, progress=False), MovieDataSet(vocab, jsonl, progress=False)
+    assert len(a) == len(b) == 2
+    for i in range(2):
+        for x, y in zip(a[i], b[i]):
+            assert torch.equal(x, y)
+    label, enc, dec = a[0]
+    assert label.item() == 0 and enc.tolist() == vocab.encode_as_ids(texts[0]) and dec.tolist() == [2]
+
+
+def test_dataset_truncates_and_collate_pads_to_the_batch_maximum(vocab):
+    reviews = [Review("1", "the movie was great fun", 1), Review("2", "fun", 0), Review("3", "", 1)]
+    dataset = MovieDataSet(vocab, reviews, max_len=3, progress=False)
+    assert dataset.lengths() == [3, 1, 1]  # truncated to max_len; the empty review is one [PAD]
+    labels, enc, dec = movie_collate_fn([dataset[0], dataset[1], dataset[2]], i_pad=0)
+    assert labels.tolist() == [1, 0, 1]
+    assert enc.shape == (3, 3) and enc[1, 1:].eq(0).all() and enc[2].eq(0).all()
+    assert dec.tolist() == [[2], [2], [2]]
+
+
+def test_length_bucket_sampler_covers_everything_once_and_cuts_padding():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 200, (1000,), generator=g).tolist()
+    sampler = LengthBucketSampler(lengths, batch_size=32, seed=3, pool_batches=10)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 32  # ceil(1000 / 32)
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+
+    def padding(batches):
+        return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches)
+
+    random_batches = [list(range(i, min(i + 32, 1000))) for i in range(0, 1000, 32)]
+    assert padding(batches) < 0.2 * padding(random_batches)
+    assert list(sampler) == batches  # same epoch, same order
+    sampler.set_epoch(1)
+    assert list(sampler) != batches
+    with pytest.raises(ValueError, match="batch_size must be positive"):
+        LengthBucketSampler(lengths, batch_size=0)
+
+
+def test_demo_set_is_what_the_generator_writes(tmp_path):
+    """The shipped files are exactly the generator's output, balanced, with no test text in train."""
+    train, test = demo.generate()
+    demo.write_tsv(train, tmp_path / "train.tsv")
+    demo.write_tsv(test, tmp_path / "test.tsv")
+    with open(demo.TRAIN_FILE, encoding="utf-8") as f:
+        assert (tmp_path / "train.tsv").read_text(encoding="utf-8") == f.read()
+    with open(demo.TEST_FILE, encoding="utf-8") as f:
+        assert (tmp_path / "test.tsv").read_text(encoding="utf-8") == f.read()
+    train_reviews, test_reviews = read_reviews(demo.TRAIN_FILE), read_reviews(demo.TEST_FILE)
+    assert (len(train_reviews), len(test_reviews)) == (demo.N_TRAIN, demo.N_TEST)
+    assert sum(r.label for r in train_reviews) == demo.N_TRAIN // 2
+    assert not {r.doc for r in test_reviews} & {r.doc for r in train_reviews}
