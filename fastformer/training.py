@@ -1,0 +1,163 @@
+"""Training utilities from the seed documents: schedules, the padding-masked loss, and the loops.
+
+- `linear_warmup_decay`: the tutorial's training script, AdamW with the learning rate rising
+  linearly over the warm-up steps, then falling linearly to 0 at the last step.
+- `inverse_sqrt_warmup`: 004's schedule, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+- `sequence_cross_entropy`: cross-entropy over sequence outputs that ignores padding positions.
+- `train_epoch` / `evaluate`: the tutorial's train_epoch and eval_epoch for MovieClassification,
+  with tqdm bars showing loss, accuracy and tokens/s, and optional autocast.
+"""
+import contextlib
+import time
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from fastformer.data.reviews import movie_collate_fn
+from fastformer.data.vocab import BOS
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def linear_warmup_decay(step, warmup_steps, total_steps):
+    """The lr multiplier at `step` (0-based): step / warmup_steps while warming up, then a linear
+    decay reaching 0 at total_steps."""
+    if step < warmup_steps:
+        return step / max(1, warmup_steps)
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
+def inverse_sqrt_warmup(step, d_model, warmup_steps=4000):
+    """004's learning rate at `step` (counted from 1): d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+    Step 0 is treated as step 1."""
+    step = max(step, 1)
+    return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def linear_warmup_decay_scheduler(optimizer, warmup_steps, total_steps):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: linear_warmup_decay(step, warmup_steps, total_steps))
+
+
+def inverse_sqrt_scheduler(optimizer, d_model, warmup_steps=4000):
+    """004's schedule as a LambdaLR; give the optimizer lr=1.0, since the schedule is the lr."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: inverse_sqrt_warmup(step + 1, d_model, warmup_steps))
+
+
+def sequence_cross_entropy(logits, targets, pad_idx):
+    """Mean cross-entropy over the positions whose target is not padding (004's masked loss).
+
+    logits: (bs, n_seq, n_vocab); targets: (bs, n_seq). A batch of padding only gives 0.
+    """
+    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+    keep = targets.flatten().ne(pad_idx)
+    return (losses * keep).sum() / keep.sum().clamp(min=1)
+
+
+def autocast(device, amp):
+    """torch.autocast for amp "bf16"/"fp16" on `device`, or a no-op context for "off"."""
+    if amp == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=AMP_DTYPES[amp])
+
+
+def _synchronize(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _count_tokens(enc_inputs, dec_inputs, i_pad):
+    return enc_inputs.ne(i_pad).sum() + dec_inputs.ne(i_pad).sum()
+
+
+def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", scaler=None,
+                max_steps=None, desc="Train", log_every=10):
+    """One epoch of the tutorial's train_epoch (cross-entropy on logits[0]).
+
+    Stops early after `max_steps` optimizer steps. The bar shows the running loss, accuracy and
+    tokens/s, refreshed every `log_every` steps (each refresh is one host sync).
+    Returns {"loss", "accuracy", "steps", "tokens", "seconds", "tokens_per_s"}.
+    """
+    model.train()
+    i_pad = model.config.i_pad
+    total_loss = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    tokens = torch.zeros((), device=device, dtype=torch.long)
+    seen = steps = 0
+    n_steps = len(loader) if max_steps is None else min(len(loader), max_steps)
+    start = time.perf_counter()
+    with tqdm(total=n_steps, desc=desc, unit=" batch", leave=False) as bar:
+        for labels, enc_inputs, dec_inputs in loader:
+            if steps == n_steps:
+                break
+            labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
+            optimizer.zero_grad(set_to_none=True)
+            with autocast(device, amp):
+                logits = model(enc_inputs, dec_inputs)[0]
+            loss = F.cross_entropy(logits.float(), labels)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            total_loss += loss.detach() * labels.numel()
+            correct += logits.detach().argmax(1).eq(labels).sum()
+            tokens += _count_tokens(enc_inputs, dec_inputs, i_pad)
+            seen += labels.numel()
+            steps += 1
+            bar.update(1)
+            if steps % log_every == 0 or steps == n_steps:
+                elapsed = time.perf_counter() - start
+                bar.set_postfix_str(
+                    f"loss {total_loss.item() / seen:.3f} acc {correct.item() / seen:.3f} "
+                    f"{tokens.item() / elapsed:,.0f} tok/s"
+                )
+    _synchronize(device)
+    seconds = time.perf_counter() - start
+    return {
+        "loss": total_loss.item() / max(seen, 1),
+        "accuracy": correct.item() / max(seen, 1),
+        "steps": steps,
+        "tokens": tokens.item(),
+        "seconds": seconds,
+        "tokens_per_s": tokens.item() / seconds if seconds > 0 else 0.0,
+    }
+
+
+@torch.no_grad()
+def evaluate(model, loader, *, device, amp="off", desc="Valid"):
+    """The tutorial's eval_epoch: accuracy of argmax(logits), plus the mean loss.
+    Returns {"loss", "accuracy", "n"}."""
+    model.eval()
+    total_loss = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    seen = 0
+    with tqdm(total=len(loader), desc=desc, unit=" batch", leave=False) as bar:
+        for labels, enc_inputs, dec_inputs in loader:
+            labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
+            with autocast(device, amp):
+                logits = model(enc_inputs, dec_inputs)[0]
+            total_loss += F.cross_entropy(logits.float(), labels, reduction="sum")
+            correct += logits.argmax(1).eq(labels).sum()
+            seen += labels.numel()
+            bar.update(1)
+    return {"loss": total_loss.item() / max(seen, 1), "accuracy": correct.item() / max(seen, 1), "n": seen}
+
+
+@torch.no_grad()
+def predict_proba(model, vocab, texts, *, device, amp="off", max_len=None):
+    """Class probabilities (len(texts), n_output) for raw texts, one batch."""
+    model.eval()
+    bos = vocab.piece_to_id(BOS[1])
+    items = [
+        (torch.tensor(0), torch.tensor(vocab.encode_as_ids(text)[:max_len] or [vocab.pad_id()]), torch.tensor([bos]))
+        for text in texts
+    ]
+    _, enc_inputs, dec_inputs = movie_collate_fn(items, i_pad=model.config.i_pad)
+    with autocast(device, amp):
+        logits = model(enc_inputs.to(device), dec_inputs.to(device))[0]
+    return logits.float().softmax(-1).cpu()

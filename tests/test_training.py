@@ -1,0 +1,66 @@
+"""fastformer.training: the schedules' values, the padding-masked loss, and the loops."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastformer.training import (
+    inverse_sqrt_scheduler,
+    inverse_sqrt_warmup,
+    linear_warmup_decay,
+    linear_warmup_decay_scheduler,
+    sequence_cross_entropy,
+)
+
+
+def test_linear_warmup_decay_values():
+    assert [linear_warmup_decay(s, 4, 12) for s in (0, 1, 2, 4, 8, 12, 13)] == [0.0, 0.25, 0.5, 1.0, 0.5, 0.0, 0.0]
+    assert linear_warmup_decay(0, 0, 10) == 1.0  # no warm-up: start at the peak
+
+
+def test_linear_warmup_decay_scheduler_drives_the_optimizer():
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.AdamW([param], lr=0.1)
+    scheduler = linear_warmup_decay_scheduler(optimizer, warmup_steps=2, total_steps=6)
+    seen = []
+    for _ in range(6):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([0.0, 0.05, 0.1, 0.075, 0.05, 0.025])
+
+
+def test_inverse_sqrt_warmup_values():
+    """004's formula: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), peak at step = warmup."""
+    d, warmup = 512, 4000
+    assert inverse_sqrt_warmup(1, d, warmup) == pytest.approx(d**-0.5 * warmup**-1.5)
+    assert inverse_sqrt_warmup(warmup, d, warmup) == pytest.approx(d**-0.5 * warmup**-0.5)
+    assert inverse_sqrt_warmup(4 * warmup, d, warmup) == pytest.approx(d**-0.5 * (4 * warmup) ** -0.5)
+    assert inverse_sqrt_warmup(2000, d, warmup) == pytest.approx(2000 * d**-0.5 * warmup**-1.5)
+    peak = max(range(1, 20000, 7), key=lambda s: inverse_sqrt_warmup(s, d, warmup))
+    assert abs(peak - warmup) < 7
+    assert inverse_sqrt_warmup(0, d, warmup) == inverse_sqrt_warmup(1, d, warmup)
+
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = inverse_sqrt_scheduler(optimizer, d, warmup_steps=10)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(inverse_sqrt_warmup(1, d, 10))
+    for _ in range(9):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(d**-0.5 * 10**-0.5)
+
+
+def test_sequence_cross_entropy_ignores_padding():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 7, generator=g)
+    targets = torch.tensor([[3, 4, 0, 0, 0], [1, 2, 6, 5, 0]])
+    keep = targets.ne(0)
+    expected = F.cross_entropy(logits[keep], targets[keep])
+    assert sequence_cross_entropy(logits, targets, pad_idx=0) == pytest.approx(expected.item())
+    # changing the logits at padded positions changes nothing
+    noisy = logits.clone()
+    noisy[~keep] = 100.0
+    assert sequence_cross_entropy(noisy, targets, pad_idx=0) == pytest.approx(expected.item())
+    assert sequence_cross_entropy(logits, torch.zeros_like(targets), pad_idx=0).item() == 0.0
+    assert math.isfinite(sequence_cross_entropy(logits, targets, pad_idx=0).item())
