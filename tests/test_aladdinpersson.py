@@ -1,0 +1,224 @@
+"""fastformer.compat.aladdinpersson against a transcription of 002 (tests/aladdinpersson.py):
+signatures, strict checkpoint loading, outputs and gradients on both backends, masks, training
+steps, and cached greedy decoding."""
+import inspect
+
+import pytest
+import torch
+
+import fastformer
+from fastformer.compat import aladdinpersson as ours
+from fastformer.masks import AttentionMask
+from tests import aladdinpersson as theirs
+from tests.helpers import assert_max_diff, assert_within_torch_error
+
+CLASSES = ["SelfAttention", "TransformerBlock", "Encoder", "DecoderBlock", "Decoder", "Transformer"]
+SMALL = dict(src_vocab_size=23, trg_vocab_size=19, src_pad_idx=0, trg_pad_idx=0, embed_size=64, num_layers=2,
+             forward_expansion=2, heads=4, max_length=24)
+
+
+def batch(n=3, src_len=11, trg_len=7, seed=0):
+    """Source ids with trailing padding of different lengths (one row all padding), target ids."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(1, SMALL["src_vocab_size"], (n, src_len), generator=g)
+    src[0, 8:] = 0
+    src[1, 3:] = 0
+    src[-1, :] = 0  # a source that is all padding
+    trg = torch.randint(1, SMALL["trg_vocab_size"], (n, trg_len), generator=g)
+    return src, trg
+
+
+def pair(dropout=0.0, **overrides):
+    """The transcription and fastformer's model with the same weights (loaded strictly)."""
+    torch.manual_seed(0)
+    reference = theirs.Transformer(**{**SMALL, **overrides}, dropout=dropout)
+    model = ours.Transformer(**{**SMALL, **overrides}, dropout=dropout)
+    model.load_state_dict(reference.state_dict(), strict=True)
+    return reference, model
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_signatures_match_002(name):
+    for method in ("__init__", "forward"):
+        assert inspect.signature(getattr(getattr(ours, name), method)) == inspect.signature(
+            getattr(getattr(theirs, name), method)
+        ), (name, method)
+
+
+def test_same_seed_gives_the_same_initial_weights():
+    """Modules are built in 002's order, so torch.manual_seed reproduces 002's initialization."""
+    torch.manual_seed(1)
+    a = theirs.Transformer(**SMALL).state_dict()
+    torch.manual_seed(1)
+    b = ours.Transformer(**SMALL).state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+def test_checkpoint_loads_strictly_and_outputs_match_on_the_reference_backend(tmp_path):
+    reference, _ = pair()
+    torch.save(reference.state_dict(), tmp_path / "002.pt")
+    model = ours.Transformer(**SMALL)
+    model.load_state_dict(torch.load(tmp_path / "002.pt"), strict=True)
+    src, trg = batch()
+    with fastformer.use_backend("reference"):
+        for mode in (True, False):
+            reference.train(mode)
+            model.train(mode)
+            assert_max_diff(f"logits (train={mode})", model(src, trg), reference(src, trg), 1e-5)
+
+
+def test_gradients_match_002_on_the_reference_backend():
+    reference, model = pair()
+    src, trg = batch()
+    with fastformer.use_backend("reference"):
+        model(src, trg).square().mean().backward()
+    reference(src, trg).square().mean().backward()
+    theirs_grads = dict(reference.named_parameters())
+    for name, param in model.named_parameters():
+        assert_max_diff(f"grad {name}", param.grad, theirs_grads[name].grad, 1e-5)
+
+
+def test_modules_take_002s_dense_masks():
+    """Encoder and Decoder called directly with make_src_mask / make_trg_mask tensors, and a
+    SelfAttention with a per-head mask (the dense path), match 002."""
+    reference, model = pair()
+    src, trg = batch()
+    src_mask, trg_mask = reference.make_src_mask(src), reference.make_trg_mask(trg)
+    assert torch.equal(model.make_src_mask(src), src_mask) and torch.equal(model.make_trg_mask(trg), trg_mask)
+    with fastformer.use_backend("reference"):
+        enc = model.encoder(src, src_mask)
+        assert_max_diff("encoder", enc, reference.encoder(src, src_mask), 1e-5)
+        out = model.decoder(trg, enc, src_mask, trg_mask)
+        assert_max_diff("decoder", out, reference.decoder(trg, enc, src_mask, trg_mask), 1e-5)
+        x = torch.randn(3, 7, SMALL["embed_size"])
+        per_head = torch.rand(3, SMALL["heads"], 7, 7) > 0.3
+        attention = model.encoder.layers[0].attention
+        expected = reference.encoder.layers[0].attention(x, x, x, per_head)
+        assert_max_diff("per-head mask", attention(x, x, x, per_head), expected, 1e-5)
+
+
+def test_mask_conversion():
+    n, heads, q_len, k_len = 2, 4, 5, 6
+    src = torch.tensor([[3, 4, 0, 0, 0, 0], [5, 6, 7, 8, 9, 1]])
+    padding = ours.attention_mask((src != 0)[:, None, None, :], n, heads, q_len, k_len)
+    assert padding.dense is None and torch.equal(padding.key_padding_mask, src.eq(0))
+    shared = ours.attention_mask(torch.ones(1, 1, 1, k_len), n, heads, q_len, k_len)
+    assert shared.dense is None and shared.key_padding_mask.shape == (n, k_len) and not shared.key_padding_mask.any()
+    tril = torch.tril(torch.ones(q_len, k_len)).expand(n, 1, q_len, k_len)
+    dense = ours.attention_mask(tril, n, heads, q_len, k_len)
+    assert dense.key_padding_mask is None and dense.dense.shape == (n, heads, q_len, k_len)
+    assert torch.equal(dense.dense[1, 3], tril[0, 0] == 0)
+    assert ours.attention_mask(None, n, heads, q_len, k_len) == AttentionMask()
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 1, 1, 5\) does not broadcast to .* \(2, 4, 5, 6\)"):
+        ours.attention_mask(torch.ones(2, 1, 1, 5), n, heads, q_len, k_len)
+    with pytest.raises(TypeError, match="mask must be a tensor"):
+        ours.attention_mask([[1, 0]], n, heads, q_len, k_len)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="divisible by heads: embed_size=30, heads=4"):
+        ours.SelfAttention(30, 4)
+    model = ours.Transformer(**SMALL)
+    with pytest.raises(ValueError, match="src has length 25, longer than max_length 24"):
+        model(torch.ones(1, 25, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_len must be in 1..24"):
+        model.generate(torch.ones(1, 4, dtype=torch.long), max_len=30, bos_idx=1)
+
+
+@pytest.mark.parametrize("dtype, atol", [pytest.param(torch.float32, 1e-5, id="fp32"),
+                                         pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.cuda)])
+def test_triton_backend_matches_reference_outputs_and_all_gradients(dtype, atol, device):
+    """Shared weights: the Triton backend vs the reference backend in the same dtype, both against
+    the reference backend in fp64."""
+    _, base = pair()
+    src, trg = (t.to(device) for t in batch())
+
+    def run(backend, run_dtype):
+        model = ours.Transformer(**SMALL).to(device)
+        model.load_state_dict(base.state_dict())
+        model.to(run_dtype)
+        with fastformer.use_backend(backend):
+            out = model(src, trg)
+        out.double().square().mean().backward()
+        return out, {n: p.grad for n, p in model.named_parameters()}
+
+    ref_out, ref_grads = run("reference", torch.float64)
+    torch_out, torch_grads = run("reference", dtype)
+    out, grads = run("triton", dtype)
+    assert_within_torch_error("logits", out, ref_out, torch_out, atol)
+    for name in ref_grads:
+        assert_within_torch_error(f"grad {name}", grads[name], ref_grads[name], torch_grads[name], atol)
+
+
+def test_a_few_training_steps_on_the_fast_path_track_the_reference(device):
+    """Same init, same batches, Adam: the loss curves of the two backends agree step by step."""
+    src, trg = (t.to(device) for t in batch(n=4, src_len=10, trg_len=9, seed=3))
+    src[-1, 2:] = 0  # no all-padding source here: a real training batch
+
+    def train(backend):
+        torch.manual_seed(0)
+        model = ours.Transformer(**SMALL).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+        losses = []
+        with fastformer.use_backend(backend):
+            for _ in range(4):
+                logits = model(src, trg[:, :-1])
+                loss = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), trg[:, 1:].reshape(-1), ignore_index=0
+                )
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+        return losses
+
+    reference, fast = train("reference"), train("triton")
+    assert reference[-1] < reference[0]  # it trains
+    assert fast == pytest.approx(reference, rel=1e-4), (fast, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_cached_greedy_decoding_equals_full_re_decoding(dtype):
+    torch.manual_seed(0)
+    model = ours.Transformer(**SMALL).to(dtype)
+    model.train()  # generate switches to eval and back
+    src, _ = batch(n=5, src_len=9, seed=4)
+    with fastformer.use_backend("reference"):
+        full = model.generate(src, max_len=20, bos_idx=1, use_cache=False)
+        cached = model.generate(src, max_len=20, bos_idx=1)
+    assert model.training
+    assert cached.shape == (5, 20) and (cached[:, 0] == 1).all()
+    assert torch.equal(cached, full)
+
+
+def test_generation_stops_per_sequence_at_eos():
+    torch.manual_seed(0)
+    model = ours.Transformer(**SMALL)
+    src, _ = batch(n=6, src_len=9, seed=5)
+    with fastformer.use_backend("reference"):
+        free = model.generate(src, max_len=20, bos_idx=1)
+        eos = int(free[0, 3])  # a token the first sequence produces at step 3
+        stopped = model.generate(src, max_len=20, bos_idx=1, eos_idx=eos)
+        assert torch.equal(stopped, model.generate(src, max_len=20, bos_idx=1, eos_idx=eos, use_cache=False))
+    for row, tokens in zip(free, stopped):
+        hits = (row[1:] == eos).nonzero()
+        end = int(hits[0]) + 2 if len(hits) else row.numel()  # through the first eos
+        assert torch.equal(tokens[:end], row[:end])
+        assert (tokens[end:] == model.trg_pad_idx).all()
+    assert stopped.shape[1] == max(
+        int((r[1:] == eos).nonzero()[0]) + 2 if (r[1:] == eos).any() else r.numel() for r in free
+    )
+
+
+def test_cached_decoding_on_the_triton_backend(device):
+    torch.manual_seed(0)
+    model = ours.Transformer(**SMALL).to(device)
+    src, _ = (t.to(device) for t in batch(n=2, src_len=6, seed=6))
+    with fastformer.use_backend("triton"):
+        cached = model.generate(src, max_len=6, bos_idx=1)
+        full = model.generate(src, max_len=6, bos_idx=1, use_cache=False)
+    with fastformer.use_backend("reference"):
+        reference = model.generate(src, max_len=6, bos_idx=1, use_cache=False)
+    assert torch.equal(cached, full) and torch.equal(cached, reference)
