@@ -1,0 +1,14 @@
+"""Attention forward and forward + backward: fastformer against the reference, torch SDPA,
+FlexAttention and torch.compile of the reference, on every mask, D 64 and 128, bf16 and fp16.
+FLOPs: 4 * B * H * L * L * D forward, causal half, backward 2.5x forward."""
+import pytest
+
+from bench import cases
+from bench.conftest import DEVICE, run_case
+
+CASES = cases.attention_cases(DEVICE)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_attention(benchmark, case):
+    run_case(benchmark, case)

@@ -1,0 +1,137 @@
+"""The benchmark suite's code on a CPU: the report in smoke mode (tiny shapes), its schema, tables,
+plots and targets, a wrong kernel failing its benchmark, and `pytest bench` skipping cleanly."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import cases, report
+from bench.common import attention_flops, ffn_flops
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_KEYS = {"bench", "provider", "params", "ms", "tflops", "tokens_per_s", "peak_mem_mb"}
+BENCHES = {"attention_fwd", "attention_fwd_bwd", "ffn_fwd", "ffn_fwd_bwd", "add_layer_norm", "model_train", "model_infer"}
+PROVIDERS = {"fastformer", "reference", "reference_fp32", "sdpa", "flex", "compile", "eager"}
+
+
+def test_flop_formulas():
+    assert attention_flops(2, 3, 5, 7, 64, causal=False, mode="fwd") == 4 * 2 * 3 * 5 * 7 * 64
+    assert attention_flops(2, 3, 5, 7, 64, causal=True, mode="fwd") == 2 * 2 * 3 * 5 * 7 * 64
+    assert attention_flops(1, 1, 4, 4, 8, causal=False, mode="fwd_bwd") == 3.5 * 4 * 4 * 4 * 8
+    assert ffn_flops(10, 4, 16, "fwd") == 2 * 2 * 10 * 4 * 16
+    assert ffn_flops(10, 4, 16, "fwd_bwd") == 3 * ffn_flops(10, 4, 16, "fwd")
+
+
+def smoke_subset():
+    """One case of each kind from the smoke suite (the whole suite takes ~20 s here)."""
+    wanted = [
+        "attention_fwd-fastformer-shape=tiny-dtype=fp32-D=16-mask=padding_causal-B=2-H=2-L=13",
+        "attention_fwd-sdpa-shape=tiny-dtype=fp32-D=16-mask=padding_causal-B=2-H=2-L=13",
+        "attention_fwd_bwd-fastformer-shape=tiny-dtype=fp32-D=16-mask=causal-B=2-H=2-L=8",
+        "attention_fwd_bwd-reference-shape=tiny-dtype=fp32-D=16-mask=causal-B=2-H=2-L=8",
+        "attention_fwd-flex-shape=tiny-dtype=fp32-D=16-mask=causal-B=2-H=2-L=16",
+        "ffn_fwd_bwd-fastformer-op=feed_forward-dtype=fp32-M=24-d=16-d_ff=32",
+        "ffn_fwd_bwd-eager-op=feed_forward-dtype=fp32-M=24-d=16-d_ff=32",
+        "add_layer_norm-fastformer-mode=fwd_bwd-dtype=fp32-M=24-d=16",
+        "model_train-reference_fp32-scenario=classify-B=2-n_layer=1-d_hidn=32-amp=False",
+        "model_infer-fastformer-scenario=classify-B=2-n_layer=1-d_hidn=32-amp=False",
+    ]
+    by_id = {c.id: c for c in cases.smoke_suite("cpu")}
+    return [by_id[i] for i in wanted]
+
+
+@pytest.fixture(scope="module")
+def smoke_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    result = report.run(smoke_subset(), "cpu", warmup=0, rep=1, log=lambda *_: None)
+    return result, report.write(result, str(out)), out
+
+
+def test_smoke_report_schema(smoke_report):
+    result, paths, out = smoke_report
+    assert not result["failed"], result["failed"]
+    saved = json.loads((out / "cpu.json").read_text())
+    assert set(saved["env"]) >= {"gpu", "torch", "triton", "cuda", "date"}
+    assert saved["env"]["gpu"] == "cpu" and saved["env"]["torch"] == torch.__version__
+    assert len(saved["results"]) == 9 and len(saved["skipped"]) == 1
+    assert "flex is benchmarked on CUDA only" in saved["skipped"][0]["reason"]
+    for record in saved["results"]:
+        assert set(record) >= SCHEMA_KEYS
+        assert record["bench"] in BENCHES and record["provider"] in PROVIDERS
+        assert record["ms"] > 0
+    attention = [r for r in saved["results"] if r["bench"].startswith("attention")]
+    assert all(r["tflops"] > 0 for r in attention)
+    model = [r for r in saved["results"] if r["bench"].startswith("model")]
+    assert all(r["tokens_per_s"] > 0 for r in model)
+
+
+def test_smoke_report_tables_and_plots(smoke_report):
+    _, paths, out = smoke_report
+    names = {Path(p).name for p in paths}
+    assert {"cpu.json", "cpu.md", "cpu-attention_fwd_d16.png", "cpu-attention_fwd_bwd_d16.png", "cpu-model.png"} <= names
+    for p in paths:
+        if p.endswith(".png"):
+            assert Path(p).read_bytes()[:4] == b"\x89PNG"
+    table = (out / "cpu.md").read_text()
+    assert table.startswith("Measured on cpu, torch")
+    assert "| attention_fwd | B=2, D=16, H=2, L=13, dtype=fp32, mask=padding_causal, shape=tiny | sdpa |" in table
+    assert "| model_train, tutorial config: tokens/s vs reference_fp32 | 4.0x | - | 0 | not measured |" in table
+
+
+def test_a_wrong_kernel_fails_its_benchmark(monkeypatch):
+    """A fastformer kernel that is off by 1e-2 fails its check and is reported, not timed."""
+    import kernels
+
+    def slightly_wrong(q, k, v, **kwargs):
+        return kernels.attention_reference(q, k, v, **kwargs) + 1e-2
+
+    monkeypatch.setattr(kernels, "attention", slightly_wrong)
+    case = cases.attention_case("fwd", "fp32", 16, "causal", 2, 2, 8, "fastformer", "cpu", "tiny")
+    result = report.run([case], "cpu", warmup=0, rep=1, log=lambda *_: None)
+    assert not result["results"] and len(result["failed"]) == 1
+    assert "out: max error 0.01" in result["failed"][0]["error"]
+
+
+def test_targets_are_judged_from_ratios_in_one_run():
+    params = {"scenario": "classify", "B": 128, "n_layer": 6, "d_hidn": 256, "amp": True}
+
+    def record(provider, ms, mem):
+        return {"bench": "model_train", "provider": provider, "params": params, "ms": ms, "tflops": None,
+                "tokens_per_s": None, "peak_mem_mb": mem}
+
+    results = [record("fastformer", 10.0, 300), record("reference_fp32", 50.0, 1000), record("reference", 15.0, 600)]
+    rows = {r["target"]: r for r in report.evaluate_targets(results)}
+    assert rows["model_train, tutorial config: tokens/s vs reference_fp32"]["worst"] == 5.0
+    assert rows["model_train, tutorial config: tokens/s vs reference_fp32"]["met"] is True
+    assert rows["model_train, tutorial config: tokens/s vs reference (bf16)"]["met"] is False  # 1.5x < 2x
+    assert rows["model_train, tutorial config: tokens/s vs compile"]["met"] is None  # not measured
+    assert rows["model_train, tutorial config: peak memory vs reference_fp32"]["worst"] == 0.3
+
+
+def test_readme_table_is_spliced_between_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.README_START}\nold\n{report.README_END}\nafter\n")
+    report.splice_readme("| new |\n", str(readme))
+    assert readme.read_text() == f"intro\n{report.README_START}\n| new |\n{report.README_END}\nafter\n"
+    assert report.README_START in (ROOT / "README.md").read_text()
+
+
+def test_report_without_a_gpu_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert report.main(["--out", "/nonexistent"]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_pytest_bench_skips_cleanly_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the suite would run for real")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "bench", "--benchmark-only", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "skipped" in result.stdout and "passed" not in result.stdout
