@@ -177,6 +177,10 @@ def ffn_case(mode, op, M, d, d_ff, provider, device, dtype="bf16"):
     def setup():
         eager = _eager_ffn if op == "feed_forward" else _eager_linear_gelu
         fn = {"fastformer": getattr(kernels, op), "eager": eager}.get(provider)
+        if provider == "fastformer_fused":  # the inference-only fully fused FFN (#4 keeps it where it wins)
+            if mode != "fwd" or op != "feed_forward":
+                raise ValueError("fastformer_fused is the no-grad feed_forward only")
+            fn = kernels.feed_forward_fused
         if provider == "compile":
             _cuda_only(device, provider)
             fn = _compiled(eager, f"eager_{op}")
@@ -272,6 +276,8 @@ def ffn_cases(device, providers=("fastformer", "eager", "compile")):
         for M, d, d_ff in ((32768, 256, 1024), (8192, 1024, 4096)):
             for op in ("feed_forward", "linear_gelu"):
                 cases += [ffn_case(mode, op, M, d, d_ff, p, device) for p in providers]
+            if mode == "fwd" and "fastformer" in providers:
+                cases.append(ffn_case(mode, "feed_forward", M, d, d_ff, "fastformer_fused", device))
         for M, d in ((32768, 256), (8192, 1024)):
             cases += [add_layer_norm_case(mode, M, d, p, device) for p in providers]
     return cases
@@ -382,6 +388,8 @@ def smoke_suite(device="cpu"):
         for mask in MASKS:
             cases += [attention_case(mode, "fp32", 16, mask, 2, 2, L, p, device, "tiny") for L in (8, 13) for p in providers]
         cases += [ffn_case(mode, "feed_forward", 24, 16, 32, p, device, dtype="fp32") for p in ("fastformer", "eager")]
+        if mode == "fwd":
+            cases.append(ffn_case(mode, "feed_forward", 24, 16, 32, "fastformer_fused", device, dtype="fp32"))
         cases += [add_layer_norm_case(mode, 24, 16, p, device, dtype="fp32") for p in ("fastformer", "eager")]
     cases.append(attention_case("fwd", "fp32", 16, "causal", 2, 2, 16, "flex", device, "tiny"))  # skipped on a CPU
     for kind in ("train", "infer"):

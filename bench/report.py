@@ -13,6 +13,9 @@ Writes into --out (default bench/results/):
     <gpu>.md     tables: speed-ups against every peer measured in this run, and the targets
     <gpu>-attention_<mode>_d<D>.png   TFLOP/s against sequence length per provider, one panel per mask
     <gpu>-model.png                   model tokens/s per provider
+Providers are those of the schema (fastformer, reference, reference_fp32, sdpa, flex, compile, eager)
+plus fastformer_fused on ffn_fwd: the inference-only fully fused FFN, measured beside the two-GEMM
+path so the no-grad choice of kernels.feed_forward can follow the numbers.
 A case whose result fails its check is listed under "failed" and makes the command exit 1.
 """
 import argparse

@@ -10,7 +10,7 @@ from kernels.add_layer_norm import (
     add_layer_norm_reference,
 )
 from kernels.attention import attention, attention_dropout_mask, attention_reference
-from kernels.feed_forward import feed_forward, feed_forward_reference
+from kernels.feed_forward import feed_forward, feed_forward_fused, feed_forward_reference
 from kernels.linear_gelu import linear_gelu, linear_gelu_reference
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "attention_dropout_mask",
     "attention_reference",
     "feed_forward",
+    "feed_forward_fused",
     "feed_forward_reference",
     "linear_gelu",
     "linear_gelu_reference",

@@ -1,14 +1,127 @@
-"""The position-wise feed-forward block, linear(act(linear(x))), act GELU or ReLU: public op and PyTorch reference."""
+"""The position-wise feed-forward block, linear(act(linear(x))), act GELU or ReLU: public ops and PyTorch reference.
+
+Two Triton paths:
+- `feed_forward`: `linear_gelu` (GEMM with bias + activation in its epilogue) then a GEMM with
+  bias; it has a backward and serves training.
+- `feed_forward_fused`: inference only. Each program owns a (BLOCK_M, BLOCK_N) tile of the output
+  and streams over d_ff in chunks: it computes act(x @ W1[chunk].T + b1[chunk]) on chip and
+  accumulates its product with W2[:, chunk].T, so the (M, d_ff) activation never goes to memory.
+  When d > BLOCK_N the chunk's activation is recomputed once per output tile.
+"""
+from typing import Optional
+
+import torch
 import torch.nn.functional as F
 
 from kernels._common import (
     FLOAT_DTYPES,
     REFERENCE_DTYPES,
+    autocast_inputs,
+    autotune_configs,
     check_same_device,
     check_same_dtype,
     check_tensor,
+    dot_precision,
+    last_dim_contiguous,
+    require_launchable,
+    tl,
+    triton,
 )
-from kernels.linear_gelu import check_linear_args, linear_gelu, linear_gelu_reference
+from kernels.linear_gelu import (
+    _activation,
+    check_activation,
+    check_linear_args,
+    linear_gelu,
+    linear_gelu_reference,
+)
+
+
+def _fused_configs():
+    candidates = [
+        ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_F": bf, "BLOCK_K": bk}, w, s)
+        for bm in (64, 128)
+        for bn in (64, 128, 256)
+        for bf in (32, 64)
+        for bk in (32, 64)
+        for w in (4, 8)
+        for s in (2, 3)
+    ]
+    return autotune_configs(
+        candidates,
+        keep=lambda meta, w, s: (w == 8) == (meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128)
+        and meta["BLOCK_M"] * meta["BLOCK_N"] <= 128 * 256
+        and meta["BLOCK_F"] == meta["BLOCK_K"],
+        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_F": 16, "BLOCK_K": 16},
+    )
+
+
+@triton.autotune(configs=_fused_configs(), key=["M_BUCKET", "D", "F", "ACTIVATION", "DOT_PRECISION"])
+@triton.jit
+def _ffn_fused_fwd_kernel(
+    X, W1, B1, W2, B2, Y,
+    stride_xm, stride_w1f, stride_w1k, stride_w2n, stride_w2f, stride_ym,
+    M, D, F,
+    M_BUCKET,  # autotune key only
+    HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for f0 in range(0, F, BLOCK_F):
+        offs_f = f0 + tl.arange(0, BLOCK_F)
+        # (BLOCK_M, BLOCK_F) of the hidden activation, on chip only
+        h = tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            ks = k0 + offs_k
+            x = tl.load(
+                X + offs_m[:, None] * stride_xm + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < D), other=0.0
+            )
+            w1 = tl.load(
+                W1 + offs_f[None, :] * stride_w1f + ks[:, None] * stride_w1k,
+                mask=(offs_f[None, :] < F) & (ks[:, None] < D),
+                other=0.0,
+            )
+            h += tl.dot(x, w1, input_precision=DOT_PRECISION)
+        if HAS_B1:
+            h += tl.load(B1 + offs_f, mask=offs_f < F, other=0.0).to(tl.float32)[None, :]
+        # rounded to the input dtype, as the two-GEMM path stores it; columns past F are act(0) = 0
+        h = _activation(h, ACTIVATION).to(X.dtype.element_ty)
+        w2 = tl.load(
+            W2 + offs_n[None, :] * stride_w2n + offs_f[:, None] * stride_w2f,
+            mask=(offs_n[None, :] < D) & (offs_f[:, None] < F),
+            other=0.0,
+        )
+        acc += tl.dot(h, w2, input_precision=DOT_PRECISION)
+    if HAS_B2:
+        acc += tl.load(B2 + offs_n, mask=offs_n < D, other=0.0).to(tl.float32)[None, :]
+    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < D)
+    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=out_mask)
+
+
+def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
+    M, D = x2.shape
+    F_ = w1.shape[0]
+    y = torch.empty(M, D, dtype=x2.dtype, device=x2.device)
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_N"]))  # noqa: E731
+    torch.library.wrap_triton(_ffn_fused_fwd_kernel)[grid](
+        x2, w1, x2 if b1 is None else b1, w2, x2 if b2 is None else b2, y,
+        x2.stride(0), w1.stride(0), w1.stride(1), w2.stride(0), w2.stride(1), y.stride(0),
+        M, D, F_, triton.next_power_of_2(M),
+        HAS_B1=b1 is not None, HAS_B2=b2 is not None, ACTIVATION=activation, DOT_PRECISION=dot_precision(x2.dtype),
+    )
+    return y
+
+
+@torch.library.triton_op("fastformer::feed_forward_fused", mutates_args=())
+def _feed_forward_fused_op(
+    x2: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor, b2: Optional[torch.Tensor],
+    activation: str,
+) -> torch.Tensor:
+    return _ffn_fused_forward(x2, w1, b1, w2, b2, activation)
 
 
 def check_feed_forward_args(x, w1, b1, w2, b2, dtypes=FLOAT_DTYPES):
@@ -36,8 +149,10 @@ def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
     """The tutorial's FFN: linear(gelu(linear(x, w1, b1)), w2, b2), exact erf GELU.
 
     The first GEMM runs in Triton with the bias and GELU fused into its epilogue (`linear_gelu`);
-    the second is a cuBLAS GEMM with bias. There is no separate fully fused no-grad FFN yet: one
-    is worth keeping only where a GPU benchmark shows it beats this path, which has not been run.
+    the second is a cuBLAS GEMM with bias. This is also the no-grad path: the fully fused
+    `feed_forward_fused` is kept beside it, and becomes the no-grad path only for the shapes where
+    the GPU benchmark (bench/, ffn_fwd, provider fastformer_fused) shows it wins, which has not
+    been measured yet.
 
     Args:
         x: (..., d); w1: (d_ff, d); b1: (d_ff,); w2: (d, d_ff); b2: (d,). nn.Linear layout.
@@ -48,3 +163,18 @@ def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
     """
     check_feed_forward_args(x, w1, b1, w2, b2)
     return F.linear(linear_gelu(x, w1, b1, activation=activation), w2, b2)
+
+
+def feed_forward_fused(x, w1, b1, w2, b2, *, activation="gelu"):
+    """linear(act(linear(x, w1, b1)), w2, b2) in one Triton kernel, for inference: the (M, d_ff)
+    activation stays on chip (see the module docstring). Same arguments and result as
+    `feed_forward`, but no backward: inputs that require grad under grad mode raise ValueError."""
+    check_feed_forward_args(x, w1, b1, w2, b2)
+    check_activation(activation)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w1, b1, w2, b2)):
+        raise ValueError("feed_forward_fused has no backward: call it under torch.no_grad(), or use feed_forward")
+    x, w1, b1, w2, b2 = autocast_inputs(x, w1, b1, w2, b2)
+    require_launchable("feed_forward_fused", x)
+    d = x.shape[-1]
+    y = _feed_forward_fused_op(last_dim_contiguous(x.reshape(-1, d)), w1, b1, w2, b2, activation)
+    return y.view(x.shape)

@@ -14,7 +14,7 @@ from bench.common import attention_flops, ffn_flops
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_KEYS = {"bench", "provider", "params", "ms", "tflops", "tokens_per_s", "peak_mem_mb"}
 BENCHES = {"attention_fwd", "attention_fwd_bwd", "ffn_fwd", "ffn_fwd_bwd", "add_layer_norm", "model_train", "model_infer"}
-PROVIDERS = {"fastformer", "reference", "reference_fp32", "sdpa", "flex", "compile", "eager"}
+PROVIDERS = {"fastformer", "fastformer_fused", "reference", "reference_fp32", "sdpa", "flex", "compile", "eager"}
 
 
 def test_flop_formulas():
@@ -35,6 +35,7 @@ def smoke_subset():
         "attention_fwd-flex-shape=tiny-dtype=fp32-D=16-mask=causal-B=2-H=2-L=16",
         "ffn_fwd_bwd-fastformer-op=feed_forward-dtype=fp32-M=24-d=16-d_ff=32",
         "ffn_fwd_bwd-eager-op=feed_forward-dtype=fp32-M=24-d=16-d_ff=32",
+        "ffn_fwd-fastformer_fused-op=feed_forward-dtype=fp32-M=24-d=16-d_ff=32",
         "add_layer_norm-fastformer-mode=fwd_bwd-dtype=fp32-M=24-d=16",
         "model_train-reference_fp32-scenario=classify-B=2-n_layer=1-d_hidn=32-amp=False",
         "model_infer-fastformer-scenario=classify-B=2-n_layer=1-d_hidn=32-amp=False",
@@ -56,7 +57,7 @@ def test_smoke_report_schema(smoke_report):
     saved = json.loads((out / "cpu.json").read_text())
     assert set(saved["env"]) >= {"gpu", "torch", "triton", "cuda", "date"}
     assert saved["env"]["gpu"] == "cpu" and saved["env"]["torch"] == torch.__version__
-    assert len(saved["results"]) == 9 and len(saved["skipped"]) == 1
+    assert len(saved["results"]) == 10 and len(saved["skipped"]) == 1
     assert "flex is benchmarked on CUDA only" in saved["skipped"][0]["reason"]
     for record in saved["results"]:
         assert set(record) >= SCHEMA_KEYS

@@ -75,6 +75,48 @@ def test_feed_forward_parity(x_shape, dtype, atol, activation, device):
     check_parity(op, reference_op, inputs, dtype, atol, names)
 
 
+def run_no_grad(op, inputs, dtype):
+    with torch.no_grad():
+        return op(*(t.to(dtype) for t in inputs))
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
+@pytest.mark.parametrize(
+    "x_shape, widths",
+    [
+        ((1, 32), [32, 96, 32]),  # M = 1
+        ((7, 40), [40, 24, 40]),  # d, d_ff not multiples of the block; d_ff < d
+        ((33, 48), [48, 80, 48]),  # d spans several output tiles: the chunk is recomputed per tile
+        ((1000, 16), [16, 64, 16]),  # M = 1000
+        ((3, 11, 32), [32, 64, 32]),  # 3-D input
+    ],
+)
+def test_feed_forward_fused_parity(x_shape, widths, dtype, atol, activation, device):
+    """The fully fused no-grad FFN against fp64, within twice PyTorch's own error in the same dtype."""
+    inputs = make_inputs(x_shape, widths, device)
+    fused = functools.partial(kernels.feed_forward_fused, activation=activation)
+    reference_op = functools.partial(kernels.feed_forward_reference, activation=activation)
+    y = run_no_grad(fused, inputs, dtype)
+    assert y.dtype == dtype and y.shape == x_shape
+    assert_within_torch_error(
+        "y", y, run_no_grad(reference_op, inputs, torch.float64), run_no_grad(reference_op, inputs, dtype), atol
+    )
+
+
+def test_feed_forward_fused_without_biases_non_contiguous_and_refusing_grad(device):
+    x, w1, _, w2, _ = (t.float() for t in make_inputs((5, 24), [24, 40, 24], device))
+    x = x.t().contiguous().t()  # (5, 24) with strides (1, 5): last dimension not contiguous
+    with torch.no_grad():
+        y = kernels.feed_forward_fused(x, w1, None, w2, None)
+    expected = kernels.feed_forward_reference(x.double(), w1.double(), None, w2.double(), None)
+    torch.testing.assert_close(y.double(), expected, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="feed_forward_fused has no backward"):
+        kernels.feed_forward_fused(x, w1.requires_grad_(), None, w2, None)
+    with pytest.raises(ValueError, match="w2 must have shape"):
+        kernels.feed_forward_fused(x, w1, None, w2[:, :-1], None)
+
+
 def test_relu_really_is_relu(device):
     """The relu path is not the gelu path: negative pre-activations give exactly 0."""
     x, w, b = (t.float() for t in make_inputs((9, 32), [32, 16], device))
@@ -129,8 +171,17 @@ def test_registered_op_schema_and_autograd(device):
     )
 
 
+def test_fused_op_schema(device):
+    x, w1, b1, w2, b2 = (t.float() for t in make_inputs((6, 32), [32, 16, 32], device))
+    torch.library.opcheck(
+        torch.ops.fastformer.feed_forward_fused.default, (x, w1, b1, w2, b2, "gelu"), test_utils=("test_schema",)
+    )
+
+
 @pytest.mark.cuda
 def test_registered_op_fake_tensors_and_aot_dispatch():
     x, w, b = (t.float().requires_grad_() for t in make_inputs((6, 32), [32, 16], torch.device("cuda")))
     torch.library.opcheck(torch.ops.fastformer.linear_gelu_forward.default, (x, w, b, "gelu", True))
     torch.library.opcheck(torch.ops.fastformer.linear_gelu_forward.default, (x, w, b, "relu", True))
+    x, w1, b1, w2, b2 = (t.float() for t in make_inputs((6, 32), [32, 16, 32], torch.device("cuda")))
+    torch.library.opcheck(torch.ops.fastformer.feed_forward_fused.default, (x, w1, b1, w2, b2, "gelu"))
