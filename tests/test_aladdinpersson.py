@@ -222,3 +222,13 @@ def test_cached_decoding_on_the_triton_backend(device):
     with fastformer.use_backend("reference"):
         reference = model.generate(src, max_len=6, bos_idx=1, use_cache=False)
     assert torch.equal(cached, full) and torch.equal(cached, reference)
+
+
+def test_forward_traces_as_one_graph_on_the_reference_backend():
+    """No graph break in the compat layer's Python (mask conversion, the backend switch)."""
+    reference, model = pair()
+    src, trg = batch()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with fastformer.use_backend("reference"):
+        torch.testing.assert_close(compiled(src, trg), reference(src, trg), rtol=0, atol=1e-5)

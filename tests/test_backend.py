@@ -90,3 +90,18 @@ def test_triton_backend_matches_reference_on_the_model():
         with fastformer.use_backend("triton"):
             got = model(enc, dec)[0]
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_model_traces_as_one_graph_on_the_reference_backend():
+    """torch.compile(fullgraph=True) sees no graph break in fastformer's own Python (the backend
+    switch reading the environment, Config attribute access, AttentionMask). Traced with the
+    "eager" compiler backend, so it runs on a CPU; the Triton ops under compile are `cuda` tests."""
+    config = small_config(dropout=0.0)
+    model = fastformer.MovieClassification(config)
+    enc, dec = token_batch(config, enc_len=9, dec_len=5)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    for name in (None, "reference"):  # from $FASTFORMER_BACKEND's default, then set explicitly
+        if name:
+            fastformer.set_backend(name)
+        torch.testing.assert_close(compiled(enc, dec)[0], model(enc, dec)[0], rtol=0, atol=0)
