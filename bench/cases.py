@@ -29,10 +29,13 @@ def _cuda_only(device, provider):
         raise Skip(f"{provider} is benchmarked on CUDA only (torch.compile over Triton code needs a GPU)")
 
 
-def _compiled(fn, key, cache={}):  # noqa: B006 (a deliberate per-process cache of compiled callables)
-    if key not in cache:
-        cache[key] = torch.compile(fn, dynamic=False)
-    return cache[key]
+_COMPILED = {}  # compiled callables, one per function, shared by the cases of this process
+
+
+def _compiled(fn, key):
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(fn, dynamic=False)
+    return _COMPILED[key]
 
 
 # ----------------------------------------------------------------------------------------------
