@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from fastformer import backend
 from fastformer.config import Config
 from fastformer.data import demo
-from fastformer.data.reviews import LengthBucketSampler, MovieDataSet, movie_collate_fn, read_reviews
+from fastformer.data.reviews import LengthBucketSampler, MovieDataSet, check_labels, movie_collate_fn, read_reviews
 from fastformer.data.vocab import check_vocab_matches, load_vocab, train_vocab
 from fastformer.model import MovieClassification
 from fastformer.training import evaluate, linear_warmup_decay_scheduler, predict_proba, train_epoch
@@ -105,12 +105,6 @@ def plot_curves(history, path):
 def default_config(device, n_vocab, n_output):
     overrides = {} if device.type == "cuda" else CPU_OVERRIDES
     return Config.tutorial(n_enc_vocab=n_vocab, n_dec_vocab=n_vocab, n_output=n_output, **overrides)
-
-
-def _check_labels(reviews, n_output, path):
-    bad = next((r for r in reviews if not 0 <= r.label < n_output), None)
-    if bad is not None:
-        raise ValueError(f"{path}: review {bad.id} has label {bad.label}, outside config.n_output = {n_output} classes")
 
 
 def _split(reviews, fraction, seed):
@@ -214,8 +208,8 @@ def train(
         else:
             config = default_config(device, sp.get_piece_size(), max(2, n_classes))
         check_vocab_matches(sp, config, "--vocab" if vocab else "the vocab")
-        _check_labels(train_reviews, config.n_output, train)
-        _check_labels(test_reviews, config.n_output, test or train)
+        check_labels(train_reviews, config.n_output, f"{train} (config.n_output)")
+        check_labels(test_reviews, config.n_output, f"{test or train} (config.n_output)")
 
         # 4. model, data loaders, optimizer, schedule
         train_loader, test_loader, sampler = _loaders(config, sp, train_reviews, test_reviews, batch_size, bucket, seed)
@@ -371,7 +365,7 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
     if test is None:
         raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
     reviews = read_reviews(test, "test")
-    _check_labels(reviews, config.n_output, test)
+    check_labels(reviews, config.n_output, f"{test} (config.n_output)")
     dataset = MovieDataSet(vocab, reviews, max_len=config.n_enc_seq)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad)

@@ -37,12 +37,13 @@ def add_norm(layer_norm, x, residual, dropout):
     return backend.add_layer_norm(x, residual, layer_norm.weight, layer_norm.bias, layer_norm.eps, active_p(dropout))
 
 
-def check_token_ids(name, ids, max_len):
+def check_token_ids(name, ids, max_len, limit="the config's maximum"):
+    """Raise ValueError unless ids is a (bs, n_seq) integer tensor no longer than max_len."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
         shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got {shape}")
     if ids.size(1) > max_len:
-        raise ValueError(f"{name} has length {ids.size(1)}, longer than the config's maximum {max_len}")
+        raise ValueError(f"{name} has length {ids.size(1)}, longer than {limit} {max_len}")
 
 
 def position_ids(inputs, pad):

@@ -148,7 +148,7 @@ def bad_input_cases(files, root):
         (["--train", str(root / "missing.txt")], "train file not found"),
         (["--train", str(wrong_columns)], "expected a TSV header with columns id, document, label"),
         (["--train", str(empty)], "has no reviews"),
-        (["--train", three_labels, "--config", files["config"]], "label 2, outside config.n_output = 2 classes"),
+        (["--train", three_labels, "--config", files["config"]], "has label 2, outside the 2 classes 0..1"),
         (["--train", files["train"], "--config", str(small_vocab_config)], "config.n_enc_vocab is 20"),
         (["--train", files["train"], "--config", str(root / "nope.json")], "config file not found"),
         (["--train", files["train"], "--vocab", str(root / "nope.model")], "vocab file not found"),

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from fastformer import backend
 from fastformer.masks import AttentionMask
+from fastformer.model import check_token_ids
 
 
 def attention_mask(mask, n, heads, q_len, k_len, name="mask"):
@@ -138,14 +139,6 @@ class TransformerBlock(nn.Module):
         return self.dropout(add_norm(self.norm2, forward, x))
 
 
-def check_ids(name, ids, max_length):
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
-        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise ValueError(f"{name} must be an (N, len) tensor of token ids, got {shape}")
-    if ids.shape[1] > max_length:
-        raise ValueError(f"{name} has length {ids.shape[1]}, longer than max_length {max_length}")
-
-
 class Encoder(nn.Module):
     def __init__(self, src_vocab_size, embed_size, num_layers, heads, device, forward_expansion, dropout, max_length):
         super().__init__()
@@ -163,7 +156,7 @@ class Encoder(nn.Module):
 
     def forward(self, x, mask):
         """x: (N, src_len) ids; mask: (N, 1, 1, src_len), nonzero = keep. Returns (N, src_len, embed_size)."""
-        check_ids("x", x, self.position_embedding.num_embeddings)
+        check_token_ids("x", x, self.position_embedding.num_embeddings, limit="max_length")
         n, seq_length = x.shape
         positions = torch.arange(seq_length, device=x.device).expand(n, seq_length)
         out = self.dropout(self.word_embedding(x) + self.position_embedding(positions))
@@ -223,7 +216,7 @@ class Decoder(nn.Module):
     def forward(self, x, enc_out, src_mask, trg_mask):
         """x: (N, trg_len) ids; enc_out: (N, src_len, embed_size); src_mask (N, 1, 1, src_len) and
         trg_mask (N, 1, trg_len, trg_len), nonzero = keep. Returns logits (N, trg_len, trg_vocab_size)."""
-        check_ids("x", x, self.position_embedding.num_embeddings)
+        check_token_ids("x", x, self.position_embedding.num_embeddings, limit="max_length")
         n, seq_length = x.shape
         positions = torch.arange(seq_length, device=x.device).expand(n, seq_length)
         x = self.dropout(self.word_embedding(x) + self.position_embedding(positions))
@@ -294,7 +287,7 @@ class Transformer(nn.Module):
 
         The masks are make_src_mask's and make_trg_mask's, handed to the layers in their compact
         form (a key-padding vector; a causal flag)."""
-        check_ids("src", src, self.encoder.position_embedding.num_embeddings)
+        check_token_ids("src", src, self.encoder.position_embedding.num_embeddings, limit="max_length")
         src_mask = AttentionMask(key_padding_mask=src.eq(self.src_pad_idx))
         enc_src = self.encoder(src, src_mask)
         return self.decoder(trg, enc_src, src_mask, AttentionMask(causal=True))
@@ -316,7 +309,7 @@ class Transformer(nn.Module):
         Returns:
             (N, L) token ids with L <= max_len, starting with bos_idx.
         """
-        check_ids("src", src, self.encoder.position_embedding.num_embeddings)
+        check_token_ids("src", src, self.encoder.position_embedding.num_embeddings, limit="max_length")
         limit = self.decoder.position_embedding.num_embeddings
         if not 1 <= max_len <= limit:
             raise ValueError(f"max_len must be in 1..{limit} (the decoder's max_length), got {max_len}")

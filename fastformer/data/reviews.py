@@ -91,13 +91,17 @@ def read_reviews(path, what="data", n_classes=None):
     if not reviews:
         raise ValueError(f"{what} file {path} has no reviews")
     if n_classes is not None:
-        for review in reviews:
-            if not 0 <= review.label < n_classes:
-                raise ValueError(
-                    f"{what} file {path}: review {review.id} has label {review.label}, outside the "
-                    f"{n_classes} classes 0..{n_classes - 1}"
-                )
+        check_labels(reviews, n_classes, f"{what} file {path}")
     return reviews
+
+
+def check_labels(reviews, n_classes, source):
+    """Raise ValueError naming the first review whose label is outside 0..n_classes-1."""
+    bad = next((r for r in reviews if not 0 <= r.label < n_classes), None)
+    if bad is not None:
+        raise ValueError(
+            f"{source}: review {bad.id} has label {bad.label}, outside the {n_classes} classes 0..{n_classes - 1}"
+        )
 
 
 class MovieDataSet(torch.utils.data.Dataset):
