@@ -1,4 +1,13 @@
-"""What every op file shares: Triton's availability, input checks and one-time warnings."""
+"""What every op file shares: Triton's availability, input checks and one-time warnings.
+
+Rules for jit code in `kernels/` (the sm_90a compile check, tests/test_sm90_compile.py, enforces
+what a compiler can see):
+- No plain globals inside jit code: use tl.constexpr. A module constant read by a kernel must be
+  `NAME = tl.constexpr(value)`; the interpreter accepts a plain float, the compiler rejects it.
+- `tl.dot(a, b, acc, input_precision=..., out_dtype=tl.float32)`: accumulate in place (wgmma keeps
+  the accumulator in registers) and say the fp32 result (tl.dot's default changed in Triton 3.8).
+- Triton 3.6 to 3.9: no block pointers (`tl.make_block_ptr` raises in 3.9), no API added after 3.6.
+"""
 import os
 import warnings
 
@@ -95,12 +104,32 @@ def check_dropout_p(dropout_p):
         raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
 
 
-def autotune_configs(candidates, keep, interpreter_config):
+def autotune_configs(candidates, interpreter_config, keep=lambda meta, num_warps, num_stages: True):
     """The kernel's autotune list: the kept candidates on a GPU, one config under the interpreter
     (where autotuning is only slow). Each candidate is (meta dict, num_warps, num_stages)."""
     if INTERPRET:
         return [triton.Config(interpreter_config, num_warps=4, num_stages=1)]
     return [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in candidates if keep(meta, w, s)]
+
+
+def config_pruner(kernel, fits):
+    """`prune_configs_by={"early_config_prune": config_pruner(name, fits)}` for triton.autotune: of
+    the kernel's configs, a launch tries those `fits(meta, num_warps, num_stages, launch)` accepts,
+    `launch` being the launch's keyword arguments (BLOCK_D, HAS_DROPOUT, ...). The rules say which
+    configs compile for sm_90a without spills or shared-memory overflow for those flags; the sm_90a
+    compile check (tests/test_sm90_compile.py) holds every rule to that. The interpreter's single
+    config is always kept."""
+
+    def prune(configs, named_args, **launch):
+        if INTERPRET:
+            return configs
+        kept = [c for c in configs if fits(c.kwargs, c.num_warps, c.num_stages, launch)]
+        if not kept:
+            flags = ", ".join(f"{k}={v}" for k, v in sorted(launch.items()) if k.isupper())
+            raise RuntimeError(f"{kernel}: no autotune config fits the launch ({flags}); this is a bug in kernels/")
+        return kept
+
+    return prune
 
 
 def autocast_inputs(*tensors):
@@ -136,8 +165,9 @@ def draw_seed(device):
 
 @triton.jit
 def philox_keep(seed, rows, cols, n_cols, dropout_p):
-    """Keep-mask of a (len(rows), len(cols)) tile of a (n_rows, n_cols) array."""
-    offsets = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    """Keep-mask of the elements (rows, cols) of an (n_rows, n_cols) array; rows and cols broadcast
+    to the tile's shape (rows[:, None] and cols[None, :] for a tile, the transpose for its transpose)."""
+    offsets = rows.to(tl.int64) * n_cols + cols
     return tl.rand(seed, offsets) >= dropout_p
 
 
@@ -147,7 +177,7 @@ def _dropout_mask_kernel(KEEP, SEED, n_rows, n_cols, dropout_p, BLOCK_M: tl.cons
     pid = tl.program_id(0)
     rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = (pid % n_col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = philox_keep(tl.load(SEED), rows, cols, n_cols, dropout_p)
+    keep = philox_keep(tl.load(SEED), rows[:, None], cols[None, :], n_cols, dropout_p)
     tl.store(
         KEEP + rows[:, None].to(tl.int64) * n_cols + cols[None, :],
         keep.to(tl.uint8),
@@ -162,7 +192,13 @@ def dropout_mask(n_rows, n_cols, dropout_p, device):
     seed = draw_seed(device)
     keep = torch.empty(n_rows, n_cols, dtype=torch.uint8, device=device)
     require_launchable("dropout_mask", keep)
+    return _dropout_mask(keep, seed, dropout_p).bool()
+
+
+def _dropout_mask(keep, seed, dropout_p):
+    """Launcher: fills the (n_rows, n_cols) uint8 `keep` with the keep-mask of `seed`."""
+    n_rows, n_cols = keep.shape
     block = 16 if INTERPRET else 64
     grid = (triton.cdiv(n_rows, block) * triton.cdiv(n_cols, block),)
     torch.library.wrap_triton(_dropout_mask_kernel)[grid](keep, seed, n_rows, n_cols, dropout_p, BLOCK_M=block, BLOCK_N=block)
-    return keep.bool()
+    return keep

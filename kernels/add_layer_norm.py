@@ -43,8 +43,8 @@ def _add_ln_fwd_kernel(
     ok = cols < n_cols
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
-        keep = philox_keep(tl.load(SEED), tl.full([1], row, tl.int64), cols, n_cols, dropout_p)
-        x = tl.where(tl.reshape(keep, [BLOCK_N]), x / (1.0 - dropout_p), 0.0)
+        keep = philox_keep(tl.load(SEED), row, cols, n_cols, dropout_p)
+        x = tl.where(keep, x / (1.0 - dropout_p), 0.0)
     h = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32) + x
     mean = tl.sum(h, 0) / n_cols
     centered = tl.where(ok, h - mean, 0.0)
@@ -83,7 +83,7 @@ def _add_ln_bwd_kernel(
         row = first + i
         x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
         if HAS_DROPOUT:
-            keep = tl.reshape(philox_keep(seed, tl.full([1], row, tl.int64), cols, n_cols, dropout_p), [BLOCK_N])
+            keep = philox_keep(seed, row, cols, n_cols, dropout_p)
             x = tl.where(keep, x / (1.0 - dropout_p), 0.0)
         h = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32) + x
         xhat = tl.where(ok, (h - tl.load(MEAN + row)) * tl.load(RSTD + row), 0.0)

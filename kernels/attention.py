@@ -24,6 +24,7 @@ from kernels._common import (
     check_same_device,
     check_same_dtype,
     check_tensor,
+    config_pruner,
     dot_precision,
     draw_seed,
     dropout_mask,
@@ -106,20 +107,27 @@ def _tile_valid(
     offs_m, offs_n, b, h, Lq, Lk,
     PAD, stride_pb, stride_pn,
     MASK, stride_mb, stride_mh, stride_mm, stride_mn,
-    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, KEYS_FIRST: tl.constexpr = False,
 ):
-    """(BLOCK_M, BLOCK_N) True where query offs_m may attend to key offs_n."""
-    in_bounds = (offs_m[:, None] < Lq) & (offs_n[None, :] < Lk)
+    """(BLOCK_M, BLOCK_N) True where query offs_m may attend to key offs_n; (BLOCK_N, BLOCK_M),
+    the transpose, when KEYS_FIRST."""
+    if KEYS_FIRST:
+        queries = offs_m[None, :]
+        keys = offs_n[:, None]
+    else:
+        queries = offs_m[:, None]
+        keys = offs_n[None, :]
+    in_bounds = (queries < Lq) & (keys < Lk)
     valid = in_bounds
     if HAS_PAD:
         # the key-padding vector of this key block, never expanded to (Lq, Lk)
-        pad = tl.load(PAD + b * stride_pb + offs_n * stride_pn, mask=offs_n < Lk, other=1)
-        valid = valid & (pad == 0)[None, :]
+        pad = tl.load(PAD + b * stride_pb + keys * stride_pn, mask=keys < Lk, other=1)
+        valid = valid & (pad == 0)
     if IS_CAUSAL:
-        valid = valid & (offs_n[None, :] <= offs_m[:, None])
+        valid = valid & (keys <= queries)
     if HAS_MASK:
         dense = tl.load(
-            MASK + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn,
+            MASK + b * stride_mb + h * stride_mh + queries * stride_mm + keys * stride_mn,
             mask=in_bounds,
             other=1,
         )
@@ -140,35 +148,40 @@ def _masked_rows_value(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         p = tl.where(offs_n[None, :] < Lk, 1.0 / Lk, 0.0) + tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if HAS_DROPOUT:
-            p = tl.where(philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
+            p = tl.where(philox_keep(seed, (bh * Lq + offs_m)[:, None], offs_n[None, :], Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
         v = tl.load(
             v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
             mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < D),
             other=0.0,
         )
-        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     return acc
 
 
 def _fwd_configs():
-    candidates = [
-        ({"BLOCK_M": bm, "BLOCK_N": bn}, w, s)
-        for bm in (64, 128)
-        for bn in (32, 64, 128)
-        for w in (4, 8)
-        for s in (2, 3, 4)
-    ]
+    # (BLOCK_M, BLOCK_N, num_warps): 4 warps (one warp group) per 64 query rows
+    tiles = [(64, 32, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8), (128, 128, 8)]
     return autotune_configs(
-        candidates,
-        keep=lambda meta, w, s: meta["BLOCK_M"] >= meta["BLOCK_N"] and (w == 8) == (meta["BLOCK_M"] == 128),
+        [({"BLOCK_M": bm, "BLOCK_N": bn}, w, s) for bm, bn, w in tiles for s in (2, 3)],
         interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16},
     )
+
+
+def _fwd_fits(meta, num_warps, num_stages, launch):
+    """What compiles for sm_90a without spills (bench/results/sm90-compile.md): dropout's per-element
+    Philox costs 50 to 165 registers, so it keeps to 32-key blocks; at head dim 128 the 128 x 128
+    tile spills and fills shared memory."""
+    if launch["HAS_DROPOUT"]:
+        return meta["BLOCK_N"] == 32
+    return not (launch["BLOCK_D"] == 128 and meta["BLOCK_N"] == 128)
 
 
 _KEY = ["BLOCK_D", "LQ_BUCKET", "LK_BUCKET", "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION"]
 
 
-@triton.autotune(configs=_fwd_configs(), key=_KEY)
+@triton.autotune(
+    configs=_fwd_configs(), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention forward", _fwd_fits)}
+)
 @triton.jit
 def _attn_fwd_kernel(
     Q, K, V, O, LSE, PAD, KV_END, MASK, SEED,
@@ -219,7 +232,7 @@ def _attn_fwd_kernel(
         kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         # (BLOCK_M, BLOCK_N)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
         valid = _tile_valid(
             offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
             MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
@@ -231,10 +244,12 @@ def _attn_fwd_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            keep = philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p)
+            keep = philox_keep(seed, (bh * Lq + offs_m)[:, None], offs_n[None, :], Lk, dropout_p)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        # rescale first, then let the dot accumulate in place (wgmma keeps acc in registers)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         m_i = m_new
 
     masked_row = l_i == 0.0
@@ -256,22 +271,45 @@ def _attn_fwd_kernel(
     tl.store(LSE + bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
-def _bwd_configs():
-    candidates = [
-        ({"BLOCK_M": bm, "BLOCK_N": bn}, w, s)
-        for bm in (32, 64, 128)
-        for bn in (32, 64, 128)
-        for w in (4, 8)
-        for s in (2, 3)
-    ]
+def _dkdv_configs():
+    # (BLOCK_M, BLOCK_N): the tiles are keys x queries, so wgmma's 64-row minimum falls on BLOCK_N;
+    # 8 warps hold the two (BLOCK_N, BLOCK_D) fp32 accumulators without spilling (64 x 128 spills)
+    tiles = [(32, 64), (64, 64), (32, 128)]
     return autotune_configs(
-        candidates,
-        keep=lambda meta, w, s: meta["BLOCK_M"] * meta["BLOCK_N"] <= 128 * 64 and (w == 8) == (meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 64),
+        [({"BLOCK_M": bm, "BLOCK_N": bn}, 8, s) for bm, bn in tiles for s in (2, 3)],
         interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16},
     )
 
 
-@triton.autotune(configs=_bwd_configs(), key=_KEY)
+def _dkdv_fits(meta, num_warps, num_stages, launch):
+    """What compiles for sm_90a without spills (bench/results/sm90-compile.md)."""
+    tile = (meta["BLOCK_M"], meta["BLOCK_N"])
+    if launch["BLOCK_D"] == 128:
+        if launch["HAS_DROPOUT"]:
+            return tile == (32, 64)
+        return tile in ((32, 64), (32, 128)) or (tile == (64, 64) and num_stages == 2)
+    if launch["HAS_DROPOUT"] and meta["BLOCK_M"] == 64:
+        return num_stages == 2
+    return True
+
+
+def _dq_configs():
+    # (BLOCK_M, BLOCK_N, num_warps): query rows are wgmma's rows, so BLOCK_M >= 64
+    tiles = [(64, 32, 4), (64, 64, 4), (128, 64, 8), (64, 128, 8)]
+    return autotune_configs(
+        [({"BLOCK_M": bm, "BLOCK_N": bn}, w, s) for bm, bn, w in tiles for s in (2, 3)],
+        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16},
+    )
+
+
+def _dq_fits(meta, num_warps, num_stages, launch):
+    """64 x 128 spills with dropout (bench/results/sm90-compile.md)."""
+    return not (launch["HAS_DROPOUT"] and meta["BLOCK_N"] == 128)
+
+
+@triton.autotune(
+    configs=_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dK/dV", _dkdv_fits)}
+)
 @triton.jit
 def _attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, PAD, KV_END, MASK, SEED, HAS_MASKED_ROW,
@@ -315,6 +353,9 @@ def _attn_bwd_dkdv_kernel(
     if HAS_PAD:
         end_m = tl.where(start_n < tl.load(KV_END + b), Lq, start_m)  # a block of trailing padding: skip
 
+    # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
+    # rows are this program's keys, P^T and dS^T feed dV and dK from registers without a transpose,
+    # and the row vectors (lse, delta) broadcast along columns.
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for m in range(start_m, end_m, BLOCK_M):
@@ -324,22 +365,22 @@ def _attn_bwd_dkdv_kernel(
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_mask, other=0.0)
         lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
         delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-        # (BLOCK_M, BLOCK_N)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        # (BLOCK_N, BLOCK_M)
+        st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
         valid = _tile_valid(
             offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
-            MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
+            MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True,
         )
-        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        p_dropped = p
+        pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
+        dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        pt_dropped = pt
         if HAS_DROPOUT:
-            keep = philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p)
-            p_dropped = tl.where(keep, p / (1.0 - dropout_p), 0.0)
-            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
-        dv += tl.dot(tl.trans(p_dropped.to(do.dtype)), do, input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)
+            keep = philox_keep(seed, (bh * Lq + offs_m)[None, :], offs_n[:, None], Lk, dropout_p)
+            pt_dropped = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
+            dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
+        dv = tl.dot(pt_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        dst = pt * (dpt - delta[None, :])
+        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
     if HAS_PAD or HAS_MASK:
         # Rows whose keys are all masked spread 1/Lk over every key (the tutorial's -1e9 fill):
@@ -349,23 +390,26 @@ def _attn_bwd_dkdv_kernel(
                 offs_m = m + tl.arange(0, BLOCK_M)
                 lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
                 row = (lse == float("inf")) & (offs_m < Lq)
-                p = tl.where(row[:, None] & (offs_n[None, :] < Lk), 1.0 / Lk, 0.0)
+                # (BLOCK_N, BLOCK_M)
+                pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
                 if HAS_DROPOUT:
-                    keep = philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p)
-                    p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+                    keep = philox_keep(seed, (bh * Lq + offs_m)[None, :], offs_n[:, None], Lk, dropout_p)
+                    pt = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
                 do = tl.load(
                     do_base + offs_m[:, None] * stride_dom + offs_d[None, :],
                     mask=(offs_m[:, None] < Lq) & d_ok[None, :],
                     other=0.0,
                 )
-                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
+                dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-@triton.autotune(configs=_bwd_configs(), key=_KEY)
+@triton.autotune(
+    configs=_dq_configs(), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dQ", _dq_fits)}
+)
 @triton.jit
 def _attn_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, PAD, KV_END, MASK, SEED,
@@ -414,18 +458,18 @@ def _attn_bwd_dq_kernel(
         kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
         valid = _tile_valid(
             offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
             MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
         )
         p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         if HAS_DROPOUT:
-            keep = philox_keep(seed, bh * Lq + offs_m, offs_n, Lk, dropout_p)
+            keep = philox_keep(seed, (bh * Lq + offs_m)[:, None], offs_n[None, :], Lk, dropout_p)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     dq = dq * sm_scale
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=q_mask)
 
@@ -456,7 +500,7 @@ def _attn_probs_kernel(
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=(offs_m[:, None] < Lq) & d_ok[None, :], other=0.0)
     k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=(offs_n[:, None] < Lk) & d_ok[None, :], other=0.0)
     lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
     valid = _tile_valid(
         offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
         MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
@@ -464,7 +508,7 @@ def _attn_probs_kernel(
     p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
     p = tl.where((lse == float("inf"))[:, None], 1.0 / Lk, p)  # all keys masked: uniform
     if HAS_DROPOUT:
-        p = tl.where(philox_keep(tl.load(SEED), bh * Lq + offs_m, offs_n, Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
+        p = tl.where(philox_keep(tl.load(SEED), (bh * Lq + offs_m)[:, None], offs_n[None, :], Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
     tl.store(
         P + bh.to(tl.int64) * Lq * Lk + offs_m[:, None] * Lk + offs_n[None, :],
         p.to(P.dtype.element_ty),

@@ -7,6 +7,9 @@ Two Triton paths:
   and streams over d_ff in chunks: it computes act(x @ W1[chunk].T + b1[chunk]) on chip and
   accumulates its product with W2[:, chunk].T, so the (M, d_ff) activation never goes to memory.
   When d > BLOCK_N the chunk's activation is recomputed once per output tile.
+  Limits on Hopper (sm_90a compile check): the inner loop over d (x and W1 tiles) is software-
+  pipelined; the loop over d_ff chunks is not (Triton pipelines innermost loops only), so each
+  chunk's W2 tile is loaded synchronously while its activation is computed.
 """
 from typing import Optional
 
@@ -48,9 +51,12 @@ def _fused_configs():
     ]
     return autotune_configs(
         candidates,
+        # a 128-row tile with 64-wide hidden chunks spills on sm_90a beside a 64 or 256 wide output
+        # tile (bench/results/sm90-compile.md)
         keep=lambda meta, w, s: (w == 8) == (meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128)
         and meta["BLOCK_M"] * meta["BLOCK_N"] <= 128 * 256
-        and meta["BLOCK_F"] == meta["BLOCK_K"],
+        and meta["BLOCK_F"] == meta["BLOCK_K"]
+        and not (meta["BLOCK_M"] == 128 and meta["BLOCK_F"] == 64 and meta["BLOCK_N"] != 128),
         interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_F": 16, "BLOCK_K": 16},
     )
 
@@ -85,7 +91,7 @@ def _ffn_fused_fwd_kernel(
                 mask=(offs_f[None, :] < F) & (ks[:, None] < D),
                 other=0.0,
             )
-            h += tl.dot(x, w1, input_precision=DOT_PRECISION)
+            h = tl.dot(x, w1, h, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         if HAS_B1:
             h += tl.load(B1 + offs_f, mask=offs_f < F, other=0.0).to(tl.float32)[None, :]
         # rounded to the input dtype, as the two-GEMM path stores it; columns past F are act(0) = 0
@@ -95,7 +101,7 @@ def _ffn_fused_fwd_kernel(
             mask=(offs_n[None, :] < D) & (offs_f[:, None] < F),
             other=0.0,
         )
-        acc += tl.dot(h, w2, input_precision=DOT_PRECISION)
+        acc = tl.dot(h, w2, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     if HAS_B2:
         acc += tl.load(B2 + offs_n, mask=offs_n < D, other=0.0).to(tl.float32)[None, :]
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < D)
