@@ -52,7 +52,7 @@ def _fused_configs():
     return autotune_configs(
         candidates,
         # a 128-row tile with 64-wide hidden chunks spills on sm_90a beside a 64 or 256 wide output
-        # tile (bench/results/sm90-compile.md)
+        # tile (python -m bench.sm90_report)
         keep=lambda meta, w, s: (w == 8) == (meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128)
         and meta["BLOCK_M"] * meta["BLOCK_N"] <= 128 * 256
         and meta["BLOCK_F"] == meta["BLOCK_K"]

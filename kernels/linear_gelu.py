@@ -44,7 +44,7 @@ def _gemm_configs():
     ]
     return autotune_configs(
         candidates,
-        # 128 x 256 tiles spill with the GELU epilogue on sm_90a (bench/results/sm90-compile.md)
+        # 128 x 256 tiles spill with the GELU epilogue on sm_90a (python -m bench.sm90_report)
         keep=lambda meta, w, s: (w == 8) == (meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128)
         and meta["BLOCK_M"] * meta["BLOCK_N"] < 128 * 256
         and (s == 3 or meta["BLOCK_K"] == 32),

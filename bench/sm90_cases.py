@@ -1,0 +1,159 @@
+"""What the sm_90a compile check compiles: every `@triton.jit` kernel under `kernels/`, through its
+real launcher, with tensors laid out as the model lays them out.
+
+`ci_cases()` is the matrix `tests/test_sm90_compile.py` runs on every CI run; `full_cases()` adds
+the rest of the product (every head dim in both dtypes with every mask, odd lengths) for
+`python -m bench.sm90_report --full`. Tensors are CPU tensors: nothing is launched (see bench.sm90).
+"""
+import itertools
+import sys
+
+import torch
+
+from bench.sm90 import Case
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# name -> (key padding, causal, dense mask); the model uses the first two (encoder and decoder
+# self-attention; cross-attention is "pad" with a K/V projection), the public op all five
+MASKS = {
+    "pad": (True, False, False),
+    "pad+causal": (True, True, False),
+    "causal": (False, True, False),
+    "none": (False, False, False),
+    "dense": (False, False, True),
+}
+HEAD_DIMS = (16, 32, 64, 80, 128)  # 80 is padded to a block of 128 inside the kernels
+TUTORIAL = {"B": 8, "H": 4, "L": 256, "D": 64, "d_hidn": 256, "d_ff": 1024}
+LARGE = {"d_hidn": 1024, "d_ff": 4096, "M": 8192}
+
+
+def _name(dtype):
+    return str(DTYPES[dtype]).replace("torch.", "")
+
+
+def _module(name):
+    __import__(name)
+    return sys.modules[name]
+
+
+def _qkv(B, H, Lq, Lk, D, dtype, layout):
+    """q, k, v as (B, H, L, D) views: of one fused (B, L, 3, H, D) projection ("self"), of a Q and a
+    fused K/V projection ("cross"), or contiguous tensors ("contiguous")."""
+    if layout == "self":
+        q, k, v = torch.zeros(B, Lq, 3, H, D, dtype=dtype).unbind(2)
+    elif layout == "cross":
+        q = torch.zeros(B, Lq, H, D, dtype=dtype)
+        k, v = torch.zeros(B, Lk, 2, H, D, dtype=dtype).unbind(2)
+    else:
+        return [torch.zeros(B, H, L, D, dtype=dtype) for L in (Lq, Lk, Lk)]
+    return [t.transpose(1, 2) for t in (q, k, v)]
+
+
+def attention_case(dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, H=4, probs=False):
+    attention = _module("kernels.attention")
+    pad, causal, dense = MASKS[mask]
+    Lk = L if Lk is None else Lk
+    p = 0.1 if dropout else 0.0
+    name = f"attention/{dtype}/d{D}/{mask}{'+dropout' if dropout else ''}/{layout}/L{L}" + (f"x{Lk}" if Lk != L else "")
+
+    def run():
+        q, k, v = _qkv(B, H, L, Lk, D, DTYPES[dtype], layout)
+        key_padding_mask = torch.zeros(B, Lk, dtype=torch.bool) if pad else None
+        attn_mask = torch.zeros(B, L, Lk, dtype=torch.bool) if dense else None
+        args = (key_padding_mask, causal, attn_mask, p, D**-0.5)
+        o, lse, seed = attention._attn_forward(q, k, v, *args)
+        do = torch.zeros_like(o)
+        attention._attn_backward(do, q, k, v, o, lse, seed, *args)
+        if probs:
+            attention._attn_probs(q, k, lse, seed, *args)
+
+    return Case(name + ("+probs" if probs else ""), run, _name(dtype))
+
+
+def ffn_case(dtype, activation, train, d, d_ff, M):
+    """The model's FFN: Conv1d weights (out, in, 1) read as (out, in) views; training stores the
+    pre-activation and runs the activation-gradient kernel; inference also runs the fused FFN."""
+    linear_gelu = _module("kernels.linear_gelu")
+    feed_forward = _module("kernels.feed_forward")
+    name = f"ffn/{dtype}/{activation}/{'train' if train else 'inference'}/d{d}x{d_ff}/M{M}"
+
+    def run():
+        t = DTYPES[dtype]
+        x = torch.zeros(M, d, dtype=t)
+        w1 = torch.zeros(d_ff, d, 1, dtype=t).squeeze(-1)
+        w2 = torch.zeros(d, d_ff, 1, dtype=t).squeeze(-1)
+        b1, b2 = torch.zeros(d_ff, dtype=t), torch.zeros(d, dtype=t)
+        _, pre = linear_gelu._linear_gelu_forward(x, w1, b1, activation, train)
+        if train:
+            linear_gelu._activation_backward_op(torch.zeros_like(pre), pre, activation)
+        else:
+            feed_forward._ffn_fused_forward(x, w1, b1, w2, b2, activation)
+
+    return Case(name, run, _name(dtype))
+
+
+def layer_norm_case(dtype, d, dropout, rows=1024):
+    add_layer_norm = _module("kernels.add_layer_norm")
+    name = f"add_layer_norm/{dtype}/d{d}{'/dropout' if dropout else ''}"
+
+    def run():
+        t = DTYPES[dtype]
+        x, residual = torch.zeros(rows, d, dtype=t), torch.zeros(rows, d, dtype=t)
+        weight, bias = torch.ones(d, dtype=t), torch.zeros(d, dtype=t)
+        p = 0.1 if dropout else 0.0
+        y, mean, rstd, seed = add_layer_norm._add_ln_forward(x, residual, weight, bias, 1e-12, p, t)
+        add_layer_norm._add_layer_norm_backward_op(torch.zeros_like(y), x, residual, weight, mean, rstd, seed, p)
+
+    return Case(name, run, _name(dtype))
+
+
+def dropout_mask_case():
+    common = _module("kernels._common")
+
+    def run():
+        common._dropout_mask(torch.empty(256, 256, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), 0.1)
+
+    return Case("dropout_mask", run, "")
+
+
+def _common_cases(dtypes):
+    cases = [dropout_mask_case()]
+    for dtype in dtypes:
+        for activation, train in itertools.product(("gelu", "relu"), (True, False)):
+            cases.append(ffn_case(dtype, activation, train, TUTORIAL["d_hidn"], TUTORIAL["d_ff"], 8 * 256))
+            cases.append(ffn_case(dtype, activation, train, LARGE["d_hidn"], LARGE["d_ff"], LARGE["M"]))
+        for d, dropout in itertools.product((TUTORIAL["d_hidn"], LARGE["d_hidn"]), (False, True)):
+            cases.append(layer_norm_case(dtype, d, dropout))
+    return cases
+
+
+def ci_cases():
+    """Sized for CI (about 7 minutes on 2 cores): in fp16 every op variant, every mask and dropout
+    at the tutorial's head dim and every head dim with the model's masks; in bf16 the model's masks
+    and the tutorial's FFN; the other layouts, an odd length and Lq != Lk once each. bf16 compiles
+    as fp16 does (same tiles, same instructions but the type), which `full_cases` shows."""
+    cases = _common_cases(["fp16"])
+    cases += [ffn_case("bf16", "gelu", train, TUTORIAL["d_hidn"], TUTORIAL["d_ff"], 8 * 256) for train in (True, False)]
+    cases += [layer_norm_case("bf16", TUTORIAL["d_hidn"], dropout) for dropout in (False, True)]
+    for mask, dropout in itertools.product(MASKS, (False, True)):
+        cases.append(attention_case("fp16", TUTORIAL["D"], mask, dropout, probs=(mask == "pad" and not dropout)))
+    for mask, dropout in itertools.product(("pad", "pad+causal"), (False, True)):
+        cases.append(attention_case("bf16", TUTORIAL["D"], mask, dropout))
+    for D in HEAD_DIMS:
+        if D != TUTORIAL["D"]:
+            for mask, dropout in (("pad", True), ("pad+causal", False)):
+                cases.append(attention_case("fp16", D, mask, dropout))
+    cases.append(attention_case("bf16", 64, "pad", False, layout="cross", L=97, Lk=61))  # odd, Lq != Lk
+    cases.append(attention_case("fp16", 64, "causal", False, layout="contiguous", L=4096))
+    return cases
+
+
+def full_cases():
+    """The whole product: every head dim x mask x dropout x dtype, and the odd-length layouts."""
+    cases = _common_cases(DTYPES)
+    for dtype, D, mask, dropout in itertools.product(DTYPES, HEAD_DIMS, MASKS, (False, True)):
+        cases.append(attention_case(dtype, D, mask, dropout))
+    for dtype, D in itertools.product(DTYPES, HEAD_DIMS):
+        cases.append(attention_case(dtype, D, "pad", False, layout="cross", L=97, Lk=61))
+        cases.append(attention_case(dtype, D, "causal", False, layout="contiguous", L=1025))
+    return cases

@@ -1,0 +1,84 @@
+"""The sm_90a compile check: every kernel under kernels/, with every autotune config a launch can
+select, compiled for Hopper on this CPU machine, and held to the rules in `bench.sm90.problems`:
+it compiles, fits in shared memory, does not spill registers, runs its fp16/bf16 dots on wgmma and
+pipelines its main loops.
+
+How it compiles without a GPU is in bench/sm90.py; the matrix (masks, dropout, head dims, layouts,
+FFN and LayerNorm variants, fp16 and bf16) is `bench.sm90_cases.ci_cases`. A config that breaks a
+rule is removed from its kernel's list or pruned for the flags where it breaks, never exempted here.
+
+What this cannot see: faults at run time (illegal addresses, races), numerics on the GPU (bf16
+dots, which the interpreter gets wrong), occupancy and timing. The `cuda` tests and the
+benchmarks cover those on a GPU. The full table: `python -m bench.sm90_report` (bench/results/sm90-compile.md).
+"""
+import ast
+import collections
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from bench import sm90  # noqa: E402
+from tests import sm90_planted  # noqa: E402
+
+KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+
+
+def _launched_kernels():
+    """Names of the `@triton.jit` functions under kernels/ that launchers launch (`*_kernel`);
+    the others are helpers inlined into them."""
+    names = []
+    for path in sorted(KERNELS_DIR.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel"):
+                if any("jit" in ast.unparse(d) for d in node.decorator_list):
+                    names.append(node.name)
+    return names
+
+
+KERNELS = _launched_kernels()
+
+
+@pytest.fixture(scope="module")
+def records():
+    """Every (case, kernel, config) of the CI matrix, compiled in two worker processes."""
+    return sm90.compile_cases("bench.sm90_cases:ci_cases", jobs=2)
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return {r.case: r for r in sm90.compile_cases("tests.sm90_planted:cases", jobs=1)}
+
+
+def test_the_scan_finds_the_kernels():
+    assert {"_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_linear_gelu_fwd_kernel", "_add_ln_fwd_kernel"} <= set(KERNELS)
+
+
+def test_every_case_launches_and_compiles_something(records):
+    by_case = collections.defaultdict(list)
+    for r in records:
+        by_case[r.case].append(r)
+    failed = [f"{r.case}: {r.error}" for r in records if r.kernel == "<launch>"]
+    assert not failed, "launchers failed outside compilation:\n" + "\n".join(failed)
+    cases = [case.name for case in __import__("bench.sm90_cases", fromlist=["ci_cases"]).ci_cases()]
+    assert sorted(by_case) == sorted(cases)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_meets_the_sm90_rules(records, kernel):
+    mine = [r for r in records if r.kernel == kernel]
+    assert mine, f"{kernel} was not compiled by any case of bench.sm90_cases.ci_cases"
+    broken = [f"{r.config} in {r.case}: {'; '.join(sm90.problems(r))}" for r in mine if sm90.problems(r)]
+    assert not broken, f"{kernel} breaks the sm_90a rules in {len(broken)} of {len(mine)} compiles:\n" + "\n".join(broken[:40])
+
+
+@pytest.mark.parametrize("case", sorted(sm90_planted.EXPECTED))
+def test_the_check_detects_a_planted_failure(planted, case):
+    """Each rule fires on a kernel made to break it, and only that rule; the control passes all."""
+    found = sm90.problems(planted[case])
+    expected = sm90_planted.EXPECTED[case]
+    if expected is None:
+        assert found == []
+    else:
+        assert found and all(expected in problem for problem in found), found
