@@ -169,15 +169,16 @@ def read_ttgir(ttgir: str) -> Dict[str, int]:
 # The dry-run driver
 # ----------------------------------------------------------------------------------------------
 def _dry_run_driver():
-    """A Triton driver for an sm_90a GPU that is not there (Triton 3.6 to 3.9's driver interface)."""
+    """A Triton driver for an sm_90a GPU that is not there (written against Triton 3.9's driver
+    interface; not tried on older Triton)."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.backends.driver import DriverBase
 
     class _Utils:
         def get_device_properties(self, device):
-            # max_shared_mem is the real limit's multiple: a kernel over the real one must still
-            # "load", so the check reports its size instead of the autotuner silently dropping it
+            # max_shared_mem far above the real limit: a kernel over the real one must still "load",
+            # so the check reports its size instead of the autotuner silently dropping it
             return {"max_shared_mem": 1 << 30, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32}
 
         def load_binary(self, name, kernel, shared, device):

@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("triton")
 
 from bench import sm90  # noqa: E402
+from bench.sm90_cases import ci_cases  # noqa: E402
 from tests import sm90_planted  # noqa: E402
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -61,8 +62,7 @@ def test_every_case_launches_and_compiles_something(records):
         by_case[r.case].append(r)
     failed = [f"{r.case}: {r.error}" for r in records if r.kernel == "<launch>"]
     assert not failed, "launchers failed outside compilation:\n" + "\n".join(failed)
-    cases = [case.name for case in __import__("bench.sm90_cases", fromlist=["ci_cases"]).ci_cases()]
-    assert sorted(by_case) == sorted(cases)
+    assert sorted(by_case) == sorted(case.name for case in ci_cases())
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
