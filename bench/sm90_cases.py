@@ -12,7 +12,11 @@ import torch
 
 from bench.sm90 import Case
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+# The kernels built on tl.dot compile for fp16 and bf16: the model's "auto" backend runs fp32
+# attention and FFN on the PyTorch reference (fastformer/backend.py), and only LayerNorm's kernel
+# takes fp32 there.
+DOT_DTYPES = ("fp16", "bf16")
 # name -> (key padding, causal, dense mask); the model uses the first two (encoder and decoder
 # self-attention; cross-attention is "pad" with a K/V projection), the public op all five
 MASKS = {
@@ -130,9 +134,10 @@ def _common_cases(dtypes):
 def ci_cases():
     """Sized for CI (about 7 minutes on 2 cores): in fp16 every op variant, every mask and dropout
     at the tutorial's head dim and every head dim with the model's masks; in bf16 the model's masks
-    and the tutorial's FFN; the other layouts, an odd length and Lq != Lk once each. bf16 compiles
+    and the tutorial's FFN; LayerNorm in fp32 too; the other layouts, an odd length and Lq != Lk once each. bf16 compiles
     as fp16 does (same tiles, same instructions but the type), which `full_cases` shows."""
     cases = _common_cases(["fp16"])
+    cases += [layer_norm_case("fp32", TUTORIAL["d_hidn"], dropout) for dropout in (False, True)]
     cases += [ffn_case("bf16", "gelu", train, TUTORIAL["d_hidn"], TUTORIAL["d_ff"], 8 * 256) for train in (True, False)]
     cases += [layer_norm_case("bf16", TUTORIAL["d_hidn"], dropout) for dropout in (False, True)]
     for mask, dropout in itertools.product(MASKS, (False, True)):
@@ -150,10 +155,11 @@ def ci_cases():
 
 def full_cases():
     """The whole product: every head dim x mask x dropout x dtype, and the odd-length layouts."""
-    cases = _common_cases(DTYPES)
-    for dtype, D, mask, dropout in itertools.product(DTYPES, HEAD_DIMS, MASKS, (False, True)):
+    cases = _common_cases(DOT_DTYPES)
+    cases += [layer_norm_case("fp32", d, dropout) for d in (TUTORIAL["d_hidn"], LARGE["d_hidn"]) for dropout in (False, True)]
+    for dtype, D, mask, dropout in itertools.product(DOT_DTYPES, HEAD_DIMS, MASKS, (False, True)):
         cases.append(attention_case(dtype, D, mask, dropout))
-    for dtype, D in itertools.product(DTYPES, HEAD_DIMS):
+    for dtype, D in itertools.product(DOT_DTYPES, HEAD_DIMS):
         cases.append(attention_case(dtype, D, "pad", False, layout="cross", L=97, Lk=61))
         cases.append(attention_case(dtype, D, "causal", False, layout="contiguous", L=1025))
     return cases

@@ -4,7 +4,14 @@
     with fastformer.use_backend("triton"): ...  # inside a block
     FASTFORMER_BACKEND=reference python ...     # from the environment
 
-"auto" (the default) runs the Triton kernels on CUDA tensors and the reference elsewhere.
+"auto" (the default) runs the Triton kernels on CUDA tensors and the reference elsewhere, with one
+exception: attention and the feed-forward in fp32 (not under torch.autocast) run the reference on
+CUDA too, with a one-time warning. Their kernels are built on tensor-core matrix products, which
+take fp16/bf16: an fp32 `tl.dot` is either IEEE, which compiles to CUDA-core FMA loops that spill
+registers on Hopper, or TF32, whose backward the sm_90a compile check shows unpipelined. cuBLAS is
+the better fp32 engine; for the kernels, run the model under
+`torch.autocast("cuda", dtype=torch.bfloat16)`, as `fastformer train` does. The add + LayerNorm
+kernel has no matrix product and takes fp32 as it is.
 "triton" always runs the kernels: on a CPU that needs TRITON_INTERPRET=1 set before `kernels` is
 imported (Triton's interpreter; this is how the tests check the kernels without a GPU).
 Modules reach attention, the FFN and add + LayerNorm only through the functions below.
@@ -12,7 +19,10 @@ Modules reach attention, the FFN and add + LayerNorm only through the functions 
 import os
 from contextlib import contextmanager
 
+import torch
+
 import kernels
+from kernels._common import warn_once
 
 BACKENDS = ("auto", "triton", "reference")
 ENV_VAR = "FASTFORMER_BACKEND"
@@ -51,24 +61,52 @@ def use_backend(name):
         _backend = previous
 
 
-def uses_triton(tensor):
-    """Whether an op on `tensor` runs the Triton kernels under the current backend."""
+def uses_triton(tensor, matmul=True):
+    """Whether an op on `tensor` runs the Triton kernels under the current backend; `matmul` says
+    the op is built on matrix products (attention, the feed-forward), which "auto" keeps off fp32."""
     backend = get_backend()
     if backend == "auto":
-        return kernels.HAS_TRITON and tensor.is_cuda
+        return kernels.HAS_TRITON and tensor.is_cuda and (not matmul or in_half_precision(tensor))
     return backend == "triton"
 
 
+def in_half_precision(tensor):
+    """Whether matrix products on `tensor` run in fp16/bf16: its own dtype, or autocast's for fp32
+    (and for token ids, which the model embeds in fp32)."""
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        return True
+    device_type = tensor.device.type
+    return (
+        (tensor.dtype == torch.float32 or not tensor.is_floating_point())
+        and torch.is_autocast_enabled(device_type)
+        and torch.get_autocast_dtype(device_type) in (torch.float16, torch.bfloat16)
+    )
+
+
+def _matmul_uses_triton(tensor):
+    """uses_triton for attention and the feed-forward, warning once when "auto" keeps fp32 on CUDA
+    off the kernels (see the module docstring); not while compiling, where a warning breaks the graph."""
+    if uses_triton(tensor):
+        return True
+    if get_backend() == "auto" and kernels.HAS_TRITON and tensor.is_cuda and not torch.compiler.is_compiling():
+        warn_once(
+            ("backend", "fp32"),
+            f"fastformer: {str(tensor.dtype).replace('torch.', '')} attention and feed-forward run the PyTorch "
+            'reference on CUDA; the Triton kernels take fp16/bf16: use torch.autocast("cuda", dtype=torch.bfloat16)',
+        )
+    return False
+
+
 def attention(q, k, v, **kwargs):
-    op = kernels.attention if uses_triton(q) else kernels.attention_reference
+    op = kernels.attention if _matmul_uses_triton(q) else kernels.attention_reference
     return op(q, k, v, **kwargs)
 
 
 def feed_forward(x, w1, b1, w2, b2, activation="gelu"):
-    op = kernels.feed_forward if uses_triton(x) else kernels.feed_forward_reference
+    op = kernels.feed_forward if _matmul_uses_triton(x) else kernels.feed_forward_reference
     return op(x, w1, b1, w2, b2, activation=activation)
 
 
 def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0):
-    op = kernels.add_layer_norm if uses_triton(x) else kernels.add_layer_norm_reference
+    op = kernels.add_layer_norm if uses_triton(x, matmul=False) else kernels.add_layer_norm_reference
     return op(x, residual, weight, bias, eps, dropout_p)

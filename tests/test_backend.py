@@ -1,8 +1,12 @@
 """The backend switch: set_backend, use_backend, FASTFORMER_BACKEND, and attention probabilities."""
+import warnings
+
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fastformer
+import kernels
 from fastformer import backend
 from tests.test_drop_in import small_config, token_batch
 
@@ -105,3 +109,49 @@ def test_model_traces_as_one_graph_on_the_reference_backend():
         if name:
             fastformer.set_backend(name)
         torch.testing.assert_close(compiled(enc, dec)[0], model(enc, dec)[0], rtol=0, atol=0)
+
+
+def fake_cuda(dtype):
+    """A CUDA tensor without a GPU (fake tensors carry a device and a dtype, no data)."""
+    return torch.empty(2, 3, dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize(
+    "dtype, matmul, expected",
+    [
+        (torch.bfloat16, True, True),
+        (torch.float16, True, True),
+        (torch.float32, True, False),  # attention / FFN in fp32: the reference (cuBLAS)
+        (torch.float32, False, True),  # add + LayerNorm has no matrix product: its kernel takes fp32
+    ],
+)
+def test_auto_keeps_fp32_matrix_products_on_cuda_off_the_kernels(dtype, matmul, expected):
+    with FakeTensorMode():
+        assert backend.uses_triton(fake_cuda(dtype), matmul=matmul) == expected
+        with fastformer.use_backend("triton"):  # forcing the kernels still runs them in fp32
+            assert backend.uses_triton(fake_cuda(dtype), matmul=matmul)
+
+
+def test_half_precision_follows_autocast():
+    x, ids = torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.long)
+    assert not backend.in_half_precision(x) and not backend.in_half_precision(ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert backend.in_half_precision(x) and backend.in_half_precision(ids)
+        assert not backend.in_half_precision(x.double())  # autocast leaves fp64 alone
+    assert backend.in_half_precision(x.half())
+
+
+def test_fp32_attention_and_ffn_on_cuda_run_the_reference_and_warn_once(monkeypatch):
+    calls = []
+    for name in ("attention", "attention_reference", "feed_forward", "feed_forward_reference"):
+        monkeypatch.setattr(backend.kernels, name, lambda *a, name=name, **kw: calls.append(name))
+    monkeypatch.setattr(kernels._common, "_warned", set())
+    with FakeTensorMode():
+        x32, x16 = fake_cuda(torch.float32), fake_cuda(torch.float16)
+        with pytest.warns(UserWarning, match=r"float32 attention and feed-forward run the PyTorch reference on CUDA"):
+            backend.attention(x32, x32, x32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per process: the second call is silent
+            backend.feed_forward(x32, x32, None, x32, None)
+            backend.attention(x16, x16, x16)
+    assert calls == ["attention_reference", "feed_forward_reference", "attention"]
