@@ -37,13 +37,33 @@ def add_norm(layer_norm, x, residual, dropout):
     return backend.add_layer_norm(x, residual, layer_norm.weight, layer_norm.bias, layer_norm.eps, active_p(dropout))
 
 
-def check_token_ids(name, ids, max_len, limit="the config's maximum"):
-    """Raise ValueError unless ids is a (bs, n_seq) integer tensor no longer than max_len."""
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point() or ids.is_complex():
+def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"):
+    """Raise ValueError unless ids is a (bs, n_seq) integer tensor no longer than max_len whose ids
+    lie in [0, vocab_size). Out-of-range ids would otherwise fail inside the embedding: an
+    IndexError on a CPU, a device-side assert on CUDA that ends the process's CUDA context.
+
+    The range check is one fused min/max reduction and, for CUDA ids, one host sync of its two
+    numbers per call. It is skipped while torch.compile traces and while a CUDA graph is captured,
+    where a sync is not allowed: compiled and graphed steps trust their ids."""
+    if (
+        not isinstance(ids, torch.Tensor)
+        or ids.dim() != 2
+        or ids.is_floating_point()
+        or ids.is_complex()
+        or ids.dtype == torch.bool
+    ):
         shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got {shape}")
     if ids.size(1) > max_len:
         raise ValueError(f"{name} has length {ids.size(1)}, longer than {limit} {max_len}")
+    if ids.numel() == 0 or torch.compiler.is_compiling():
+        return
+    if ids.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    low, high = torch.stack(torch.aminmax(ids)).tolist()
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} holds token id {bad}, outside [0, {vocab_size}) for a vocabulary of {vocab_size}")
 
 
 def position_ids(inputs, pad):
@@ -199,7 +219,7 @@ class Encoder(nn.Module):
     def forward(self, inputs):
         """inputs: (bs, n_enc_seq) token ids. Returns (bs, n_enc_seq, d_hidn) and a list of each
         layer's probabilities (or None)."""
-        check_token_ids("inputs", inputs, self.config.n_enc_seq)
+        check_token_ids("inputs", inputs, self.config.n_enc_seq, self.config.n_enc_vocab)
         # (bs, n_enc_seq)
         pad = inputs.eq(self.config.i_pad)
         outputs = self.enc_emb(inputs) + self.pos_emb(position_ids(inputs, pad))
@@ -250,7 +270,7 @@ class Decoder(nn.Module):
         """dec_inputs: (bs, n_dec_seq) ids; enc_inputs: (bs, n_enc_seq) ids; enc_outputs:
         (bs, n_enc_seq, d_hidn). Returns (bs, n_dec_seq, d_hidn) and lists of each layer's self- and
         cross-attention probabilities (or None)."""
-        check_token_ids("dec_inputs", dec_inputs, self.config.n_dec_seq)
+        check_token_ids("dec_inputs", dec_inputs, self.config.n_dec_seq, self.config.n_dec_vocab)
         # (bs, n_dec_seq)
         dec_pad = dec_inputs.eq(self.config.i_pad)
         dec_outputs = self.dec_emb(dec_inputs) + self.pos_emb(position_ids(dec_inputs, dec_pad))

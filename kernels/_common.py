@@ -8,6 +8,7 @@ what a compiler can see):
   the accumulator in registers) and say the fp32 result (tl.dot's default changed in Triton 3.8).
 - Triton 3.6 to 3.9: no block pointers (`tl.make_block_ptr` raises in 3.9), no API added after 3.6.
 """
+import math
 import os
 import warnings
 
@@ -63,14 +64,21 @@ def can_launch(*tensors):
 
 
 def require_launchable(op, *tensors):
-    """Raise a clear error when the Triton path is forced on tensors it cannot run on."""
+    """Raise a clear error when the Triton path is forced on tensors it cannot run on (call it with
+    the tensors as the kernel will see them, after autocast)."""
     if not HAS_TRITON:
         raise RuntimeError(f"{op}: the Triton path needs the `triton` package, which is not installed")
+    tensors = [t for t in tensors if t is not None]
     if not can_launch(*tensors):
         raise RuntimeError(
             f"{op}: the Triton path got tensors on {tensors[0].device}; Triton compiles for CUDA only. "
             "Use the reference backend, or set TRITON_INTERPRET=1 before importing `kernels` "
             "to run the kernels through Triton's (slow) interpreter."
+        )
+    if INTERPRET and any(t.dtype == torch.bfloat16 for t in tensors):
+        raise TypeError(
+            f"{op}: bfloat16 is not supported under Triton's interpreter (TRITON_INTERPRET=1), which computes "
+            "bf16 products wrongly; use fp16 or fp32 there (no bf16 autocast), the reference backend, or a GPU"
         )
 
 
@@ -146,6 +154,12 @@ def dot_precision(dtype):
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"
+
+
+def rows_view(t):
+    """t (..., n) as (rows, n): a view where the leading dims merge. Unlike reshape(-1, n), this
+    also works for n = 0 (an empty inner dimension)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
 def last_dim_contiguous(t):

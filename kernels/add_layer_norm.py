@@ -5,6 +5,7 @@ with fp32 statistics and writes y, keeping only each row's mean and 1/std. The b
 the dropout mask from its seed instead of storing it, and reduces dW/db through per-program partial
 sums added in a fixed order (no atomics), so gradients are bitwise reproducible.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -22,6 +23,7 @@ from kernels._common import (
     last_dim_contiguous,
     philox_keep,
     require_launchable,
+    rows_view,
     tl,
     triton,
     warn_once,
@@ -34,7 +36,7 @@ MAX_FEATURES = 16384
 @triton.jit
 def _add_ln_fwd_kernel(
     X, R, W, B, Y, MEAN, RSTD, SEED,
-    stride_x, stride_r, stride_y,
+    stride_x, stride_r, stride_w, stride_b, stride_y,
     n_cols, eps, dropout_p,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -51,9 +53,9 @@ def _add_ln_fwd_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, 0) / n_cols + eps)
     y = centered * rstd
     if HAS_WEIGHT:
-        y = y * tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+        y = y * tl.load(W + cols * stride_w, mask=ok, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        y = y + tl.load(B + cols, mask=ok, other=0.0).to(tl.float32)
+        y = y + tl.load(B + cols * stride_b, mask=ok, other=0.0).to(tl.float32)
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=ok)
     tl.store(MEAN + row, mean)
     tl.store(RSTD + row, rstd)
@@ -62,7 +64,7 @@ def _add_ln_fwd_kernel(
 @triton.jit
 def _add_ln_bwd_kernel(
     X, R, W, DY, DX, DR, DW_PARTIAL, DB_PARTIAL, MEAN, RSTD, SEED,
-    stride_x, stride_r, stride_dy, stride_dx, stride_dr,
+    stride_x, stride_r, stride_w, stride_dy, stride_dx, stride_dr,
     n_rows, n_cols, rows_per_program, dropout_p,
     HAS_WEIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -72,7 +74,7 @@ def _add_ln_bwd_kernel(
     ok = cols < n_cols
     w = tl.full([BLOCK_N], 1.0, tl.float32)
     if HAS_WEIGHT:
-        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(W + cols * stride_w, mask=ok, other=0.0).to(tl.float32)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
@@ -102,14 +104,19 @@ def _add_ln_bwd_kernel(
     tl.store(DB_PARTIAL + pid * n_cols + cols, db, mask=ok)
 
 
-def _rows(t, n_cols):
+def _rows(t):
     """A (rows, n_cols) view with unit last stride (a copy only when the leading dims cannot merge)."""
-    return last_dim_contiguous(t.reshape(-1, n_cols))
+    return last_dim_contiguous(rows_view(t))
+
+
+def _stride(vector):
+    """The element stride of an optional (d,) weight or bias: views and expanded vectors read as they are."""
+    return 0 if vector is None else vector.stride(0)
 
 
 def _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype):
     n_cols = x.shape[-1]
-    x2, r2 = _rows(x, n_cols), _rows(residual, n_cols)
+    x2, r2 = _rows(x), _rows(residual)
     n_rows = x2.shape[0]
     y = torch.empty(n_rows, n_cols, dtype=out_dtype, device=x.device)
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -117,7 +124,7 @@ def _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype):
     seed = draw_seed(x.device) if dropout_p > 0.0 else torch.empty(0, dtype=torch.int64, device=x.device)
     torch.library.wrap_triton(_add_ln_fwd_kernel)[(n_rows,)](
         x2, r2, x2 if weight is None else weight, x2 if bias is None else bias, y, mean, rstd, seed,
-        x2.stride(0), r2.stride(0), y.stride(0),
+        x2.stride(0), r2.stride(0), _stride(weight), _stride(bias), y.stride(0),
         n_cols, eps, dropout_p,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0.0,
         BLOCK_N=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
@@ -161,7 +168,7 @@ def _add_layer_norm_backward_op(
     dropout_p: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     n_cols = x.shape[-1]
-    x2, r2, dy2 = _rows(x, n_cols), _rows(residual, n_cols), _rows(dy, n_cols)
+    x2, r2, dy2 = _rows(x), _rows(residual), _rows(dy)
     n_rows = x2.shape[0]
     dx = torch.empty(n_rows, n_cols, dtype=x.dtype, device=x.device)
     dr = torch.empty(n_rows, n_cols, dtype=residual.dtype, device=x.device)
@@ -170,7 +177,7 @@ def _add_layer_norm_backward_op(
     db_partial = torch.empty_like(dw_partial)
     torch.library.wrap_triton(_add_ln_bwd_kernel)[(programs,)](
         x2, r2, x2 if weight is None else weight, dy2, dx, dr, dw_partial, db_partial, mean, rstd, seed,
-        x2.stride(0), r2.stride(0), dy2.stride(0), dx.stride(0), dr.stride(0),
+        x2.stride(0), r2.stride(0), _stride(weight), dy2.stride(0), dx.stride(0), dr.stride(0),
         n_rows, n_cols, triton.cdiv(n_rows, programs), dropout_p,
         HAS_WEIGHT=weight is not None, HAS_DROPOUT=dropout_p > 0.0,
         BLOCK_N=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
@@ -229,8 +236,8 @@ def check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, dtypes=
             if t.shape[0] != d:
                 raise ValueError(f"{name} must have shape ({d},) to match x {tuple(x.shape)}, got {tuple(t.shape)}")
     check_same_device(x=x, residual=residual, weight=weight, bias=bias)
-    if not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"eps must be a non-negative number, got {eps!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
+        raise ValueError(f"eps must be a positive finite number, got {eps!r}")
     check_dropout_p(dropout_p)
 
 
@@ -249,6 +256,8 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0):
         one-time warning.
     """
     check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p)
+    if x.shape[-1] == 0:  # nothing to normalize: the reference's empty result, no kernel to launch
+        return add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p)
     if x.shape[-1] > MAX_FEATURES:
         warn_once(
             ("add_layer_norm", "width"),
@@ -256,7 +265,7 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0):
             "running the PyTorch reference instead",
         )
         return add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p)
-    require_launchable("add_layer_norm", x)
+    require_launchable("add_layer_norm", x, residual, weight, bias)
     y, _, _, _ = _add_layer_norm_forward_op(
         x, residual, weight, bias, float(eps), float(dropout_p), _output_dtype(x, residual)
     )

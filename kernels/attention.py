@@ -9,6 +9,7 @@ write an (Lq, Lk) matrix. The forward saves the per-row log-sum-exp (base 2; +in
 keys are all masked); the backward recomputes the probabilities from it, in two kernels (dK/dV per
 key block, dQ per query block), so no atomics and bitwise-reproducible gradients.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -76,8 +77,9 @@ def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softma
             )
     check_same_device(q=q, k=k, v=v, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
     check_dropout_p(dropout_p)
-    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and softmax_scale > 0):
-        raise ValueError(f"softmax_scale must be a positive number or None, got {softmax_scale!r}")
+    scale_is_number = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+    if softmax_scale is not None and not (scale_is_number and 0 < softmax_scale < math.inf):
+        raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
     return B, H, Lq, Lk, D
 
 
@@ -746,7 +748,7 @@ def attention(
             "running the PyTorch reference instead",
         )
         return attention_reference(q, k, v, **kwargs, softmax_scale=softmax_scale, return_probs=return_probs)
-    require_launchable("attention", q)
+    require_launchable("attention", q, k, v)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse, seed = _attention_forward_op(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale)

@@ -27,6 +27,7 @@ from kernels._common import (
     dot_precision,
     last_dim_contiguous,
     require_launchable,
+    rows_view,
     tl,
     triton,
 )
@@ -65,7 +66,7 @@ def _fused_configs():
 @triton.jit
 def _ffn_fused_fwd_kernel(
     X, W1, B1, W2, B2, Y,
-    stride_xm, stride_w1f, stride_w1k, stride_w2n, stride_w2f, stride_ym,
+    stride_xm, stride_w1f, stride_w1k, stride_b1, stride_w2n, stride_w2f, stride_b2, stride_ym,
     M, D, F,
     M_BUCKET,  # autotune key only
     HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -93,7 +94,7 @@ def _ffn_fused_fwd_kernel(
             )
             h = tl.dot(x, w1, h, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         if HAS_B1:
-            h += tl.load(B1 + offs_f, mask=offs_f < F, other=0.0).to(tl.float32)[None, :]
+            h += tl.load(B1 + offs_f * stride_b1, mask=offs_f < F, other=0.0).to(tl.float32)[None, :]
         # rounded to the input dtype, as the two-GEMM path stores it; columns past F are act(0) = 0
         h = _activation(h, ACTIVATION).to(X.dtype.element_ty)
         w2 = tl.load(
@@ -103,7 +104,7 @@ def _ffn_fused_fwd_kernel(
         )
         acc = tl.dot(h, w2, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     if HAS_B2:
-        acc += tl.load(B2 + offs_n, mask=offs_n < D, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(B2 + offs_n * stride_b2, mask=offs_n < D, other=0.0).to(tl.float32)[None, :]
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < D)
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=out_mask)
 
@@ -115,7 +116,8 @@ def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_N"]))  # noqa: E731
     torch.library.wrap_triton(_ffn_fused_fwd_kernel)[grid](
         x2, w1, x2 if b1 is None else b1, w2, x2 if b2 is None else b2, y,
-        x2.stride(0), w1.stride(0), w1.stride(1), w2.stride(0), w2.stride(1), y.stride(0),
+        x2.stride(0), w1.stride(0), w1.stride(1), 0 if b1 is None else b1.stride(0),
+        w2.stride(0), w2.stride(1), 0 if b2 is None else b2.stride(0), y.stride(0),
         M, D, F_, triton.next_power_of_2(M),
         HAS_B1=b1 is not None, HAS_B2=b2 is not None, ACTIVATION=activation, DOT_PRECISION=dot_precision(x2.dtype),
     )
@@ -180,7 +182,6 @@ def feed_forward_fused(x, w1, b1, w2, b2, *, activation="gelu"):
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w1, b1, w2, b2)):
         raise ValueError("feed_forward_fused has no backward: call it under torch.no_grad(), or use feed_forward")
     x, w1, b1, w2, b2 = autocast_inputs(x, w1, b1, w2, b2)
-    require_launchable("feed_forward_fused", x)
-    d = x.shape[-1]
-    y = _feed_forward_fused_op(last_dim_contiguous(x.reshape(-1, d)), w1, b1, w2, b2, activation)
+    require_launchable("feed_forward_fused", x, w1, b1, w2, b2)
+    y = _feed_forward_fused_op(last_dim_contiguous(rows_view(x)), w1, b1, w2, b2, activation)
     return y.view(x.shape)

@@ -23,6 +23,7 @@ from kernels._common import (
     dot_precision,
     last_dim_contiguous,
     require_launchable,
+    rows_view,
     tl,
     triton,
 )
@@ -63,7 +64,7 @@ def _activation(a, ACTIVATION: tl.constexpr):
 @triton.jit
 def _linear_gelu_fwd_kernel(
     X, W, B, Y, PRE,
-    stride_xm, stride_wn, stride_wk, stride_ym, stride_pm,
+    stride_xm, stride_wn, stride_wk, stride_b, stride_ym, stride_pm,
     M, N, K,
     M_BUCKET,  # autotune key only
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PRE: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -94,7 +95,7 @@ def _linear_gelu_fwd_kernel(
         )
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     if HAS_BIAS:
-        acc += tl.load(B + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(B + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if STORE_PRE:
         tl.store(PRE + offs_m[:, None] * stride_pm + offs_n[None, :], acc.to(PRE.dtype.element_ty), mask=out_mask)
@@ -124,7 +125,8 @@ def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
     torch.library.wrap_triton(_linear_gelu_fwd_kernel)[grid](
         x2, weight, x2 if bias is None else bias, y, pre if store_pre else y,
-        x2.stride(0), weight.stride(0), weight.stride(1), y.stride(0), pre.stride(0) if store_pre else 0,
+        x2.stride(0), weight.stride(0), weight.stride(1), 0 if bias is None else bias.stride(0),
+        y.stride(0), pre.stride(0) if store_pre else 0,
         M, N, K, triton.next_power_of_2(M),
         HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_PRE=store_pre, DOT_PRECISION=dot_precision(x2.dtype),
     )
@@ -217,9 +219,8 @@ def linear_gelu(x, weight, bias, *, activation="gelu"):
     check_linear_args(x, weight, bias)
     check_activation(activation)
     x, weight, bias = autocast_inputs(x, weight, bias)
-    require_launchable("linear_gelu", x)
-    K = x.shape[-1]
-    x2 = last_dim_contiguous(x.reshape(-1, K))
+    require_launchable("linear_gelu", x, weight, bias)
+    x2 = last_dim_contiguous(rows_view(x))
     store_pre = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     y, _ = _linear_gelu_forward_op(x2, weight, bias, activation, store_pre)
     return y.view(*x.shape[:-1], weight.shape[0])

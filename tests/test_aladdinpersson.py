@@ -125,6 +125,11 @@ def test_bad_arguments():
         model(torch.ones(1, 25, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="max_len must be in 1..24"):
         model.generate(torch.ones(1, 4, dtype=torch.long), max_len=30, bos_idx=1)
+    src, trg = batch()
+    with pytest.raises(ValueError, match=r"^src holds token id 23, outside \[0, 23\)"):
+        model(src.masked_fill(src == src.max(), 23), trg)
+    with pytest.raises(ValueError, match=r"^x holds token id -4, outside \[0, 19\)"):
+        model(src, trg.masked_fill(trg == trg.max(), -4))
 
 
 @pytest.mark.parametrize("dtype, atol", [pytest.param(torch.float32, 1e-5, id="fp32"),

@@ -251,3 +251,16 @@ def test_ffn_activation_option():
     assert gelu_ffn.activation == "gelu"
     with pytest.raises(ValueError, match="ffn_activation must be one of"):
         fastformer.PoswiseFeedForwardNet(small_config(ffn_activation="tanh"))
+
+
+@pytest.mark.parametrize("bad, where", [(-1, "enc"), ("vocab", "enc"), ("vocab", "dec")])
+def test_token_ids_outside_the_vocabulary_name_the_input_and_the_value(bad, where):
+    config = small_config()
+    model = fastformer.MovieClassification(config)
+    enc, dec = token_batch(config)
+    vocab = config.n_enc_vocab if where == "enc" else config.n_dec_vocab
+    value = vocab if bad == "vocab" else bad
+    (enc if where == "enc" else dec)[0, 0] = value
+    name = "inputs" if where == "enc" else "dec_inputs"
+    with pytest.raises(ValueError, match=rf"^{name} holds token id {value}, outside \[0, {vocab}\)"):
+        model(enc, dec)

@@ -156,7 +156,9 @@ class Encoder(nn.Module):
 
     def forward(self, x, mask):
         """x: (N, src_len) ids; mask: (N, 1, 1, src_len), nonzero = keep. Returns (N, src_len, embed_size)."""
-        check_token_ids("x", x, self.position_embedding.num_embeddings, limit="max_length")
+        check_token_ids(
+            "x", x, self.position_embedding.num_embeddings, self.word_embedding.num_embeddings, limit="max_length"
+        )
         n, seq_length = x.shape
         positions = torch.arange(seq_length, device=x.device).expand(n, seq_length)
         out = self.dropout(self.word_embedding(x) + self.position_embedding(positions))
@@ -216,7 +218,9 @@ class Decoder(nn.Module):
     def forward(self, x, enc_out, src_mask, trg_mask):
         """x: (N, trg_len) ids; enc_out: (N, src_len, embed_size); src_mask (N, 1, 1, src_len) and
         trg_mask (N, 1, trg_len, trg_len), nonzero = keep. Returns logits (N, trg_len, trg_vocab_size)."""
-        check_token_ids("x", x, self.position_embedding.num_embeddings, limit="max_length")
+        check_token_ids(
+            "x", x, self.position_embedding.num_embeddings, self.word_embedding.num_embeddings, limit="max_length"
+        )
         n, seq_length = x.shape
         positions = torch.arange(seq_length, device=x.device).expand(n, seq_length)
         x = self.dropout(self.word_embedding(x) + self.position_embedding(positions))
@@ -287,7 +291,10 @@ class Transformer(nn.Module):
 
         The masks are make_src_mask's and make_trg_mask's, handed to the layers in their compact
         form (a key-padding vector; a causal flag)."""
-        check_token_ids("src", src, self.encoder.position_embedding.num_embeddings, limit="max_length")
+        check_token_ids(
+            "src", src, self.encoder.position_embedding.num_embeddings, self.encoder.word_embedding.num_embeddings,
+            limit="max_length",
+        )
         src_mask = AttentionMask(key_padding_mask=src.eq(self.src_pad_idx))
         enc_src = self.encoder(src, src_mask)
         return self.decoder(trg, enc_src, src_mask, AttentionMask(causal=True))
@@ -309,7 +316,10 @@ class Transformer(nn.Module):
         Returns:
             (N, L) token ids with L <= max_len, starting with bos_idx.
         """
-        check_token_ids("src", src, self.encoder.position_embedding.num_embeddings, limit="max_length")
+        check_token_ids(
+            "src", src, self.encoder.position_embedding.num_embeddings, self.encoder.word_embedding.num_embeddings,
+            limit="max_length",
+        )
         limit = self.decoder.position_embedding.num_embeddings
         if not 1 <= max_len <= limit:
             raise ValueError(f"max_len must be in 1..{limit} (the decoder's max_length), got {max_len}")

@@ -1,0 +1,180 @@
+"""What outside test suites break kernels with: argument layouts, empty inner dimensions, bad
+scalars and bf16 under the interpreter.
+
+Layouts: every tensor argument of every op, passed as a strided view and as an expanded (stride-0)
+view, must give what its `.contiguous()` copy gives, outputs and gradients alike. A kernel that
+assumes a layout it was not given reads the wrong elements (or past the tensor's end).
+"""
+import math
+
+import pytest
+import torch
+
+import kernels
+from kernels._common import INTERPRET
+
+
+def strided(t):
+    """The values of t in storage twice as wide in every dimension: every stride doubled."""
+    base = torch.zeros(*(2 * s for s in t.shape), dtype=t.dtype, device=t.device)
+    view = base[tuple(slice(None, None, 2) for _ in t.shape)]
+    view.copy_(t)
+    return view
+
+
+def padded_rows(t):
+    """The values of t with unit last stride but rows further apart than their length."""
+    base = torch.zeros(*t.shape[:-1], t.shape[-1] + 3, dtype=t.dtype, device=t.device)
+    view = base[..., : t.shape[-1]]
+    view.copy_(t)
+    return view
+
+
+def expanded(t):
+    """t's first slice along dim 0, repeated by a stride-0 view to t's shape."""
+    return t[:1].expand(t.shape)
+
+
+LAYOUTS = {"strided": strided, "padded_rows": padded_rows, "expanded": expanded}
+
+
+def _attention(q, k, v, key_padding_mask, attn_mask):
+    return kernels.attention(q, k, v, key_padding_mask=key_padding_mask, attn_mask=attn_mask, causal=True)
+
+
+def _feed_forward_fused(x, w1, b1, w2, b2):
+    with torch.no_grad():
+        return kernels.feed_forward_fused(x, w1, b1, w2, b2)
+
+
+def _inputs(op, device):
+    """(function, [(argument name, tensor)]) with small odd sizes."""
+    g = torch.Generator().manual_seed(0)
+    r = lambda *shape: torch.randn(*shape, generator=g).to(device)  # noqa: E731
+    if op == "attention":
+        pad = torch.zeros(2, 11, dtype=torch.bool)
+        pad[1, 7:] = True  # pads at the end of one sequence
+        pad, dense = pad.to(device), (torch.rand(2, 9, 11, generator=g) < 0.2).to(device)
+        return _attention, [("q", r(2, 3, 9, 16)), ("k", r(2, 3, 11, 16)), ("v", r(2, 3, 11, 16)),
+                            ("key_padding_mask", pad), ("attn_mask", dense)]
+    if op == "linear_gelu":
+        return kernels.linear_gelu, [("x", r(3, 5, 24)), ("weight", r(20, 24)), ("bias", r(20))]
+    if op == "feed_forward":
+        return kernels.feed_forward, [("x", r(3, 5, 24)), ("w1", r(40, 24)), ("b1", r(40)), ("w2", r(24, 40)),
+                                      ("b2", r(24))]
+    if op == "feed_forward_fused":
+        return _feed_forward_fused, [("x", r(3, 5, 24)), ("w1", r(40, 24)), ("b1", r(40)), ("w2", r(24, 40)),
+                                     ("b2", r(24))]
+    assert op == "add_layer_norm"
+    return lambda x, residual, weight, bias: kernels.add_layer_norm(x, residual, weight, bias, 1e-5), [
+        ("x", r(3, 5, 24)), ("residual", r(3, 5, 24)), ("weight", r(24)), ("bias", r(24))]
+
+
+def _run(fn, args):
+    """The output and the gradient of every floating argument (None where there is no backward)."""
+    leaves = [a.detach().requires_grad_() if a.is_floating_point() else a for a in args]
+    out = fn(*leaves)
+    if not out.requires_grad:
+        return out, []
+    out.backward(torch.linspace(-1, 1, out.numel(), device=out.device).view(out.shape))
+    return out, [a.grad for a in leaves if a.is_floating_point()]
+
+
+CASES = [
+    (op, index, layout)
+    for op, n_args in (("attention", 5), ("linear_gelu", 3), ("feed_forward", 5), ("feed_forward_fused", 5),
+                       ("add_layer_norm", 4))
+    for index in range(n_args)
+    for layout in LAYOUTS
+]
+
+
+@pytest.mark.parametrize("op, index, layout", CASES, ids=[f"{op}-{i}-{layout}" for op, i, layout in CASES])
+def test_every_argument_as_a_view_gives_the_result_of_its_contiguous_copy(op, index, layout, device):
+    fn, named = _inputs(op, device)
+    name, arg = named[index]
+    if layout == "padded_rows" and arg.dim() < 2:
+        pytest.skip("a vector has no rows")
+    view = LAYOUTS[layout](arg)
+    args = [t for _, t in named]
+    expected = _run(fn, args[:index] + [view.contiguous()] + args[index + 1:])
+    got = _run(fn, args[:index] + [view] + args[index + 1:])
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0, msg=lambda m: f"{op} output, {name} {layout}: {m}")
+    for g, e in zip(got[1], expected[1]):
+        torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"{op} gradient, {name} {layout}: {m}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Empty inner dimensions: the Triton path and the reference agree
+# ----------------------------------------------------------------------------------------------
+def test_linear_gelu_with_no_inner_dimension_is_the_activation_of_the_bias(device):
+    x, weight, bias = torch.randn(3, 0, device=device), torch.randn(4, 0, device=device), torch.randn(4, device=device)
+    got, expected = _run(kernels.linear_gelu, [x, weight, bias]), _run(kernels.linear_gelu_reference, [x, weight, bias])
+    torch.testing.assert_close(got[0], expected[0])
+    torch.testing.assert_close(got[0], torch.nn.functional.gelu(bias).expand(3, 4))
+    for g, e in zip(got[1], expected[1]):
+        torch.testing.assert_close(g, e)
+
+
+def test_feed_forward_with_no_model_dimension_matches_the_reference(device):
+    args = [torch.randn(*shape, device=device) for shape in ((3, 0), (4, 0), (4,), (0, 4), (0,))]
+    got, expected = _run(kernels.feed_forward, args), _run(kernels.feed_forward_reference, args)
+    assert got[0].shape == expected[0].shape == (3, 0)
+    for g, e in zip(got[1], expected[1]):
+        torch.testing.assert_close(g, e)
+
+
+def test_add_layer_norm_with_no_features_matches_the_reference(device):
+    args = [torch.randn(*shape, device=device) for shape in ((3, 0), (3, 0), (0,), (0,))]
+    got = _run(lambda *a: kernels.add_layer_norm(*a, 1e-5), args)
+    expected = _run(lambda *a: kernels.add_layer_norm_reference(*a, 1e-5), args)
+    assert got[0].shape == expected[0].shape == (3, 0)
+    for g, e in zip(got[1], expected[1]):
+        assert g.shape == e.shape
+
+
+# ----------------------------------------------------------------------------------------------
+# Scalars that cannot be right: both paths refuse them, naming the argument
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("eps", [0.0, -1e-5, math.nan, math.inf, True, "1e-5"])
+@pytest.mark.parametrize("op", [kernels.add_layer_norm, kernels.add_layer_norm_reference])
+def test_eps_must_be_positive_and_finite(op, eps):
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"eps must be a positive finite number, got"):
+        op(x, x, None, None, eps)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5, math.nan, math.inf, -math.inf, True])
+@pytest.mark.parametrize("op", [kernels.attention, kernels.attention_reference])
+def test_softmax_scale_must_be_positive_and_finite(op, scale):
+    q = torch.randn(1, 1, 4, 16)
+    with pytest.raises(ValueError, match=r"softmax_scale must be a positive finite number or None, got"):
+        op(q, q, q, softmax_scale=scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# bf16 under the interpreter: a clear error, never the interpreter's wrong bf16 products
+# ----------------------------------------------------------------------------------------------
+BF16_CALLS = {
+    "attention": lambda t: kernels.attention(t(1, 1, 4, 16), t(1, 1, 4, 16), t(1, 1, 4, 16)),
+    "linear_gelu": lambda t: kernels.linear_gelu(t(3, 16), t(8, 16), t(8)),
+    "feed_forward": lambda t: kernels.feed_forward(t(3, 16), t(8, 16), t(8), t(16, 8), t(16)),
+    "feed_forward_fused": lambda t: kernels.feed_forward_fused(t(3, 16), t(8, 16), t(8), t(16, 8), t(16)),
+    "add_layer_norm": lambda t: kernels.add_layer_norm(t(3, 16), t(3, 16), t(16), t(16), 1e-5),
+}
+
+
+@pytest.mark.skipif(not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use")
+@pytest.mark.parametrize("op", BF16_CALLS)
+def test_bf16_under_the_interpreter_is_refused(op):
+    # feed_forward's message names linear_gelu, the op that refuses
+    name = "linear_gelu" if op == "feed_forward" else op
+    with pytest.raises(TypeError, match=rf"^{name}: bfloat16 is not supported under Triton's interpreter"):
+        BF16_CALLS[op](lambda *shape: torch.randn(*shape, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use")
+def test_bf16_autocast_under_the_interpreter_is_refused_too():
+    x, w, b = torch.randn(3, 16), torch.randn(8, 16), torch.randn(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="bfloat16 is not supported"):
+        kernels.linear_gelu(x, w, b)
