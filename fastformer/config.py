@@ -1,5 +1,10 @@
-"""The tutorial's Config: a dict whose keys read and write as attributes, loadable from JSON."""
+"""The tutorial's Config: a dict whose keys read and write as attributes, loadable from JSON, and
+`check_config`, which the model and the job run on it before building anything."""
+import difflib
 import json
+import math
+import numbers
+import warnings
 
 # The tutorial's configuration (its vocab: 8000 BPE pieces + 7 special symbols).
 TUTORIAL = {
@@ -17,6 +22,13 @@ TUTORIAL = {
     "layer_norm_epsilon": 1e-12,
     "n_output": 2,
 }
+SIZES = (
+    "n_enc_vocab", "n_dec_vocab", "n_enc_seq", "n_dec_seq", "n_layer", "d_hidn", "d_ff", "n_head", "d_head", "n_output",
+)
+# Keys read when present: fastformer's two (see Config) and the device the tutorial's scripts store.
+OPTIONAL = {"output_attentions": (None, True, False), "ffn_activation": ("gelu", "relu"), "device": None}
+
+_warned_keys = set()  # unknown keys already warned about in this process
 
 
 class Config(dict):
@@ -40,9 +52,20 @@ class Config(dict):
 
     @classmethod
     def load(cls, file):
-        """Read a JSON file of keys and values, as the tutorial's Config.load does."""
-        with open(file, "r", encoding="utf-8") as f:
-            return cls(json.load(f))
+        """Read a JSON file of keys and values, as the tutorial's Config.load does. A file that is
+        not a JSON object raises ValueError naming it."""
+        try:
+            with open(file, "r", encoding="utf-8-sig") as f:
+                values = json.load(f)
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{file}: not a config (not UTF-8 text at byte {error.start})") from None
+        except json.JSONDecodeError as error:
+            where = f"{error.msg} at line {error.lineno} column {error.colno}"
+            what = "the file is empty" if not error.doc.strip() else where
+            raise ValueError(f"{file}: not a JSON config ({what})") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"{file}: a config is a JSON object of keys and values, got a {type(values).__name__}")
+        return cls(values)
 
     def save(self, file):
         """Write the config as JSON (values JSON cannot hold, such as a torch.device, as strings)."""
@@ -54,3 +77,44 @@ class Config(dict):
     def tutorial(cls, **overrides):
         """The tutorial's configuration, with any keys overridden."""
         return cls({**TUTORIAL, **overrides})
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_config(config, classifier=False):
+    """Raise ValueError naming the first key of `config` (any mapping) that the model cannot be
+    built from; warn once per process about each key it does not read, naming the closest known key.
+    n_output is required only for a classifier (MovieClassification); the Transformer does not read it.
+
+    Every size is a positive integer; n_head * d_head is the attention width the tutorial projects
+    d_hidn to and back from, so it need not equal d_hidn (the tutorial's ELECTRA uses d_hidn 128 with
+    4 heads of 64); i_pad is a token id of both vocabs; dropout is in [0, 1); layer_norm_epsilon is
+    a finite number > 0.
+    """
+    missing = [key for key in TUTORIAL if key not in config and (classifier or key != "n_output")]
+    if missing:
+        raise ValueError(f"config is missing {', '.join(missing)}")
+    for key in SIZES:
+        if key in config and (not _is_int(config[key]) or config[key] < 1):
+            raise ValueError(f"config.{key} must be a positive integer, got {config[key]!r}")
+    i_pad, n_vocab = config["i_pad"], min(config["n_enc_vocab"], config["n_dec_vocab"])
+    if not _is_int(i_pad) or not 0 <= i_pad < n_vocab:
+        raise ValueError(f"config.i_pad must be a token id in 0..{n_vocab - 1} (the vocab sizes), got {i_pad!r}")
+    dropout = config["dropout"]
+    if not isinstance(dropout, numbers.Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
+        raise ValueError(f"config.dropout is a probability in [0, 1), got {dropout!r}")
+    eps = config["layer_norm_epsilon"]
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"config.layer_norm_epsilon must be a finite number > 0, got {eps!r}")
+    for key, allowed in OPTIONAL.items():
+        if allowed is not None and key in config and config[key] not in allowed:
+            raise ValueError(f"config.{key} must be one of {', '.join(map(repr, allowed))}, got {config[key]!r}")
+    known = [*TUTORIAL, *OPTIONAL]
+    for key in config:
+        if key not in known and key not in _warned_keys:
+            _warned_keys.add(key)
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            warnings.warn(f"config key {key!r} is not one fastformer reads{hint}; it is ignored", stacklevel=2)

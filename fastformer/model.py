@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fastformer import backend
+from fastformer.config import check_config
 from fastformer.masks import AttentionMask, get_sinusoid_encoding_table
 
 ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
@@ -289,6 +290,7 @@ class Decoder(nn.Module):
 class Transformer(nn.Module):
     def __init__(self, config):
         super().__init__()
+        check_config(config)
         self.config = config
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
@@ -304,6 +306,7 @@ class Transformer(nn.Module):
 class MovieClassification(nn.Module):
     def __init__(self, config):
         super().__init__()
+        check_config(config, classifier=True)
         self.config = config
         self.transformer = Transformer(config)
         self.projection = nn.Linear(config.d_hidn, config.n_output, bias=False)
