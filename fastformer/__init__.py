@@ -1,45 +1,49 @@
 """fastformer: the classic tutorial Transformer, drop-in, with Triton kernels on CUDA.
 
     from fastformer import Config, MovieClassification   # instead of the tutorial's classes
+
+The names below are imported on first use, so that `import fastformer.cli` (and with it
+`fastformer --help`) does not load torch and Triton.
 """
-from fastformer.backend import get_backend, set_backend, use_backend
-from fastformer.config import Config
-from fastformer.masks import (
-    AttentionMask,
-    get_attn_decoder_mask,
-    get_attn_pad_mask,
-    get_sinusoid_encoding_table,
-)
-from fastformer.model import (
-    Decoder,
-    DecoderLayer,
-    Encoder,
-    EncoderLayer,
-    MovieClassification,
-    MultiHeadAttention,
-    PoswiseFeedForwardNet,
-    ScaledDotProductAttention,
-    Transformer,
-)
+import importlib
+
 from fastformer.version import __version__
 
-__all__ = [
-    "AttentionMask",
-    "Config",
-    "Decoder",
-    "DecoderLayer",
-    "Encoder",
-    "EncoderLayer",
-    "MovieClassification",
-    "MultiHeadAttention",
-    "PoswiseFeedForwardNet",
-    "ScaledDotProductAttention",
-    "Transformer",
-    "__version__",
-    "get_attn_decoder_mask",
-    "get_attn_pad_mask",
-    "get_backend",
-    "get_sinusoid_encoding_table",
-    "set_backend",
-    "use_backend",
-]
+_EXPORTS = {
+    "AttentionMask": "fastformer.masks",
+    "Config": "fastformer.config",
+    "Decoder": "fastformer.model",
+    "DecoderLayer": "fastformer.model",
+    "Encoder": "fastformer.model",
+    "EncoderLayer": "fastformer.model",
+    "MovieClassification": "fastformer.model",
+    "MultiHeadAttention": "fastformer.model",
+    "PoswiseFeedForwardNet": "fastformer.model",
+    "ScaledDotProductAttention": "fastformer.model",
+    "Transformer": "fastformer.model",
+    "get_attn_decoder_mask": "fastformer.masks",
+    "get_attn_pad_mask": "fastformer.masks",
+    "get_backend": "fastformer.backend",
+    "get_sinusoid_encoding_table": "fastformer.masks",
+    "set_backend": "fastformer.backend",
+    "use_backend": "fastformer.backend",
+}
+# Submodules that `import fastformer` used to load, still reachable as attributes.
+_SUBMODULES = ("backend", "config", "masks", "model")
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"fastformer.{name}")
+    else:
+        raise AttributeError(f"module 'fastformer' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_EXPORTS, *_SUBMODULES])

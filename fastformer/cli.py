@@ -1,9 +1,35 @@
-"""The `fastformer` command."""
+"""The `fastformer` command.
+
+Imports nothing heavy at the top, so `fastformer --help` and `--version` answer at once; torch and
+Triton load when a command runs. Errors are one line on stderr: exit 2 for bad input (nothing is
+written), 1 when training stops on a NaN or infinite loss, 130 on Ctrl-C.
+"""
 import argparse
 import sys
 import time
+import warnings
 
 from fastformer.version import __version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line, like the command's other errors."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _n_output(text):
+    """--n-output: "auto" or a positive integer."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}")
+    return value
 
 
 def _demo(args):
@@ -11,8 +37,11 @@ def _demo(args):
     import torch
 
     from fastformer import Config, MovieClassification, backend
+    from fastformer.job import check_positive, resolve_amp, resolve_device
+    from fastformer.training import autocast
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    check_positive(batch_size=args.batch_size, seq_len=args.seq_len)
+    device = resolve_device(args.device)
     backend.set_backend(args.backend)
     torch.manual_seed(args.seed)
     config = Config.tutorial()
@@ -26,14 +55,16 @@ def _demo(args):
     dec_inputs = torch.full((args.batch_size, 1), 2, device=device)
     labels = torch.randint(0, config.n_output, (args.batch_size,), device=device)
 
-    uses_triton = backend.uses_triton(enc_inputs)
+    amp = resolve_amp("auto", device)  # bf16 on a CUDA GPU that has it, as `fastformer train`
+    with autocast(device, amp):
+        uses_triton = backend.uses_triton(enc_inputs)
     print(f"fastformer {__version__}: tutorial MovieClassification, {n_params / 1e6:.2f} M trainable parameters")
     print(
         f"  config   n_layer={config.n_layer} d_hidn={config.d_hidn} n_head={config.n_head} "
         f"d_head={config.d_head} d_ff={config.d_ff}"
     )
     print(
-        f"  device   {device}, backend {backend.get_backend()!r} -> "
+        f"  device   {device}, amp {amp}, backend {backend.get_backend()!r} -> "
         f"{'Triton kernels' if uses_triton else 'PyTorch reference'}"
     )
     print(
@@ -43,8 +74,9 @@ def _demo(args):
 
     model.train()
     start = time.perf_counter()
-    logits = model(enc_inputs, dec_inputs)[0]
-    loss = torch.nn.functional.cross_entropy(logits, labels)
+    with autocast(device, amp):
+        logits = model(enc_inputs, dec_inputs)[0]
+        loss = torch.nn.functional.cross_entropy(logits, labels)
     loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -60,10 +92,10 @@ def _train(args):
     from fastformer import job
 
     job.train(
-        train=args.train, test=args.test, vocab=args.vocab, config=args.config, epochs=args.epochs,
-        batch_size=args.batch_size, lr=args.lr, device=args.device, backend_name=args.backend, amp=args.amp,
-        out=args.out, seed=args.seed, max_steps=args.max_steps, resume=args.resume, vocab_size=args.vocab_size,
-        warmup=args.warmup, weight_decay=args.weight_decay, bucket=args.bucket,
+        train=args.train, test=args.test, vocab=args.vocab, config=args.config, n_output=args.n_output,
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, device=args.device, backend_name=args.backend,
+        amp=args.amp, out=args.out, seed=args.seed, max_steps=args.max_steps, resume=args.resume,
+        vocab_size=args.vocab_size, warmup=args.warmup, weight_decay=args.weight_decay, bucket=args.bucket,
     )
     return 0
 
@@ -98,7 +130,7 @@ def _add_runtime_options(parser):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fastformer",
         description="The tutorial Transformer, drop-in, with Triton kernels on CUDA.",
     )
@@ -125,22 +157,29 @@ def build_parser():
     train.add_argument("--train", metavar="FILE", help="training reviews (default: the embedded demo set)")
     train.add_argument("--test", metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)")
     train.add_argument("--vocab", metavar="MODEL", help="an existing SentencePiece model (default: train one)")
-    train.add_argument("--vocab-size", type=int, default=8000, help="BPE pieces besides the 7 special ones (default 8000)")
+    train.add_argument("--vocab-size", type=int, help="BPE pieces besides the 7 special ones (default 8000)")
     train.add_argument("--config", metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)")
+    train.add_argument(
+        "--n-output", type=_n_output, metavar="N|auto",
+        help="number of classes (default: the config's n_output, 2 in the tutorial's); auto: from the training labels",
+    )
     train.add_argument("--epochs", type=int, help="epochs in total (default 5)")
     train.add_argument("--batch-size", type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)")
-    train.add_argument("--lr", type=float, default=5e-4, help="peak AdamW learning rate (default 5e-4)")
-    train.add_argument("--warmup", type=float, default=0.1, help="fraction of steps of linear warm-up (default 0.1)")
-    train.add_argument("--weight-decay", type=float, default=0.01)
+    train.add_argument("--lr", type=float, help="peak AdamW learning rate (default 5e-4)")
+    train.add_argument("--warmup", type=float, help="fraction of steps of linear warm-up (default 0.1)")
+    train.add_argument("--weight-decay", type=float, help="AdamW weight decay of the weight matrices (default 0.01)")
     train.add_argument(
-        "--bucket", action=argparse.BooleanOptionalAction, default=True,
+        "--bucket", action=argparse.BooleanOptionalAction,
         help="batch reviews of similar length together to cut padding (default on)",
     )
     _add_runtime_options(train)
     train.add_argument("--out", metavar="DIR", help="run directory (default runs/sentiment-<date>-<time>)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, help="seed of the initial weights, the split and the data order (default 0)")
     train.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    train.add_argument("--resume", metavar="DIR", help="continue a run directory up to --epochs")
+    train.add_argument(
+        "--resume", metavar="DIR",
+        help="continue a run directory up to --epochs, with the options it started with",
+    )
     train.set_defaults(run_command=_train)
 
     evaluate = commands.add_parser("evaluate", help="accuracy of a trained run on a test file")
@@ -164,11 +203,32 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 0
+    prog = f"fastformer {args.command}"
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        print(f"{prog}: warning: {message}", file=sys.stderr)
+
+    import torch
+
+    from fastformer.job import cpu_threads
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads())
     try:
-        return args.run_command(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning
+            return args.run_command(args)
     except (ValueError, TypeError, RuntimeError, OSError) as error:
-        print(f"fastformer {args.command}: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
+    except FloatingPointError as error:  # a NaN or infinite loss (fastformer.training.NonFiniteLossError)
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as interrupt:
+        print(f"{prog}: interrupted{f'; {interrupt}' if str(interrupt) else ''}", file=sys.stderr)
+        return 130
+    finally:
+        torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":

@@ -3,19 +3,27 @@ pipeline (SentencePiece vocab, MovieClassification, cross-entropy, per-epoch eva
 
 A run directory holds everything needed to use or continue the model:
 
-    config.json   the model's Config (Config.load reads it; the tutorial's classes accept it)
-    vocab.model   the SentencePiece vocab
-    model.pt      the model's state_dict: the tutorial's own MovieClassification loads it strictly
-    trainer.pt    optimizer, schedule, scaler and epoch, for --resume
-    metrics.json  per-epoch loss, accuracy and tokens/s, and the final test accuracy
-    curves.png    loss and accuracy per epoch
-    run.json      data files, device, backend, amp and the command's options
+    config.json     the model's Config (Config.load reads it; the tutorial's classes accept it)
+    vocab.model     the SentencePiece vocab
+    run.json        data files, options, device, backend and amp, and those of each --resume
+    checkpoint-N/   the checkpoint of epoch N: model.pt and trainer.pt (optimizer, schedule, scaler,
+                    step, metrics so far, RNG states), written together as one directory
+    model.pt        the latest checkpoint's state_dict: the tutorial's own MovieClassification loads it
+    metrics.json    per-epoch loss, accuracy and tokens/s, and the final test accuracy
+    curves.png      loss and accuracy per epoch
 
-Inputs are all checked before the directory is created, so a bad file or option leaves nothing.
+Every input is checked before the directory is created, so a bad file or option leaves nothing.
+The directory appears in one step, with config.json, vocab.model and run.json; each epoch then
+writes checkpoint-N into a staging directory that is renamed into place, so a crash at any point
+leaves the previous checkpoint or the new one, never a mix. A run killed before its first
+checkpoint can be resumed (it starts again) or replaced by a new run with the same --out.
 """
+import contextlib
 import json
+import math
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -24,19 +32,50 @@ import torch
 from tqdm.auto import tqdm
 
 from fastformer import backend
-from fastformer.config import Config
+from fastformer.config import TUTORIAL, Config, check_config
 from fastformer.data import demo
-from fastformer.data.reviews import LengthBucketSampler, MovieDataSet, check_labels, movie_collate_fn, read_reviews
-from fastformer.data.vocab import check_vocab_matches, load_vocab, train_vocab
+from fastformer.data.reviews import (
+    LengthBucketSampler,
+    MovieDataSet,
+    check_labels,
+    infer_classes,
+    movie_collate_fn,
+    read_reviews,
+)
+from fastformer.data.vocab import N_SPECIAL, PAD, check_vocab_matches, load_vocab, train_vocab
 from fastformer.model import MovieClassification
-from fastformer.training import evaluate, linear_warmup_decay_scheduler, predict_proba, train_epoch
+from fastformer.training import (
+    NonFiniteLossError,
+    autocast,
+    evaluate,
+    linear_warmup_decay_scheduler,
+    predict_proba,
+    train_epoch,
+)
 from fastformer.version import __version__
 
 # The tutorial's model is the CUDA default; on a CPU the job trains this smaller one (same shape
-# of network, 2 layers of width 64) so that the default run finishes in a few minutes.
+# of network, 3 layers of width 128) so that the default run finishes in a few minutes.
 CPU_OVERRIDES = {"n_layer": 3, "d_hidn": 128, "n_head": 4, "d_head": 32, "d_ff": 512, "n_enc_seq": 128, "n_dec_seq": 8}
 LABEL_NAMES = {2: ["negative", "positive"]}
-RUN_FILES = ("config.json", "vocab.model", "model.pt", "trainer.pt", "metrics.json", "curves.png", "run.json")
+DEFAULTS = {"epochs": 5, "lr": 5e-4, "warmup": 0.1, "weight_decay": 0.01, "seed": 0, "vocab_size": 8000, "bucket": True}
+# The options that make a run what it is: --resume refuses a value other than the run's for any.
+RUN_OPTIONS = ("train", "test", "vocab", "vocab_size", "config", "n_output", "batch_size", "lr", "warmup",
+               "weight_decay", "seed", "bucket")
+PATH_OPTIONS = ("train", "test", "vocab", "config")
+RUN_FILES = ("config.json", "vocab.model", "run.json")  # a run directory has these from its start
+CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+STAGING = ".checkpoint.tmp"
+
+
+def cpu_threads():
+    """Threads for torch's CPU ops: $OMP_NUM_THREADS when set, else half the cores this process may
+    run on (at least 1). Threads that outnumber the free cores spin in OpenMP: on a 2-core machine
+    shared with one other busy process, the CPU job ran 3.6x slower on 2 threads than on 1."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores // 2)
 
 
 def resolve_device(name):
@@ -48,6 +87,8 @@ def resolve_device(name):
         raise ValueError(f"--device: not a device: {name!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
 
 
@@ -58,24 +99,142 @@ def resolve_amp(amp, device):
     return amp
 
 
+def _kernels_in_use(device, amp):
+    """Where attention and the feed-forward run under this device, amp and backend: "triton" or
+    "reference" (the "auto" backend keeps fp32 off the kernels on CUDA, see fastformer.backend)."""
+    with autocast(device, amp):
+        return "triton" if backend.uses_triton(torch.empty(0, device=device)) else "reference"
+
+
 def label_names(n_output):
     return LABEL_NAMES.get(n_output, [str(i) for i in range(n_output)])
 
 
-def _write_atomic(path, write):
-    """Write a file through a temporary name, so a crash never leaves half a file."""
+def check_positive(**values):
+    """Raise ValueError naming the first option given (not None) that is not a positive number."""
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+# Files: written through a temporary name and synced, read with one-line errors naming the file.
+
+
+def _reason(error):
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _remove(path):
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
+
+
+def _write_file(path, write, binary=True):
+    """Call write(f) on a temporary file beside `path`, sync it to disk and rename it to `path`, so
+    a crash leaves the old file or the new one. On failure the temporary file is removed, and an
+    error writing raises OSError naming `path`."""
     tmp = f"{path}.tmp"
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:  # torch.save reports some failed writes as RuntimeError
+        _remove(tmp)
+        raise OSError(f"could not write {path}: {_reason(error)}") from None
+    except BaseException:
+        _remove(tmp)
+        raise
 
 
 def _write_json(path, obj):
-    def write(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
+    def write(f):
+        json.dump(obj, f, indent=2, default=str)
+        f.write("\n")
 
-    _write_atomic(path, write)
+    _write_file(path, write, binary=False)
+
+
+def _sync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_json(path, required=()):
+    """A JSON object from `path`; ValueError naming the file if it is empty, truncated, not JSON or
+    lacks a required key."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"file not found: {path}")
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            value = json.load(f)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}); the file is damaged") from None
+    except json.JSONDecodeError as error:
+        if not error.doc.strip():
+            raise ValueError(f"{path} is empty") from None
+        raise ValueError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}); truncated or damaged?") from None
+    missing = [key for key in required if not isinstance(value, dict) or key not in value]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}")
+    return value
+
+
+def _load_torch(path):
+    """torch.load to the CPU, with one-line errors naming the file: missing, empty, truncated or damaged."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+    except OSError as error:
+        raise OSError(f"could not read {path}: {_reason(error)}") from None
+    if size == 0:
+        raise ValueError(f"{path} is empty (0 bytes)")
+    try:
+        return torch.load(path, map_location="cpu")
+    except Exception as error:  # a damaged file fails as RuntimeError, OSError, EOFError, UnpicklingError, ...
+        raise ValueError(
+            f"{path} ({size} bytes) is not a readable PyTorch checkpoint: truncated or damaged ({type(error).__name__})"
+        ) from None
+
+
+def _load_state_dict(model, state, path):
+    """Load `state` (read from `path`) into `model`, or raise ValueError naming the file and the
+    first key that does not fit."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a model's state_dict")
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    reshaped = [k for k in expected if k in state and getattr(state[k], "shape", None) != expected[k].shape]
+    if missing or unexpected or reshaped:
+        if missing:
+            problem = f"{len(missing)} parameter(s) missing, first {missing[0]}"
+        elif unexpected:
+            problem = f"{len(unexpected)} unexpected key(s), first {unexpected[0]}"
+        else:
+            key = reshaped[0]
+            shape = tuple(getattr(state[key], "shape", ()))
+            problem = f"{key} has shape {shape}, the config needs {tuple(expected[key].shape)}"
+        raise ValueError(f"{path} does not fit config.json: {problem}")
+    model.load_state_dict(state)
+
+
+def _load_config(path, what):
+    """Config.load and check_config, with errors naming `what` (the option or the file)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file not found: {path}")
+    config = Config.load(path)
+    try:
+        check_config(config)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
+    return config
 
 
 def plot_curves(history, path):
@@ -88,18 +247,170 @@ def plot_curves(history, path):
 
     epochs = [h["epoch"] for h in history]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-    for split in ("train", "test"):
-        ax_loss.plot(epochs, [h[f"{split}_loss"] for h in history], marker="o", label=split)
-        ax_acc.plot(epochs, [h[f"{split}_accuracy"] for h in history], marker="o", label=split)
-    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
-    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
-    for ax in (ax_loss, ax_acc):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    _write_atomic(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
+    try:
+        for split in ("train", "test"):
+            ax_loss.plot(epochs, [h[f"{split}_loss"] for h in history], marker="o", label=split)
+            ax_acc.plot(epochs, [h[f"{split}_accuracy"] for h in history], marker="o", label=split)
+        ax_loss.set(xlabel="epoch", ylabel="cross-entropy", title="loss")
+        ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+        for ax in (ax_loss, ax_acc):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.legend()
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        _write_file(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    finally:
+        plt.close(fig)
+
+
+# Checkpoints
+
+
+def _checkpoint_epochs(run_dir):
+    """The epochs of the checkpoint-N directories in `run_dir`, in order."""
+    return sorted(
+        int(match.group(1))
+        for name in os.listdir(run_dir)
+        if (match := CHECKPOINT.fullmatch(name)) and os.path.isdir(os.path.join(run_dir, name))
+    )
+
+
+def latest_checkpoint(run_dir):
+    """The path of the run's latest checkpoint-N directory, or None before its first epoch ended."""
+    epochs = _checkpoint_epochs(run_dir)
+    return os.path.join(run_dir, f"checkpoint-{epochs[-1]}") if epochs else None
+
+
+def _rng_state(device):
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None}
+
+
+def _set_rng_state(state, device):
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_checkpoint(run_dir, model, trainer, device):
+    """Write checkpoint-<epoch> (model.pt, trainer.pt) as one unit and drop the older checkpoints.
+    Returns its path."""
+    staging = os.path.join(run_dir, STAGING)
+    final = os.path.join(run_dir, f"checkpoint-{trainer['epoch']}")
+    state_dict = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    trainer = {**trainer, "rng": _rng_state(device)}
+    shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving
+    try:
+        os.mkdir(staging)
+        _write_file(os.path.join(staging, "model.pt"), lambda f: torch.save(state_dict, f))
+        _write_file(os.path.join(staging, "trainer.pt"), lambda f: torch.save(trainer, f))
+        os.rename(staging, final)
+        _sync_dir(run_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    for epoch in _checkpoint_epochs(run_dir):
+        if epoch != trainer["epoch"]:
+            shutil.rmtree(os.path.join(run_dir, f"checkpoint-{epoch}"))
+    return final
+
+
+def _publish(run_dir, checkpoint, history):
+    """Copy a checkpoint's model.pt to the top of the run directory, with its metrics and curves."""
+    def copy_model(f):
+        with open(os.path.join(checkpoint, "model.pt"), "rb") as src:
+            shutil.copyfileobj(src, f)
+
+    _write_file(os.path.join(run_dir, "model.pt"), copy_model)
+    _write_json(os.path.join(run_dir, "metrics.json"), {"epochs": history, "test_accuracy": history[-1]["test_accuracy"]})
+    plot_curves(history, os.path.join(run_dir, "curves.png"))
+
+
+def _load_checkpoint(run_dir):
+    """(model state_dict, its file, trainer state) of the run's latest checkpoint, or None if it has none."""
+    path = latest_checkpoint(run_dir)
+    if path is None:
+        if os.path.exists(os.path.join(run_dir, "model.pt")):
+            raise ValueError(f"{run_dir} has a model.pt but no checkpoint-N directory to resume from")
+        return None
+    trainer_file = os.path.join(path, "trainer.pt")
+    trainer = _load_torch(trainer_file)
+    keys = ("optimizer", "scheduler", "scaler", "epoch", "step", "history", "rng")
+    missing = [k for k in keys if not isinstance(trainer, dict) or k not in trainer]
+    if missing:
+        raise ValueError(f"{trainer_file} lacks {', '.join(missing)}")
+    if f"checkpoint-{trainer['epoch']}" != os.path.basename(path):
+        raise ValueError(f"{trainer_file} is from epoch {trainer['epoch']}, not the epoch its directory names")
+    model_file = os.path.join(path, "model.pt")
+    return _load_torch(model_file), model_file, trainer
+
+
+# The run directory
+
+
+def _load_run_json(run_dir, required=()):
+    if not os.path.isdir(run_dir):
+        raise FileNotFoundError(f"run directory not found: {run_dir}")
+    missing = [f for f in RUN_FILES if not os.path.isfile(os.path.join(run_dir, f))]
+    if missing:
+        raise ValueError(f"{run_dir} is not a fastformer run directory (missing {', '.join(missing)})")
+    return _read_json(os.path.join(run_dir, "run.json"), required)
+
+
+def _is_unstarted_run(path):
+    """Whether `path` is a run directory killed or stopped before its first checkpoint."""
+    names = set(os.listdir(path))
+    return set(RUN_FILES) <= names <= {*RUN_FILES, STAGING}
+
+
+def _check_out(run_dir):
+    """Raise ValueError unless `run_dir` can become the new run's directory: absent, empty, or a run
+    that stopped before its first checkpoint (which the new run replaces)."""
+    if os.path.exists(run_dir):
+        if not os.path.isdir(run_dir):
+            raise ValueError(f"--out {run_dir} is a file, not a directory")
+        if os.listdir(run_dir) and not _is_unstarted_run(run_dir):
+            raise ValueError(f"--out {run_dir} exists and is not empty; choose another, or --resume it")
+        return
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {run_dir}: cannot create it, {parent} is not a writable directory")
+
+
+def _create_run_dir(run_dir, vocab_file, config, run_info):
+    """Make the run directory in one step: config.json, vocab.model and run.json are written into
+    a staging directory beside it, which is then renamed into place."""
+    run_dir = os.path.abspath(run_dir)
+    staging = os.path.join(os.path.dirname(run_dir), f".{os.path.basename(run_dir)}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while creating it
+    try:
+        os.makedirs(staging)
+        shutil.copyfile(vocab_file, os.path.join(staging, "vocab.model"))
+        _write_json(os.path.join(staging, "config.json"), config)
+        _write_json(os.path.join(staging, "run.json"), run_info)
+        if os.path.isdir(run_dir):  # empty, or a run that never reached a checkpoint (see _check_out)
+            shutil.rmtree(run_dir)
+        os.rename(staging, run_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _resumed_options(resume, previous, given):
+    """The run's options from its run.json; ValueError naming every given option that differs."""
+    conflicts = []
+    for name, value in given.items():
+        if value is not None and (os.path.abspath(value) if name in PATH_OPTIONS else value) != previous[name]:
+            conflicts.append((name, value, previous[name]))
+    if conflicts:
+        ours = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value, _ in conflicts)
+        theirs = ", ".join(f"{name} {value}" for name, _, value in conflicts)
+        raise ValueError(
+            f"--resume {resume}: {ours} {'differs' if len(conflicts) == 1 else 'differ'} from the run's ({theirs}); "
+            "leave them out to continue the run as it started, or start a new run"
+        )
+    return {name: previous[name] for name in RUN_OPTIONS}
 
 
 def default_config(device, n_vocab, n_output):
@@ -117,6 +428,8 @@ def _split(reviews, fraction, seed):
 
 
 def _loaders(config, vocab, train_reviews, test_reviews, batch_size, bucket, seed):
+    """The train and test loaders, and set_epoch(epoch), which fixes the train order of an epoch
+    from (seed, epoch) alone, so a resumed run sees the batches an uninterrupted one would."""
     train_set = MovieDataSet(vocab, train_reviews, max_len=config.n_enc_seq)
     test_set = MovieDataSet(vocab, test_reviews, max_len=config.n_enc_seq)
 
@@ -126,167 +439,224 @@ def _loaders(config, vocab, train_reviews, test_reviews, batch_size, bucket, see
     if bucket:
         sampler = LengthBucketSampler(train_set.lengths(), batch_size, shuffle=True, seed=seed)
         train_loader = torch.utils.data.DataLoader(train_set, batch_sampler=sampler, collate_fn=collate)
+        set_epoch = sampler.set_epoch
     else:
-        sampler = None
-        g = torch.Generator().manual_seed(seed)
+        generator = torch.Generator()
         train_loader = torch.utils.data.DataLoader(
-            train_set, batch_size=batch_size, shuffle=True, generator=g, collate_fn=collate
+            train_set, batch_size=batch_size, shuffle=True, generator=generator, collate_fn=collate
         )
+
+        def set_epoch(epoch):
+            generator.manual_seed(seed + epoch)
+
     test_loader = torch.utils.data.DataLoader(test_set, batch_size=batch_size, shuffle=False, collate_fn=collate)
-    return train_loader, test_loader, sampler
+    return train_loader, test_loader, set_epoch
 
 
-def _check_positive(**values):
-    for name, value in values.items():
-        if value is not None and value <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+def _check_labels(reviews, n_classes, source, hint):
+    try:
+        check_labels(reviews, n_classes, source)
+    except ValueError as error:
+        raise ValueError(f"{error}{hint}") from None
 
 
 def train(
-    *, train=None, test=None, vocab=None, config=None, epochs=None, batch_size=None, lr=5e-4,
-    device=None, backend_name="auto", amp="auto", out=None, seed=0, max_steps=None, resume=None,
-    vocab_size=8000, warmup=0.1, weight_decay=0.01, bucket=True, log=print,
+    *, train=None, test=None, vocab=None, config=None, n_output=None, epochs=None, batch_size=None, lr=None,
+    device=None, backend_name="auto", amp="auto", out=None, seed=None, max_steps=None, resume=None,
+    vocab_size=None, warmup=None, weight_decay=None, bucket=None, log=print,
 ):
     """Train MovieClassification end to end and write a run directory; returns its metrics dict.
 
-    With no data arguments it runs on the embedded demo set; with --train only, 10% of it is held
-    out as the test split. `resume` continues a run directory up to `epochs` in total.
+    With no data arguments it runs on the embedded demo set; with `train` only, 10% of it is held
+    out as the test split. `n_output` is the number of classes (default: the config's), or "auto"
+    to infer it from the training labels. `resume` continues a run directory up to `epochs` in
+    total, exactly as if it had not stopped; it refuses options that differ from the run's.
+    Options left None take the run's values on resume, else DEFAULTS.
+
+    Errors in the inputs raise ValueError/OSError before anything is written. A NaN or infinite
+    loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both naming the last checkpoint,
+    which is kept.
     """
-    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps, vocab_size=vocab_size)
-    if not 0 <= warmup < 1:
+    check_positive(epochs=epochs, batch_size=batch_size, lr=lr, max_steps=max_steps, vocab_size=vocab_size)
+    if lr is not None and not math.isfinite(lr):
+        raise ValueError(f"--lr must be a finite number, got {lr}")
+    if weight_decay is not None and not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise ValueError(f"--weight-decay must be a finite number >= 0, got {weight_decay}")
+    if warmup is not None and not 0 <= warmup < 1:
         raise ValueError(f"--warmup is a fraction of the steps in [0, 1), got {warmup}")
+    if n_output is not None and n_output != "auto" and not (isinstance(n_output, int) and n_output > 0):
+        raise ValueError(f"--n-output must be a positive integer or auto, got {n_output!r}")
     device = resolve_device(device)
     amp = resolve_amp(amp, device)
     backend.set_backend(backend_name)
-    previous = {}
-    if resume is not None:
-        previous = _load_run_json(resume)
-        train = train or previous["train"]
-        test = test if test is not None else previous.get("test")
-        epochs = epochs or previous["epochs"]
-        batch_size = batch_size or previous["batch_size"]
-        seed = previous["seed"]  # the same held-out split and data order
-    epochs = epochs or 5
-    batch_size = batch_size or (128 if device.type == "cuda" else 64)
-    torch.manual_seed(seed)
-    random.seed(seed)
 
-    # 1. data
-    using_demo = train is None
-    if using_demo:
-        train, test = demo.TRAIN_FILE, demo.TEST_FILE
-    if test is not None and resume is None and os.path.abspath(test) == os.path.abspath(train):
+    # 1. options, and the files that are not data: all checked before any long work
+    given = {
+        "train": train, "test": test, "vocab": vocab, "vocab_size": vocab_size, "config": config,
+        "n_output": n_output, "batch_size": batch_size, "lr": lr, "warmup": warmup,
+        "weight_decay": weight_decay, "seed": seed, "bucket": bucket,
+    }
+    checkpoint = None
+    if resume is not None:
+        previous = _load_run_json(resume, required=("epochs", "demo_data", *RUN_OPTIONS))
+        options = _resumed_options(resume, previous, given)
+        epochs = epochs or previous["epochs"]
+        config = _load_config(os.path.join(resume, "config.json"), os.path.join(resume, "config.json"))
+        sp = load_vocab(os.path.join(resume, "vocab.model"))
+        check_vocab_matches(sp, config, os.path.join(resume, "vocab.model"))
+        checkpoint = _load_checkpoint(resume)
+        done_epochs, done_steps = (checkpoint[2]["epoch"], checkpoint[2]["step"]) if checkpoint else (0, 0)
+        if done_epochs >= epochs:
+            raise ValueError(f"--resume {resume}: the run already has {done_epochs} epochs; pass --epochs > {done_epochs}")
+        if max_steps is not None and done_steps >= max_steps:
+            raise ValueError(f"--resume {resume}: the run already has {done_steps} steps; pass --max-steps > {done_steps}")
+        run_dir = resume
+    else:
+        using_demo = train is None
+        if using_demo:
+            train, test = demo.TRAIN_FILE, demo.TEST_FILE
+        options = {name: DEFAULTS.get(name) if value is None else value for name, value in given.items()}
+        options.update(
+            train=os.path.abspath(train), test=test and os.path.abspath(test), vocab=vocab and os.path.abspath(vocab),
+            config=config and os.path.abspath(config), vocab_size=None if vocab else options["vocab_size"],
+            batch_size=batch_size or (128 if device.type == "cuda" else 64),
+        )
+        epochs = epochs or DEFAULTS["epochs"]
+        config = _load_config(config, f"--config {config}") if config is not None else None
+        sp = load_vocab(vocab) if vocab is not None else None
+        if sp is not None and config is not None:
+            check_vocab_matches(sp, config, "--vocab")
+        run_dir = out or os.path.join("runs", time.strftime("sentiment-%Y%m%d-%H%M%S"))
+        _check_out(run_dir)
+    train, test, seed = options["train"], options["test"], options["seed"]
+    torch.manual_seed(seed)
+
+    # 2. data and classes
+    if test is not None and resume is None and test == train:
         raise ValueError("--test is the same file as --train")
     train_reviews = read_reviews(train, "train")
-    if test is not None:
-        test_reviews = read_reviews(test, "test")
+    test_reviews = read_reviews(test, "test") if test is not None else None
+    if config is not None and (resume is not None or options["n_output"] is None):
+        n_classes = config.n_output
+    elif options["n_output"] == "auto":
+        n_classes = infer_classes(train_reviews, f"train file {train}")
+    else:
+        n_classes = options["n_output"] or TUTORIAL["n_output"]
+    hint = "" if resume is not None else "; pass --n-output with the number of classes, or --n-output auto"
+    _check_labels(train_reviews, n_classes, f"train file {train}", hint)
+    if test_reviews is not None:
+        _check_labels(test_reviews, n_classes, f"test file {test}", hint)
     else:
         train_reviews, test_reviews = _split(train_reviews, 0.1, seed)
+    if config is not None:
+        config.n_output = n_classes
+    options["n_output"] = n_classes
 
-    # 2. vocab (trained into a scratch directory; it moves into the run directory below)
+    # 3. the vocab: trained (the long part) only now that every input has been checked
     scratch = tempfile.mkdtemp(prefix="fastformer-")
     try:
-        if resume is not None:
-            vocab = vocab or os.path.join(resume, "vocab.model")
-        if vocab is not None:
-            sp = load_vocab(vocab)
-        else:
+        if sp is None:
             if any(not isinstance(r.doc, str) for r in train_reviews):
                 raise ValueError(f"{train} holds pieces of an existing vocab (JSONL); pass that vocab with --vocab")
-            log(f"Training a BPE vocab of up to {vocab_size} + 7 pieces on {len(train_reviews)} reviews")
-            sp = train_vocab((r.doc for r in train_reviews), os.path.join(scratch, "vocab.model"), n_pieces=vocab_size)
-        vocab_file = vocab or os.path.join(scratch, "vocab.model")
-
-        # 3. config
-        n_classes = max(r.label for r in train_reviews) + 1
-        if resume is not None:
-            config = Config.load(os.path.join(resume, "config.json"))
-        elif config is not None:
-            if not os.path.isfile(config):
-                raise FileNotFoundError(f"config file not found: {config}")
-            config = Config.load(config)
-        else:
-            config = default_config(device, sp.get_piece_size(), max(2, n_classes))
-        check_vocab_matches(sp, config, "--vocab" if vocab else "the vocab")
-        check_labels(train_reviews, config.n_output, f"{train} (config.n_output)")
-        check_labels(test_reviews, config.n_output, f"{test or train} (config.n_output)")
+            n_pieces = options["vocab_size"]
+            if config is not None and n_pieces + N_SPECIAL > config.n_enc_vocab:
+                raise ValueError(
+                    f"--vocab-size {n_pieces} gives up to {n_pieces + N_SPECIAL} pieces but config.n_enc_vocab is "
+                    f"{config.n_enc_vocab}: the ids would not fit the embedding; pass --vocab-size "
+                    f"{config.n_enc_vocab - N_SPECIAL} or less"
+                )
+            if config is not None and config.i_pad != PAD[0]:
+                raise ValueError(f"config.i_pad is {config.i_pad} but a trained vocab pads with id {PAD[0]}")
+            log(f"Training a BPE vocab of up to {n_pieces} + {N_SPECIAL} pieces on {len(train_reviews)} reviews")
+            sp = train_vocab((r.doc for r in train_reviews), os.path.join(scratch, "vocab.model"), n_pieces=n_pieces)
+        vocab_file = options["vocab"] or os.path.join(scratch, "vocab.model")
+        if config is None:
+            config = default_config(device, sp.get_piece_size(), n_classes)
 
         # 4. model, data loaders, optimizer, schedule
-        train_loader, test_loader, sampler = _loaders(config, sp, train_reviews, test_reviews, batch_size, bucket, seed)
+        batch_size = options["batch_size"]
+        train_loader, test_loader, set_epoch = _loaders(
+            config, sp, train_reviews, test_reviews, batch_size, options["bucket"], seed
+        )
         model = MovieClassification(config).to(device)
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+            [{"params": decay, "weight_decay": options["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=options["lr"],
         )
         total_steps = epochs * len(train_loader) if max_steps is None else min(max_steps, epochs * len(train_loader))
-        scheduler = linear_warmup_decay_scheduler(optimizer, int(warmup * total_steps), total_steps)
+        scheduler = linear_warmup_decay_scheduler(optimizer, int(options["warmup"] * total_steps), total_steps)
         scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
         history, start_epoch, step = [], 0, 0
-        if resume is not None:
-            model.load_state_dict(torch.load(os.path.join(resume, "model.pt"), map_location=device))
-            state = torch.load(os.path.join(resume, "trainer.pt"), map_location=device)
+        if checkpoint is not None:
+            model_state, model_file, state = checkpoint
+            _load_state_dict(model, model_state, model_file)
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
-            if scaler is not None and state.get("scaler"):
+            if scaler is not None and state["scaler"]:
                 scaler.load_state_dict(state["scaler"])
-            start_epoch, step = state["epoch"], state["step"]
-            history = _read_json(os.path.join(resume, "metrics.json"))["epochs"]
-            if start_epoch >= epochs:
-                raise ValueError(f"--resume {resume}: the run already has {start_epoch} epochs; pass --epochs > {start_epoch}")
+            start_epoch, step, history = state["epoch"], state["step"], state["history"]
+            _set_rng_state(state["rng"], device)
 
-        # 5. the run directory: created only now that every input has been checked
-        run_dir = resume or out or os.path.join("runs", time.strftime("sentiment-%Y%m%d-%H%M%S"))
+        # 5. the run directory: created (or its run.json extended) only now
+        session = {
+            "fastformer": __version__,
+            "epochs": epochs,
+            "max_steps": max_steps,
+            "device": str(device),
+            "backend": backend.get_backend(),
+            "kernels": _kernels_in_use(device, amp),
+            "amp": amp,
+        }
         if resume is None:
-            if os.path.exists(run_dir) and os.listdir(run_dir):
-                raise ValueError(f"--out {run_dir} exists and is not empty; choose another, or --resume it")
-            os.makedirs(run_dir, exist_ok=True)
-            shutil.copyfile(vocab_file, os.path.join(run_dir, "vocab.model"))
-            config.save(os.path.join(run_dir, "config.json"))
+            replaces = os.path.isdir(run_dir) and os.listdir(run_dir)
+            run_info = {
+                **options, **session, "demo_data": using_demo, "label_names": label_names(config.n_output), "resumed": [],
+            }
+            _create_run_dir(run_dir, vocab_file, config, run_info)
+        else:
+            resumed = [*previous.get("resumed", []), {"from_epoch": start_epoch, **session}]
+            run_info = {**previous, "epochs": epochs, "resumed": resumed}
+            _write_json(os.path.join(run_dir, "run.json"), run_info)
+            if history:  # a kill between a checkpoint and its copies leaves these one epoch behind
+                _publish(run_dir, latest_checkpoint(run_dir), history)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    run_info = {
-        "fastformer": __version__,
-        "train": os.path.abspath(train),
-        "test": os.path.abspath(test) if test else None,
-        "demo_data": using_demo,
-        "epochs": epochs,
-        "batch_size": batch_size,
-        "lr": lr,
-        "warmup": warmup,
-        "weight_decay": weight_decay,
-        "seed": seed,
-        "device": str(device),
-        "backend": backend.get_backend(),
-        "kernels": "triton" if backend.uses_triton(torch.empty(0, device=device)) else "reference",
-        "amp": amp,
-        "label_names": label_names(config.n_output),
-    }
-    _write_json(os.path.join(run_dir, "run.json"), run_info)
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    threads = f", {torch.get_num_threads()} CPU thread(s)" if device.type == "cpu" else ""
     log(
         f"fastformer train: {len(train_reviews)} train / {len(test_reviews)} test reviews"
-        f"{' (the embedded demo set)' if using_demo else ''}, vocab {sp.get_piece_size()} pieces"
+        f"{' (the embedded demo set)' if run_info['demo_data'] else ''}, vocab {sp.get_piece_size()} pieces"
     )
     log(
         f"  model    MovieClassification, {n_params / 1e6:.2f} M parameters: n_layer={config.n_layer} "
         f"d_hidn={config.d_hidn} n_head={config.n_head} d_ff={config.d_ff}"
     )
-    log(f"  device   {device}, {run_info['kernels']} kernels (backend {run_info['backend']!r}), amp {amp}")
-    log(f"  run dir  {run_dir}")
+    log(f"  device   {device}{threads}, {session['kernels']} kernels (backend {session['backend']!r}), amp {amp}")
+    if resume is not None:
+        log(f"  run dir  {run_dir} (resumed after epoch {start_epoch})")
+    else:
+        log(f"  run dir  {run_dir}{' (replacing a run that stopped before its first checkpoint)' if replaces else ''}")
 
+    last = latest_checkpoint(run_dir)
     try:
         for epoch in range(start_epoch, epochs):
             if max_steps is not None and step >= max_steps:
                 break
-            if sampler is not None:
-                sampler.set_epoch(epoch)
+            set_epoch(epoch)
             lr_now = scheduler.get_last_lr()[0]
-            train_stats = train_epoch(
-                model, train_loader, optimizer, scheduler, device=device, amp=amp, scaler=scaler,
-                max_steps=None if max_steps is None else max_steps - step, desc=f"Train {epoch + 1}/{epochs}",
-            )
+            try:
+                train_stats = train_epoch(
+                    model, train_loader, optimizer, scheduler, device=device, amp=amp, scaler=scaler,
+                    max_steps=None if max_steps is None else max_steps - step, desc=f"Train {epoch + 1}/{epochs}",
+                )
+            except NonFiniteLossError as error:
+                raise NonFiniteLossError(
+                    f"{error} of epoch {epoch + 1} (step {step + error.step} of the run): training stopped; "
+                    f"{_last_checkpoint(last)}", step + error.step, error.loss,
+                ) from None
             step += train_stats["steps"]
             test_stats = evaluate(model, test_loader, device=device, amp=amp, desc=f"Test  {epoch + 1}/{epochs}")
             history.append({
@@ -300,64 +670,52 @@ def train(
                 "tokens_per_s": train_stats["tokens_per_s"],
                 "seconds": train_stats["seconds"],
             })
-            _save_checkpoint(run_dir, model, optimizer, scheduler, scaler, epoch + 1, step, history)
+            trainer = {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "epoch": epoch + 1,
+                "step": step,
+                "history": history,
+            }
+            last = _save_checkpoint(run_dir, model, trainer, device)
+            _publish(run_dir, last, history)
             tqdm.write(
                 f"epoch {epoch + 1}/{epochs}  train loss {train_stats['loss']:.4f} acc {train_stats['accuracy']:.3f}  "
                 f"test loss {test_stats['loss']:.4f} acc {test_stats['accuracy']:.3f}  "
                 f"{train_stats['tokens_per_s']:,.0f} tok/s  {train_stats['seconds']:.1f} s"
             )
-    except BaseException:
-        if resume is None and not history:  # nothing worth keeping: leave no half-written run
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    metrics = _read_json(os.path.join(run_dir, "metrics.json"))
+    except OSError as error:
+        raise OSError(f"{error}; {_last_checkpoint(last)}") from None
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"{_last_checkpoint(last)}; `fastformer train --resume {run_dir}` continues") from None
+    metrics = {"epochs": history, "test_accuracy": history[-1]["test_accuracy"]}
     log(f"test accuracy {metrics['test_accuracy']:.4f} on {len(test_reviews)} reviews; run saved in {run_dir}")
     return metrics
 
 
-def _save_checkpoint(run_dir, model, optimizer, scheduler, scaler, epoch, step, history):
-    state_dict = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    _write_atomic(os.path.join(run_dir, "model.pt"), lambda tmp: torch.save(state_dict, tmp))
-    trainer = {
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "epoch": epoch,
-        "step": step,
-    }
-    _write_atomic(os.path.join(run_dir, "trainer.pt"), lambda tmp: torch.save(trainer, tmp))
-    _write_json(os.path.join(run_dir, "metrics.json"), {"epochs": history, "test_accuracy": history[-1]["test_accuracy"]})
-    plot_curves(history, os.path.join(run_dir, "curves.png"))
-
-
-def _read_json(path):
-    with open(path, "r", encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _load_run_json(run_dir):
-    if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"run directory not found: {run_dir}")
-    missing = [f for f in ("config.json", "vocab.model", "model.pt", "run.json") if not os.path.isfile(os.path.join(run_dir, f))]
-    if missing:
-        raise ValueError(f"{run_dir} is not a fastformer run directory (missing {', '.join(missing)})")
-    return _read_json(os.path.join(run_dir, "run.json"))
+def _last_checkpoint(path):
+    return f"last checkpoint: {path}" if path else "no checkpoint yet (the first epoch did not end)"
 
 
 def load_run(run_dir, device=None):
     """(config, vocab, model in eval mode, run info) from a run directory."""
     info = _load_run_json(run_dir)
+    model_file = os.path.join(run_dir, "model.pt")
+    if not os.path.isfile(model_file):
+        raise ValueError(f"{run_dir} has no model.pt: its training stopped before the first epoch ended")
     device = resolve_device(device)
-    config = Config.load(os.path.join(run_dir, "config.json"))
+    config = _load_config(os.path.join(run_dir, "config.json"), os.path.join(run_dir, "config.json"))
     vocab = load_vocab(os.path.join(run_dir, "vocab.model"))
     check_vocab_matches(vocab, config)
     model = MovieClassification(config)
-    model.load_state_dict(torch.load(os.path.join(run_dir, "model.pt"), map_location="cpu"))
+    _load_state_dict(model, _load_torch(model_file), model_file)
     return config, vocab, model.to(device).eval(), info
 
 
 def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="auto", amp="auto", log=print):
     """Accuracy and loss of a saved run on a test file (default: the run's own test file)."""
+    check_positive(batch_size=batch_size)
     backend.set_backend(backend_name)
     config, vocab, model, info = load_run(run, device)
     device = next(model.parameters()).device
@@ -365,7 +723,7 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
     if test is None:
         raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
     reviews = read_reviews(test, "test")
-    check_labels(reviews, config.n_output, f"{test} (config.n_output)")
+    check_labels(reviews, config.n_output, f"test file {test}")
     dataset = MovieDataSet(vocab, reviews, max_len=config.n_enc_seq)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad)
@@ -376,7 +734,8 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
 
 
 def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=print):
-    """The predicted label and its probability for each text; returns [(label_name, prob)]."""
+    """The predicted label and its probability for each text; returns [(label_name, prob)]. An
+    empty or whitespace-only text raises ValueError."""
     if not texts:
         raise ValueError("give at least one text to classify")
     backend.set_backend(backend_name)

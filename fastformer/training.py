@@ -5,9 +5,11 @@
 - `inverse_sqrt_warmup`: 004's schedule, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
 - `sequence_cross_entropy`: cross-entropy over sequence outputs that ignores padding positions.
 - `train_epoch` / `evaluate`: the tutorial's train_epoch and eval_epoch for MovieClassification,
-  with tqdm bars showing loss, accuracy and tokens/s, and optional autocast.
+  with tqdm bars showing loss, accuracy and tokens/s, and optional autocast. `train_epoch` raises
+  NonFiniteLossError when a loss is NaN or infinite.
 """
 import contextlib
+import math
 import time
 
 import torch
@@ -18,6 +20,15 @@ from fastformer.data.reviews import movie_collate_fn
 from fastformer.data.vocab import BOS
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training loss was NaN or infinite; `step` is the epoch's step (from 1) that gave it."""
+
+    def __init__(self, message, step, loss):
+        super().__init__(message)
+        self.step = step
+        self.loss = loss
 
 
 def linear_warmup_decay(step, warmup_steps, total_steps):
@@ -75,7 +86,9 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
     """One epoch of the tutorial's train_epoch (cross-entropy on logits[0]).
 
     Stops early after `max_steps` optimizer steps. The bar shows the running loss, accuracy and
-    tokens/s, refreshed every `log_every` steps (each refresh is one host sync).
+    tokens/s, refreshed every `log_every` steps (each refresh is one host sync). A NaN or infinite
+    loss is seen at the next refresh, which raises NonFiniteLossError naming the first step that
+    gave one (the optimizer has stepped on it: the model is no longer usable).
     Returns {"loss", "accuracy", "steps", "tokens", "seconds", "tokens_per_s"}.
     """
     model.train()
@@ -84,6 +97,7 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
     correct = torch.zeros((), device=device, dtype=torch.long)
     tokens = torch.zeros((), device=device, dtype=torch.long)
     seen = steps = 0
+    window = []  # the losses since the last refresh, read back only when one is not finite
     n_steps = len(loader) if max_steps is None else min(len(loader), max_steps)
     start = time.perf_counter()
     with tqdm(total=n_steps, desc=desc, unit=" batch", leave=False) as bar:
@@ -105,16 +119,20 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
             if scheduler is not None:
                 scheduler.step()
             total_loss += loss.detach() * labels.numel()
+            window.append(loss.detach())
             correct += logits.detach().argmax(1).eq(labels).sum()
             tokens += _count_tokens(enc_inputs, dec_inputs, i_pad)
             seen += labels.numel()
             steps += 1
             bar.update(1)
             if steps % log_every == 0 or steps == n_steps:
+                mean_loss = total_loss.item() / seen
+                if not math.isfinite(mean_loss):
+                    _raise_non_finite(window, steps)
+                window.clear()
                 elapsed = time.perf_counter() - start
                 bar.set_postfix_str(
-                    f"loss {total_loss.item() / seen:.3f} acc {correct.item() / seen:.3f} "
-                    f"{tokens.item() / elapsed:,.0f} tok/s"
+                    f"loss {mean_loss:.3f} acc {correct.item() / seen:.3f} {tokens.item() / elapsed:,.0f} tok/s"
                 )
     _synchronize(device)
     seconds = time.perf_counter() - start
@@ -126,6 +144,14 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
         "seconds": seconds,
         "tokens_per_s": tokens.item() / seconds if seconds > 0 else 0.0,
     }
+
+
+def _raise_non_finite(window, steps):
+    """NonFiniteLossError for the first non-finite loss of `window`, the losses of the steps up to `steps`."""
+    losses = torch.stack(window).tolist()
+    first = next(i for i, loss in enumerate(losses) if not math.isfinite(loss))
+    step = steps - len(losses) + first + 1
+    raise NonFiniteLossError(f"the loss is {losses[first]} at step {step}", step, losses[first])
 
 
 @torch.no_grad()
@@ -150,13 +176,17 @@ def evaluate(model, loader, *, device, amp="off", desc="Valid"):
 
 @torch.no_grad()
 def predict_proba(model, vocab, texts, *, device, amp="off", max_len=None):
-    """Class probabilities (len(texts), n_output) for raw texts, one batch."""
+    """Class probabilities (len(texts), n_output) for raw texts, one batch. A text with no pieces
+    (empty or only whitespace) raises ValueError: the model would see padding only and still answer."""
+    ids = [vocab.encode_as_ids(text)[:max_len] for text in texts]
+    blank = next((i for i, pieces in enumerate(ids) if not pieces), None)
+    if blank is not None:
+        raise ValueError(
+            f"text {blank + 1} of {len(texts)} ({texts[blank]!r}) is empty or only whitespace: nothing to classify"
+        )
     model.eval()
     bos = vocab.piece_to_id(BOS[1])
-    items = [
-        (torch.tensor(0), torch.tensor(vocab.encode_as_ids(text)[:max_len] or [vocab.pad_id()]), torch.tensor([bos]))
-        for text in texts
-    ]
+    items = [(torch.tensor(0), torch.tensor(pieces), torch.tensor([bos])) for pieces in ids]
     _, enc_inputs, dec_inputs = movie_collate_fn(items, i_pad=model.config.i_pad)
     with autocast(device, amp):
         logits = model(enc_inputs.to(device), dec_inputs.to(device))[0]

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import fastformer
 from fastformer.cli import main
@@ -30,3 +31,46 @@ def test_demo_runs_forward_and_backward(capsys):
 def test_module_entry_point_runs():
     result = subprocess.run([sys.executable, "-m", "fastformer", "--help"], capture_output=True, text=True, check=True)
     assert "usage: fastformer" in result.stdout
+
+
+def test_help_and_version_do_not_import_torch_or_triton():
+    code = (
+        "import sys\n"
+        "from fastformer.cli import main\n"
+        "for argv in (['--help'], ['--version'], ['train', '--help'], ['predict', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('torch', 'triton', 'kernels', 'sentencepiece') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--batch-size", "0"], "fastformer demo: error: --batch-size must be positive, got 0"),
+        (["demo", "--seq-len", "-3"], "fastformer demo: error: --seq-len must be positive, got -3"),
+        pytest.param(
+            ["demo", "--device", "cuda"], "fastformer demo: error: --device cuda: CUDA is not available on this machine",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+        ),
+        (["demo", "--device", "tpu9"], "fastformer demo: error: --device: not a device: 'tpu9'"),
+        (["evaluate", "--run", "nowhere", "--batch-size", "0"], "fastformer evaluate: error: --batch-size must be positive"),
+    ],
+)
+def test_bad_options_are_one_line_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_usage_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--epochs", "many"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "fastformer train: error: argument --epochs: invalid int value: 'many' (see fastformer train --help)\n"
+    )

@@ -12,6 +12,7 @@ from fastformer.data import (
     Review,
     check_vocab_matches,
     demo,
+    infer_classes,
     load_vocab,
     movie_collate_fn,
     read_jsonl,
@@ -72,7 +73,7 @@ def test_read_nsmc_skips_empty_documents_and_keeps_quotes(tmp_path):
         tmp_path / "ratings.txt",
         'id\tdocument\tlabel\n1\t"quoted" text, kept as is\t1\n2\t\t0\n3\t   \t1\n\n4\tplain\t0\n',
     )
-    assert read_nsmc(path) == [Review("1", '"quoted" text, kept as is', 1), Review("4", "plain", 0)]
+    assert read_nsmc(path) == [Review("1", '"quoted" text, kept as is', 1, line=2), Review("4", "plain", 0, line=6)]
 
 
 @pytest.mark.parametrize(
@@ -113,6 +114,33 @@ def test_read_reviews_checks_files_and_labels(tmp_path):
     with pytest.raises(ValueError, match="review 2 has label 2, outside the 2 classes 0..1"):
         read_reviews(path, "train", n_classes=2)
     assert len(read_reviews(path, "train", n_classes=3)) == 2
+
+
+def test_files_with_a_byte_order_mark_read_like_plain_utf8(tmp_path):
+    tsv = tmp_path / "bom.txt"
+    tsv.write_text("id\tdocument\tlabel\n1\tgood\t1\n", encoding="utf-8-sig")
+    assert read_reviews(str(tsv)) == [Review("1", "good", 1, line=2)]
+    jsonl = tmp_path / "bom.json"
+    jsonl.write_text('{"id": 1, "doc": ["\u2581good"], "label": 1}\n', encoding="utf-8-sig")
+    assert read_reviews(str(jsonl)) == [Review("1", ["\u2581good"], 1, line=1)]
+
+
+def test_a_byte_that_is_not_utf8_is_named_with_its_line(tmp_path):
+    path = tmp_path / "cp949.txt"
+    path.write_bytes("id\tdocument\tlabel\n1\tgood\t1\n2\t재밌다\t1\n".encode("cp949"))
+    with pytest.raises(ValueError, match=f"^{path} line 3: not UTF-8 \\(byte 0xc0\\); save the file as UTF-8$"):
+        read_reviews(str(path), "train")
+
+
+def test_infer_classes_needs_every_class_from_zero():
+    def reviews(*labels):
+        return [Review(str(i), "text", label, line=i + 2) for i, label in enumerate(labels)]
+
+    assert infer_classes(reviews(0, 2, 1, 2), "f") == 3
+    with pytest.raises(ValueError, match="^f line 3: review 1 has label -1; classes are 0, 1, ...$"):
+        infer_classes(reviews(0, -1), "f")
+    with pytest.raises(ValueError, match="^f: labels go up to 99999999 but no review has label 2, 3, 4 or 99999994 more"):
+        infer_classes(reviews(0, 1, 99999999), "f")
 
 
 def test_tsv_and_jsonl_give_the_same_dataset(tmp_path, vocab):

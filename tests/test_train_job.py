@@ -2,6 +2,8 @@
 import json
 import os
 import random
+import re
+import shutil
 
 import pytest
 import torch
@@ -61,8 +63,11 @@ def run_dir(files):
 
 
 def test_train_learns_and_writes_a_complete_run_directory(run_dir):
-    for name in ("config.json", "vocab.model", "model.pt", "trainer.pt", "metrics.json", "curves.png", "run.json"):
-        assert (run_dir / name).is_file(), name
+    assert sorted(os.listdir(run_dir)) == [
+        "checkpoint-3", "config.json", "curves.png", "metrics.json", "model.pt", "run.json", "vocab.model",
+    ]
+    assert sorted(os.listdir(run_dir / "checkpoint-3")) == ["model.pt", "trainer.pt"]
+    assert (run_dir / "model.pt").read_bytes() == (run_dir / "checkpoint-3" / "model.pt").read_bytes()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
     assert metrics["test_accuracy"] == metrics["epochs"][-1]["test_accuracy"] >= 0.9  # chance is 0.5
@@ -91,6 +96,15 @@ def test_saved_run_reloads_and_predicts_the_same(run_dir, files):
         torch.testing.assert_close(theirs(enc, torch.tensor([[2]]))[0].softmax(-1), probs[:1], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("text", ["", "   \t "])
+def test_predict_refuses_an_empty_text(run_dir, text, capsys):
+    capsys.readouterr()
+    assert main(["predict", "--run", str(run_dir), "--device", "cpu", "the film was good", text]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"fastformer predict: error: text 2 of 2 ({text!r}) is empty or only whitespace: nothing to classify\n"
+
+
 def test_evaluate_and_predict_commands(run_dir, files, capsys):
     capsys.readouterr()
     assert main(["evaluate", "--run", str(run_dir), "--device", "cpu"]) == 0
@@ -103,15 +117,35 @@ def test_evaluate_and_predict_commands(run_dir, files, capsys):
 
 
 def test_resume_continues_to_more_epochs(run_dir, files, tmp_path):
-    import shutil
-
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
-    assert main(["train", "--resume", str(copy), "--epochs", "4", "--device", "cpu"]) == 0
+    # options equal to the run's may be repeated
+    same = ["--lr", "3e-3", "--config", files["config"]]
+    assert main(["train", "--resume", str(copy), "--epochs", "4", *same, "--device", "cpu"]) == 0
     metrics = json.loads((copy / "metrics.json").read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3, 4]
     assert metrics["epochs"][3]["steps"] == 4 * 240 // 16
+    run = json.loads((copy / "run.json").read_text())
+    assert (run["epochs"], run["lr"], run["resumed"][0]["from_epoch"], run["resumed"][0]["epochs"]) == (4, 3e-3, 3, 4)
     assert main(["train", "--resume", str(copy), "--epochs", "4", "--device", "cpu"]) == 2  # nothing left to do
+
+
+def test_resume_refuses_options_that_differ_from_the_run(run_dir, files, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    other_config = tmp_path / "other.json"
+    other_config.write_text(json.dumps(dict(TINY, d_ff=128)))
+    run_json = (copy / "run.json").read_bytes()
+    args = ["train", "--resume", str(copy), "--epochs", "4", "--lr", "1e-3", "--seed", "3", "--config", str(other_config)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"fastformer train: error: --resume {copy}: --config {other_config}, --lr 0.001, --seed 3 differ from the "
+        f"run's (config {files['config']}, lr 0.003, seed 0); leave them out to continue the run as it started, "
+        "or start a new run"
+    )
+    assert (copy / "run.json").read_bytes() == run_json
+    assert sorted(os.listdir(copy)) == sorted(os.listdir(run_dir))
 
 
 def test_max_steps_and_held_out_split(files, tmp_path, capsys):
@@ -121,7 +155,9 @@ def test_max_steps_and_held_out_split(files, tmp_path, capsys):
     assert main(args) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert [e["steps"] for e in metrics["epochs"]] == [5]
-    assert "216 train / 24 test reviews" in capsys.readouterr().out  # 10% of --train held out
+    stdout = capsys.readouterr().out
+    assert "216 train / 24 test reviews" in stdout  # 10% of --train held out
+    assert re.search(r"  device   cpu, \d+ CPU thread\(s\), reference kernels", stdout), stdout
 
 
 def test_default_run_uses_the_embedded_demo_set(tmp_path, capsys):
@@ -136,34 +172,201 @@ def test_default_run_uses_the_embedded_demo_set(tmp_path, capsys):
 
 
 def bad_input_cases(files, root):
+    """(arguments, message, whether the vocab is trained before the error) per case."""
     wrong_columns = root / "wrong_columns.txt"
     wrong_columns.write_text("id\ttext\tlabel\n1\tgood\t1\n")
     empty = root / "empty.txt"
     empty.write_text("id\tdocument\tlabel\n")
+    latin1 = root / "latin1.txt"
+    latin1.write_bytes("id\tdocument\tlabel\n1\tgood\t1\n2\tnot bad, café\t1\n".encode("latin-1"))
     three_labels = write_reviews(root / "three.txt", 30, seed=2, labels=(0, 1, 2))
-    small_vocab = dict(TINY, n_enc_vocab=20, n_dec_vocab=20)
-    small_vocab_config = root / "small_vocab.json"
-    small_vocab_config.write_text(json.dumps(small_vocab))
+    huge_label = write_reviews(root / "huge.txt", 30, seed=2, labels=(0, 1, 99999999))
+    negative_label = write_reviews(root / "negative.txt", 30, seed=2, labels=(0, 1, -1))
+    configs = {
+        "small_vocab": dict(TINY, n_enc_vocab=20, n_dec_vocab=20),
+        "fractional": dict(TINY, d_ff=64.5),
+        "no_layers": {k: v for k, v in TINY.items() if k != "n_layer"},
+    }
+    for name, config in configs.items():
+        (root / f"{name}.json").write_text(json.dumps(config))
+    (root / "not_json.json").write_text("n_layer = 1\n")
+    a_file = root / "a_file"
+    a_file.write_text("")
+    train = ["--train", files["train"]]
     return [
-        (["--train", str(root / "missing.txt")], "train file not found"),
-        (["--train", str(wrong_columns)], "expected a TSV header with columns id, document, label"),
-        (["--train", str(empty)], "has no reviews"),
-        (["--train", three_labels, "--config", files["config"]], "has label 2, outside the 2 classes 0..1"),
-        (["--train", files["train"], "--config", str(small_vocab_config)], "config.n_enc_vocab is 20"),
-        (["--train", files["train"], "--config", str(root / "nope.json")], "config file not found"),
-        (["--train", files["train"], "--vocab", str(root / "nope.model")], "vocab file not found"),
-        (["--train", files["train"], "--epochs", "0"], "--epochs must be positive"),
+        (["--train", str(root / "missing.txt")], "train file not found", False),
+        (["--train", str(wrong_columns)], "expected a TSV header with columns id, document, label", False),
+        (["--train", str(empty)], "has no reviews", False),
+        (["--train", str(latin1)], f"{latin1} line 3: not UTF-8 (byte 0xe9)", False),
+        (["--train", three_labels, "--config", files["config"]], "has label 2, outside the 2 classes 0..1", False),
+        (["--train", three_labels], f"train file {three_labels} line 4: review 2 has label 2, outside the 2 classes 0..1; "
+         "pass --n-output with the number of classes, or --n-output auto", False),
+        (["--train", huge_label, "--n-output", "auto"], f"train file {huge_label}: labels go up to 99999999 but no review "
+         "has label 2, 3, 4 or 99999994 more", False),
+        (["--train", negative_label, "--n-output", "auto"], "line 4: review 2 has label -1", False),
+        ([*train, "--test", three_labels], f"test file {three_labels} line 4: review 2 has label 2", False),
+        ([*train, "--config", str(root / "small_vocab.json")], "config.n_enc_vocab is 20", False),
+        ([*train, "--config", str(root / "fractional.json")], "config.d_ff must be a positive integer, got 64.5", False),
+        ([*train, "--config", str(root / "no_layers.json")], "no_layers.json: config is missing n_layer", False),
+        ([*train, "--config", str(root / "not_json.json")], "not_json.json: not a JSON config (Expecting value", False),
+        ([*train, "--config", str(root / "nope.json")], "config file not found", False),
+        ([*train, "--vocab", str(root / "nope.model")], "vocab file not found", False),
+        ([*train, "--out", str(a_file)], f"--out {a_file} is a file, not a directory", False),
+        ([*train, "--out", str(a_file / "run")], f"cannot create it, {a_file} is not a writable directory", False),
+        ([*train, "--epochs", "0"], "--epochs must be positive", False),
+        ([*train, "--lr", "inf"], "--lr must be a finite number, got inf", False),
+        ([*train, "--n-output", "0"], "argument --n-output: must be a positive integer or auto, got '0'", False),
+        ([*train, "--vocab-size", "1"], "a vocab of 1 pieces is too small for this corpus: its characters alone need", True),
     ]
 
 
 def test_bad_input_is_one_line_exit_2_and_no_run_directory(files, tmp_path, capsys):
-    for args, message in bad_input_cases(files, tmp_path):
+    """Every input is checked before the vocab is trained (the long part), except the vocab size."""
+    for args, message, trains_vocab in bad_input_cases(files, tmp_path):
         out = tmp_path / "run"
-        code = main(["train", *args, "--vocab-size", "60", "--device", "cpu", "--out", str(out)])
-        err = capsys.readouterr().err.strip()
+        try:
+            code = main(["train", "--vocab-size", "60", "--device", "cpu", "--out", str(out), *args])
+        except SystemExit as usage_error:
+            code = usage_error.code
+        stdout, err = capsys.readouterr()
+        err = err.strip()
         assert code == 2, args
         assert message in err and err.startswith("fastformer train: error:") and "\n" not in err, (args, err)
+        assert ("Training a BPE vocab" in stdout) == trains_vocab, args
         assert not out.exists(), args
+
+
+def test_n_output_auto_infers_the_classes(files, tmp_path):
+    out = tmp_path / "run"
+    three_labels = write_reviews(tmp_path / "three.txt", 60, seed=2, labels=(0, 1, 2))
+    args = ["train", "--train", three_labels, "--n-output", "auto", "--config", files["config"], "--vocab-size", "60",
+            "--max-steps", "2", "--device", "cpu", "--out", str(out)]
+    assert main(args) == 0
+    assert Config.load(out / "config.json").n_output == 3
+    run = json.loads((out / "run.json").read_text())
+    assert (run["n_output"], run["label_names"]) == (3, ["0", "1", "2"])
+
+
+def test_an_unknown_config_key_is_a_one_line_warning(files, tmp_path, monkeypatch, capsys):
+    import fastformer.config
+
+    monkeypatch.setattr(fastformer.config, "_warned_keys", set())
+    config = tmp_path / "typo.json"
+    config.write_text(json.dumps(dict(TINY, n_heads=4)))
+    args = ["train", "--train", files["train"], "--test", files["test"], "--config", str(config), "--vocab-size", "60",
+            "--max-steps", "1", "--device", "cpu", "--out", str(tmp_path / "run")]
+    assert main(args) == 0
+    warnings = [line for line in capsys.readouterr().err.split("\n") if "warning" in line]
+    assert warnings == [
+        "fastformer train: warning: config key 'n_heads' is not one fastformer reads (did you mean 'n_head'?); it is ignored"
+    ]
+
+
+def test_a_loss_that_becomes_nan_stops_training_with_exit_1(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(files, out, "--lr", "1e10", "--warmup", "0")) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1].split("\r")[-1]
+    assert re.fullmatch(
+        r"fastformer train: error: the loss is (nan|inf) at step \d+ of epoch 1 \(step \d+ of the run\): training "
+        r"stopped; no checkpoint yet \(the first epoch did not end\)", err
+    ), err
+    assert sorted(os.listdir(out)) == ["config.json", "run.json", "vocab.model"]  # resumable, or replaced by a rerun
+
+
+class NanAtBatch:
+    """A loader that sets the model's output weights to NaN before its n-th batch."""
+
+    def __init__(self, loader, model, batch):
+        self.loader, self.model, self.batch = loader, model, batch
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for i, batch in enumerate(self.loader, start=1):
+            if i == self.batch:
+                with torch.no_grad():
+                    self.model.projection.weight.fill_(float("nan"))
+            yield batch
+
+
+def test_a_nan_loss_keeps_the_last_good_checkpoint(files, tmp_path, monkeypatch, capsys):
+    from fastformer import job
+
+    epochs = []
+
+    def train_epoch(model, loader, *args, **kwargs):
+        epochs.append(loader)
+        if len(epochs) == 2:
+            loader = NanAtBatch(loader, model, batch=4)
+        return real_train_epoch(model, loader, *args, **kwargs)
+
+    real_train_epoch = job.train_epoch
+    monkeypatch.setattr(job, "train_epoch", train_epoch)
+    out = tmp_path / "run"
+    assert main(train_args(files, out)) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1].split("\r")[-1]
+    assert err == (
+        "fastformer train: error: the loss is nan at step 4 of epoch 2 (step 19 of the run): training stopped; "
+        f"last checkpoint: {out}/checkpoint-1"
+    )
+    assert sorted(os.listdir(out)) == [
+        "checkpoint-1", "config.json", "curves.png", "metrics.json", "model.pt", "run.json", "vocab.model",
+    ]
+    state = torch.load(out / "model.pt")
+    assert all(torch.isfinite(v).all() for v in state.values())
+    assert [e["epoch"] for e in json.loads((out / "metrics.json").read_text())["epochs"]] == [1]
+
+
+def damage(path, how):
+    if how == "empty":
+        path.write_bytes(b"")
+    else:  # truncated to half
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    "name, how, command, message",
+    [
+        ("model.pt", "empty", "evaluate", "model.pt is empty (0 bytes)"),
+        ("model.pt", "truncated", "predict", "model.pt ({size} bytes) is not a readable PyTorch checkpoint: truncated"),
+        ("checkpoint-3/trainer.pt", "empty", "resume", "trainer.pt is empty (0 bytes)"),
+        ("checkpoint-3/trainer.pt", "truncated", "resume", "trainer.pt ({size} bytes) is not a readable PyTorch checkpoint"),
+        ("checkpoint-3/model.pt", "truncated", "resume", "checkpoint-3/model.pt ({size} bytes) is not a readable PyTorch"),
+        ("run.json", "truncated", "evaluate", "run.json is not valid JSON"),
+        ("run.json", "empty", "resume", "run.json is empty"),
+        ("config.json", "empty", "predict", "config.json: not a JSON config (the file is empty)"),
+        ("config.json", "truncated", "resume", "config.json: not a JSON config"),
+        ("vocab.model", "truncated", "predict", "vocab.model is not a SentencePiece model"),
+    ],
+)
+def test_damaged_run_files_are_one_line_exit_2(run_dir, tmp_path, capsys, name, how, command, message):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    damage(copy / name, how)
+    args = {
+        "evaluate": ["evaluate", "--run", str(copy), "--device", "cpu"],
+        "predict": ["predict", "--run", str(copy), "--device", "cpu", "the film was good"],
+        "resume": ["train", "--resume", str(copy), "--epochs", "4", "--device", "cpu"],
+    }[command]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fastformer {args[0]}: error: {copy}/") and err.count("\n") == 1, err
+    assert message.format(size=(copy / name).stat().st_size) in err, err
+
+
+def test_a_checkpoint_that_does_not_fit_the_config_is_one_line(run_dir, tmp_path, capsys):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    (copy / "config.json").write_text(json.dumps(dict(TINY, d_ff=128)))
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(copy), "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == (
+        f"fastformer evaluate: error: {copy}/model.pt does not fit config.json: "
+        "transformer.encoder.layers.0.pos_ffn.conv1.weight has shape (64, 32, 1), the config needs (128, 32, 1)\n"
+    )
 
 
 def test_existing_output_directory_is_not_overwritten(run_dir, files, capsys):

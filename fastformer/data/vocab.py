@@ -1,6 +1,7 @@
 """The tutorial's SentencePiece vocab: BPE pieces plus seven special symbols at fixed ids."""
 import io
 import os
+import re
 
 # (id, piece) of the four control symbols, as the tutorial trains them; then three user symbols.
 PAD, UNK, BOS, EOS = (0, "[PAD]"), (1, "[UNK]"), (2, "[BOS]"), (3, "[EOS]")
@@ -29,20 +30,31 @@ def train_vocab(texts, model_file, n_pieces=8000):
     if not texts:
         raise ValueError("cannot train a vocab on an empty corpus")
     model = io.BytesIO()
-    _spm().SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
-        model_writer=model,
-        vocab_size=n_pieces + N_SPECIAL,
-        model_type="bpe",
-        max_sentence_length=999999,
-        pad_id=PAD[0], pad_piece=PAD[1],
-        unk_id=UNK[0], unk_piece=UNK[1],
-        bos_id=BOS[0], bos_piece=BOS[1],
-        eos_id=EOS[0], eos_piece=EOS[1],
-        user_defined_symbols=list(USER_SYMBOLS),
-        hard_vocab_limit=False,  # a small corpus gets a smaller vocab instead of an error
-        minloglevel=2,
-    )
+    try:
+        _spm().SentencePieceTrainer.train(
+            sentence_iterator=iter(texts),
+            model_writer=model,
+            vocab_size=n_pieces + N_SPECIAL,
+            model_type="bpe",
+            max_sentence_length=999999,
+            pad_id=PAD[0], pad_piece=PAD[1],
+            unk_id=UNK[0], unk_piece=UNK[1],
+            bos_id=BOS[0], bos_piece=BOS[1],
+            eos_id=EOS[0], eos_piece=EOS[1],
+            user_defined_symbols=list(USER_SYMBOLS),
+            hard_vocab_limit=False,  # a small corpus gets a smaller vocab instead of an error
+            minloglevel=2,
+        )
+    except RuntimeError as error:
+        # e.g. "... Vocabulary size is smaller than required_chars. 8 vs 42. ...": the corpus's
+        # characters and the special symbols each need a piece
+        needed = re.search(r"required_chars\. \d+ vs (\d+)", str(error))
+        if needed is None:
+            raise ValueError(f"SentencePiece could not train a vocab of {n_pieces} pieces: {error}") from None
+        raise ValueError(
+            f"a vocab of {n_pieces} pieces is too small for this corpus: its characters alone need "
+            f"{int(needed.group(1)) - N_SPECIAL}"
+        ) from None
     with open(model_file, "wb") as f:
         f.write(model.getvalue())
     return load_vocab(model_file)
