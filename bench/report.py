@@ -5,6 +5,7 @@
     python -m bench.report --targets           # only the cases the performance targets are judged on
     python -m bench.report --smoke --out /tmp/r # tiny shapes on a CPU: checks the report's code paths
     python -m bench.report --update-readme      # also splice the markdown table into README.md
+    python -m bench.report --from r.json --update-readme   # render saved results (no GPU needed)
 
 Writes into --out (default bench/results/):
     <gpu>.json   {"env": {gpu, torch, triton, cuda, date, bf16_gemm_tflops},
@@ -17,6 +18,8 @@ Providers are those of the schema (fastformer, reference, reference_fp32, sdpa, 
 plus fastformer_fused on ffn_fwd: the inference-only fully fused FFN, measured beside the two-GEMM
 path so the no-grad choice of kernels.feed_forward can follow the numbers.
 A case whose result fails its check is listed under "failed" and makes the command exit 1.
+`--from` reads reports already measured (this schema, or the "report" of a `bench.gpu_check`
+results.json), merges them and writes the same files, measuring nothing.
 """
 import argparse
 import json
@@ -121,9 +124,9 @@ def in_summary(bench, params):
     return True
 
 
-def markdown(report, select=None):
+def markdown(report, select=None, targets=True):
     """The results as markdown: one row per provider and case, with fastformer's speed-up over it,
-    then the targets. `select(bench, params)` keeps only some cases."""
+    then (unless `targets` is False) the targets. `select(bench, params)` keeps only some cases."""
     env = report["env"]
     lines = [
         f"Measured on {env['gpu']}, torch {env['torch']}, Triton {env['triton']}, CUDA {env['cuda']}, "
@@ -144,10 +147,11 @@ def markdown(report, select=None):
                 f"{_fmt(r['tokens_per_s'], ',.0f')} | {_fmt(r['peak_mem_mb'], ',.0f')} | "
                 f"{_fmt(ratio, '.2f') + 'x' if ratio else '-'} |"
             )
-    lines += ["", "| target | required | worst measured | cases | met |", "|---|---|---|---|---|"]
-    for t in evaluate_targets(report["results"]):
-        met = "not measured" if t["met"] is None else ("yes" if t["met"] else "**no**")
-        lines.append(f"| {t['target']} | {t['required']}x | {_fmt(t['worst'], '.2f')} | {t['cases']} | {met} |")
+    if targets:
+        lines += ["", "| target | required | worst measured | cases | met |", "|---|---|---|---|---|"]
+        for t in evaluate_targets(report["results"]):
+            met = "not measured" if t["met"] is None else ("yes" if t["met"] else "**no**")
+            lines.append(f"| {t['target']} | {t['required']}x | {_fmt(t['worst'], '.2f')} | {t['cases']} | {met} |")
     if report["skipped"]:
         lines += ["", f"{len(report['skipped'])} cases skipped (see the JSON for each reason)."]
     return "\n".join(lines) + "\n"
@@ -213,10 +217,15 @@ def plot(report, prefix):
     return written
 
 
-def run(cases, device, warmup=3, rep=10, log=print):
-    """Measure every case; returns the report dict (env, results, skipped, failed)."""
+def run(cases, device, warmup=3, rep=10, log=print, gemm_rate=None):
+    """Measure every case; returns the report dict (env, results, skipped, failed).
+
+    `gemm_rate` is the bf16 GEMM TFLOP/s used as the MFU denominator; when None it is measured
+    here on CUDA (and left None on a CPU)."""
     env = environment(device)
-    env["bf16_gemm_tflops"] = gemm_tflops(device) if torch.device(device).type == "cuda" else None
+    if gemm_rate is None and torch.device(device).type == "cuda":
+        gemm_rate = gemm_tflops(device)
+    env["bf16_gemm_tflops"] = gemm_rate
     report = {"env": env, "results": [], "skipped": [], "failed": []}
     for case in cases:
         try:
@@ -257,6 +266,44 @@ def write(report, out_dir, update_readme=False):
     return paths
 
 
+def load(path):
+    """A report saved by `write`, or the "report" inside a `bench.gpu_check` results.json."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not JSON ({error.msg}, line {error.lineno})") from None
+    report = data.get("report", data) if isinstance(data, dict) else None
+    missing = {"env", "results", "skipped", "failed"} - set(report or {})
+    if missing:
+        raise ValueError(f"{path} is not a benchmark report (missing {', '.join(sorted(missing))})")
+    return report
+
+
+def merge(reports):
+    """One report from several runs on one GPU: a case measured twice keeps its first record, an
+    identical skip or failure is listed once; the env is the first one's, with the first measured
+    GEMM rate."""
+    merged, seen = None, set()
+    for report in reports:
+        if merged is None:
+            merged = {"env": dict(report["env"]), "results": [], "skipped": [], "failed": []}
+        elif report["env"]["gpu"] != merged["env"]["gpu"]:
+            raise ValueError(f"reports from different GPUs: {merged['env']['gpu']!r} and {report['env']['gpu']!r}")
+        if merged["env"].get("bf16_gemm_tflops") is None:
+            merged["env"]["bf16_gemm_tflops"] = report["env"].get("bf16_gemm_tflops")
+        for record in report["results"]:
+            key = (*_key(record), record["provider"])
+            if key not in seen:
+                seen.add(key)
+                merged["results"].append(record)
+        for kind in ("skipped", "failed"):
+            merged[kind] += [entry for entry in report[kind] if entry not in merged[kind]]
+    if merged is None:
+        raise ValueError("no report given")
+    return merged
+
+
 def splice_readme(table, readme=README):
     with open(readme, encoding="utf-8") as f:
         text = f.read()
@@ -277,7 +324,22 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rep", type=int, default=10)
     parser.add_argument("--update-readme", action="store_true", help="splice the table into README.md")
+    parser.add_argument("--from", dest="sources", nargs="+", metavar="JSON",
+                        help="write the files from reports already measured (merged in order), measuring nothing")
     args = parser.parse_args(argv)
+    if args.sources:
+        try:
+            merged = merge(load(path) for path in args.sources)
+        except (OSError, ValueError) as error:
+            print(f"bench.report: --from: {error}", file=sys.stderr)
+            return 2
+        if args.update_readme and merged["env"]["gpu"] == "cpu":
+            print("bench.report: --from: these results were measured on a CPU; the README table holds GPU results",
+                  file=sys.stderr)
+            return 2
+        for path in write(merged, args.out, update_readme=args.update_readme):
+            print(f"wrote {path}")
+        return 0
     if torch.device(args.device).type != "cuda" and not args.smoke:
         print("bench.report: no CUDA GPU here; the benchmarks need one. Use --smoke for a CPU check "
               "of the report's code paths.", file=sys.stderr)

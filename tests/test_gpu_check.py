@@ -1,0 +1,303 @@
+"""bench.gpu_check on a CPU: the --smoke run's files, schema and summary; every stage reachable by
+--stage; a failing stage recorded with its traceback while the run goes on; the exit statuses; and
+the helpers whose real work only a GPU run reaches (bitwise comparison, graph breaks, JUnit counts,
+the model FLOP count, pytest's time budget)."""
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import gpu_check
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP_KEYS = {"schema", "command", "mode", "device", "started", "finished", "env", "units", "stages", "targets",
+            "targets_note", "report", "plots"}
+STAGE_KEYS = {"status", "seconds", "reason", "error", "traceback", "details"}
+RECORD_KEYS = {"bench", "provider", "params", "ms", "tflops", "tokens_per_s", "peak_mem_mb", "mfu"}
+# the --smoke run on a GPU would run the cuda tests and compile for real: that is the command's job there
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU behaviour of --smoke; on a GPU run the command")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One real `python -m bench.gpu_check --smoke` (about 30 s of one core), into a folder holding
+    a stranger's file and an earlier run's plot. A subprocess, as the command is run: inside the
+    pytest process the interpreter's allocations page-fault ten times more."""
+    out = tmp_path_factory.mktemp("smoke")
+    (out / "notes.txt").write_text("not gpu_check's\n")
+    (out / "plot-attention_fwd_d128.png").write_bytes(b"an earlier run's plot")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(out)], cwd=ROOT, env=env,
+                            capture_output=True, text=True)
+    return result, out, json.loads((out / "results.json").read_text())
+
+
+def _unit_patterns():
+    return [p for key in gpu_check.UNITS for p in key.split(", ")]
+
+
+def _has_unit(key):
+    return any(key == p or (p.startswith("*") and key.endswith(p[1:])) for p in _unit_patterns())
+
+
+def _figures(node, key=None):
+    """(key, value) of every non-integer number in a JSON tree: the figures that need a unit."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _figures(v, k)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _figures(v, key)
+    elif isinstance(node, float):
+        yield key, node
+
+
+@CPU_ONLY
+def test_smoke_run_exits_0_and_writes_only_its_files(smoke):
+    result, out, _ = smoke
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    names = {p.name for p in out.iterdir()} - {"notes.txt"}
+    plots = {n for n in names if n.endswith(".png")}
+    assert names - plots == {"summary.md", "results.json", "log.txt", "junit.xml"}
+    assert plots == {"plot-attention_fwd_d16.png", "plot-attention_fwd_bwd_d16.png", "plot-model.png"}
+    assert len(names) <= 8 and len(plots) <= 4
+    assert all((out / p).read_bytes()[:4] == b"\x89PNG" for p in plots)
+    assert (out / "notes.txt").read_text() == "not gpu_check's\n"  # not ours: left alone
+
+
+@CPU_ONLY
+def test_results_json_schema(smoke):
+    _, _, doc = smoke
+    assert set(doc) == TOP_KEYS
+    assert doc["schema"] == "fastformer.gpu_check/1" and doc["mode"] == "smoke" and doc["device"] == "cpu"
+    assert doc["finished"] and doc["started"] <= doc["finished"]
+    assert doc["env"]["gpu"] == "cpu" and doc["env"]["torch"] == torch.__version__ and doc["env"]["triton"]
+    assert doc["env"]["bf16_gemm_tflops"] is None and doc["env"]["d2d_copy_gbps"] is None  # no CPU "ceiling"
+    assert list(doc["stages"]) == list(gpu_check.STAGES)
+    for name, entry in doc["stages"].items():
+        assert set(entry) == STAGE_KEYS, name
+        assert entry["seconds"] >= 0 and entry["error"] is None and entry["traceback"] is None
+    statuses = {name: entry["status"] for name, entry in doc["stages"].items()}
+    assert statuses == {"env": "passed", "tests": "skipped", "compile": "skipped", "determinism": "passed",
+                        "bench": "passed", "model": "passed"}
+    for name in ("tests", "compile"):
+        assert doc["stages"][name]["reason"].startswith("needs CUDA: ")
+    assert doc["plots"] == sorted(p.name for p in smoke[1].iterdir() if p.suffix == ".png")
+    unitless = sorted({key for key, _ in _figures(doc) if not _has_unit(key)})
+    assert not unitless, f"figures without a unit in UNITS: {unitless}"
+
+
+@CPU_ONLY
+def test_smoke_stage_details(smoke):
+    _, _, doc = smoke
+    stages = {name: entry["details"] for name, entry in doc["stages"].items()}
+    assert all(details["summary"] for details in stages.values() if details)
+    env = stages["env"]
+    assert env["torch"] == torch.__version__ and env["sm_count"] is None
+    assert env["ceilings_note"].startswith("needs CUDA")
+    tests = stages["tests"]
+    assert tests["tests"] > 0 and tests["skipped"] == tests["tests"] and tests["passed"] == 0
+    assert tests["command"].startswith("python -m pytest tests -m cuda") and tests["returncode"] == 0
+    determinism = stages["determinism"]
+    assert [s["repetitions"] for s in determinism["attention"]["settings"]] == [gpu_check.SMOKE.attention_reps] * 2
+    assert all(s["mismatch"] is None for s in determinism["attention"]["settings"])
+    assert determinism["training"]["steps"] == gpu_check.SMOKE.train_steps and determinism["training"]["mismatch"] is None
+    assert stages["bench"]["failed"] == 0 and stages["bench"]["measured"] >= 5
+    model = stages["model"]
+    assert {(r["bench"], r["provider"]) for r in model["rows"]} == {
+        (b, p) for b in ("model_train", "model_infer") for p in ("fastformer", "reference_fp32")}
+    assert all(r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None for r in model["rows"])
+    assert model["mfu_note"].startswith("needs CUDA")
+
+
+@CPU_ONLY
+def test_smoke_report_and_targets(smoke):
+    _, _, doc = smoke
+    report = doc["report"]
+    assert set(report) == {"env", "results", "skipped", "failed"} and not report["failed"]
+    assert all(set(r) == RECORD_KEYS for r in report["results"])
+    assert {r["bench"] for r in report["results"]} == {"attention_fwd", "attention_fwd_bwd", "ffn_fwd_bwd",
+                                                       "model_train", "model_infer"}
+    assert {s["provider"] for s in report["skipped"]} == {"flex", "compile"}
+    assert all("CUDA only" in s["reason"] for s in report["skipped"])
+    assert len(doc["targets"]) == 11 and all(t["met"] is None for t in doc["targets"])
+    assert doc["targets_note"].startswith("not judged")
+    ffn = next(t for t in doc["targets"] if t["target"] == "ffn_fwd_bwd vs eager")
+    assert ffn["cases"] == 1 and ffn["worst"] > 0  # the ratio is kept, only the verdict is withheld
+
+
+@CPU_ONLY
+def test_smoke_summary_and_log(smoke):
+    _, out, doc = smoke
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# gpu_check on cpu (smoke)")
+    for name, entry in doc["stages"].items():
+        assert f"| {name} | {entry['status']} | " in summary
+    assert "| ffn_fwd_bwd vs eager | >= 1.15x |" in summary and "not judged (CPU)" in summary
+    assert "## Benchmarks" in summary and "| model_train | B=2" in summary
+    log = (out / "log.txt").read_text()
+    assert "=== determinism: passed" in log
+    assert "SKIPPED" in log  # the pytest run's own output, streamed
+    table = smoke[0].stdout[smoke[0].stdout.index("stage        status"):]  # the table printed at the end
+    assert table in log and "not judged (CPU)" in table
+    assert all(f"\n{name:<12} {entry['status']:<8} " in "\n" + table for name, entry in doc["stages"].items())
+
+
+@CPU_ONLY
+def test_bench_report_renders_the_results_for_committing(smoke, tmp_path, capsys):
+    """The README's commit step: `python -m bench.report --from results.json` writes the report's
+    files from the records measured, with no GPU; a second file's duplicate records are dropped."""
+    from bench import report
+
+    results = str(smoke[1] / "results.json")
+    assert report.main(["--from", results, results, "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "cpu.json").read_text())
+    assert saved["results"] == smoke[2]["report"]["results"]
+    assert {"cpu.md", "cpu-model.png", "cpu-attention_fwd_d16.png"} <= {p.name for p in tmp_path.iterdir()}
+    assert report.main(["--from", str(smoke[1] / "log.txt"), "--out", str(tmp_path)]) == 2
+    assert "log.txt is not JSON" in capsys.readouterr().err
+
+
+def _recorders(monkeypatch, calls):
+    for name in gpu_check.STAGES:
+        def stage(run, name=name):
+            calls.append(name)
+            return {"summary": f"{name} ran"}
+
+        monkeypatch.setitem(gpu_check.STAGE_FUNCTIONS, name, stage)
+
+
+def test_every_stage_is_reachable_alone_and_stages_run_in_order(tmp_path, monkeypatch):
+    calls = []
+    _recorders(monkeypatch, calls)
+    for name in gpu_check.STAGES:
+        calls.clear()
+        assert gpu_check.main(["--smoke", "--out", str(tmp_path / name), "--stage", name]) == 0
+        assert calls == [name]
+        doc = json.loads((tmp_path / name / "results.json").read_text())
+        assert list(doc["stages"]) == [name] and doc["stages"][name]["details"] == {"summary": f"{name} ran"}
+    calls.clear()
+    assert gpu_check.main(["--smoke", "--out", str(tmp_path / "two"), "--stage", "model, env"]) == 0
+    assert calls == ["env", "model"]
+
+
+def test_a_failing_stage_is_recorded_with_its_traceback_and_the_run_goes_on(tmp_path, monkeypatch):
+    seen = {}
+
+    def planted_failure(run):
+        raise RuntimeError("planted failure")
+
+    def compile_reads_the_partial_results(run):
+        seen.update(json.loads((tmp_path / "results.json").read_text())["stages"])
+        return {"summary": "ran after the failure"}
+
+    monkeypatch.setitem(gpu_check.STAGE_FUNCTIONS, "env", planted_failure)
+    monkeypatch.setitem(gpu_check.STAGE_FUNCTIONS, "compile", compile_reads_the_partial_results)
+    assert gpu_check.main(["--smoke", "--out", str(tmp_path), "--stage", "env,compile"]) == 1
+    assert seen["env"]["status"] == "failed" and seen["compile"]["status"] == "running"  # written as it went
+    doc = json.loads((tmp_path / "results.json").read_text())
+    env = doc["stages"]["env"]
+    assert env["status"] == "failed" and env["error"] == "RuntimeError: planted failure"
+    assert "in planted_failure" in env["traceback"] and env["traceback"].rstrip().endswith("RuntimeError: planted failure")
+    assert doc["stages"]["compile"]["status"] == "passed"
+    assert "in planted_failure" in (tmp_path / "summary.md").read_text()
+    assert "in planted_failure" in (tmp_path / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--stage", "env,nope"], ["'nope'", *gpu_check.STAGES]),
+    (["--stage", " , "], ["no stage given", *gpu_check.STAGES]),
+    (["--quick", "--smoke"], ["not allowed"]),
+    (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+])
+def test_a_bad_command_line_exits_2_with_one_line(tmp_path, capsys, argv, words):
+    out = tmp_path / "out"
+    assert gpu_check.main(["--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu_check: ") and err.count("\n") == 1, err
+    assert all(w in err for w in words), err
+    assert not out.exists()
+
+
+def test_out_is_required(capsys):
+    assert gpu_check.main(["--smoke"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err
+
+
+@CPU_ONLY
+def test_without_cuda_a_full_run_fails_env_and_skips_the_rest(tmp_path):
+    assert gpu_check.main(["--out", str(tmp_path), "--stage", "env,bench"]) == 1
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["stages"]["env"]["status"] == "failed"
+    assert doc["stages"]["env"]["error"].startswith("Failed: no CUDA device")
+    assert doc["stages"]["bench"]["status"] == "skipped" and doc["stages"]["bench"]["reason"].startswith("needs CUDA")
+
+
+def test_first_mismatch_names_the_tensor_the_index_and_both_values():
+    a = {"out": torch.zeros(2, 3), "dq": torch.arange(6.0).view(2, 3)}
+    b = {"out": torch.zeros(2, 3), "dq": torch.arange(6.0).view(2, 3)}
+    assert gpu_check.first_mismatch(a, b) is None
+    b["dq"][1, 2] = 5.5
+    assert gpu_check.first_mismatch(a, b) == {"tensor": "dq", "index": [1, 2], "first": 5.0, "second": 5.5}
+    nan = {"x": torch.tensor([math.nan], dtype=torch.bfloat16)}
+    assert gpu_check.first_mismatch(nan, {"x": nan["x"].clone()}) is None  # bits, not ==
+    signed = gpu_check.first_mismatch({"x": torch.tensor([0.0])}, {"x": torch.tensor([-0.0])})
+    assert signed["index"] == [0]  # equal as numbers, not bitwise
+    assert gpu_check.first_mismatch({"x": torch.zeros(2)}, {"x": torch.zeros(3)})["index"] is None
+
+
+def test_graph_breaks_are_reported_by_reason_and_place():
+    def breaks_once(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    line = inspect.getsourcelines(breaks_once)[1] + 2
+    assert gpu_check.graph_breaks(breaks_once, torch.randn(3)) == [
+        {"reason": "Call to `torch._dynamo.graph_break()`", "where": f"tests/test_gpu_check.py:{line}"}]
+    assert gpu_check.graph_breaks(lambda x: x + 1, torch.randn(3)) == []
+
+
+def test_junit_counts(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite tests="4" failures="1" errors="1" skipped="1" time="2.5">'
+        '<testcase classname="tests.test_a" name="test_ok" time="1"/>'
+        '<testcase classname="tests.test_a" name="test_bad[bf16]" time="1"><failure message="AssertionError: dq off&#10;more">'
+        "trace</failure></testcase>"
+        '<testcase classname="tests.test_a" name="test_setup" time="0.5"><error message="fixture failed">trace</error></testcase>'
+        '<testcase classname="tests.test_b" name="test_gpu" time="0"><skipped message="needs a CUDA GPU"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert gpu_check.junit_counts(path) == {
+        "tests": 4, "passed": 1, "failed": 1, "errors": 1, "skipped": 1, "seconds": 2.5,
+        "failures": ["tests.test_a::test_bad[bf16] (failure): AssertionError: dq off",
+                     "tests.test_a::test_setup (error): fixture failed"],
+        "skip_reasons": {"needs a CUDA GPU": 1},
+    }
+
+
+def test_model_flops_by_hand():
+    config = gpu_check.fastformer.Config.tutorial(**gpu_check.TINY)  # d 32, heads 2 x 16, d_ff 64, 1 layer
+    # one review of 3 real tokens, decoder [BOS]:
+    # encoder 2*3*(4*32*32 + 2*32*64) + 4*9*32 = 50304
+    # decoder 2*1*(6*32*32 + 2*32*64) + 2*3*2*32*32 + 2*1*1*32 + 4*1*3*32 = 33216; classifier 2*32*2 = 128
+    assert gpu_check.model_flops(config, [3], [1], "infer") == 50304 + 33216 + 128
+    assert gpu_check.model_flops(config, [3, 3], [1, 1], "train") == 6 * (50304 + 33216 + 128)
+
+
+def test_copy_bandwidth_is_measured_on_any_device():
+    assert gpu_check.copy_gbps("cpu", 2**16, rep=2, inner=2) > 0
+
+
+def test_pytest_is_interrupted_at_the_budget():
+    command = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    returncode, timed_out = gpu_check._stream(command, timeout=1)
+    assert timed_out and returncode != 0
