@@ -29,13 +29,13 @@ def _cuda_only(device, provider):
         raise Skip(f"{provider} is benchmarked on CUDA only (torch.compile over Triton code needs a GPU)")
 
 
-_COMPILED = {}  # compiled callables, one per function, shared by the cases of this process
-
-
-def _compiled(fn, key):
-    if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(fn, dynamic=False)
-    return _COMPILED[key]
+def _compiled(fn):
+    """torch.compile(fn) for one case, called in the case's setup. Dynamo's caches are reset first:
+    it keeps at most `recompile_limit` (8) graphs per function and past that silently runs the
+    function eagerly, so a suite of more shapes would time eager code under the "compile" and
+    "flex" names. Each case compiles its own shape (compile time is not timed)."""
+    torch._dynamo.reset()
+    return torch.compile(fn, dynamic=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def _attention_provider(provider, key_padding, causal, B, L, device):
         return lambda q, k, v: kernels.attention_reference(q, k, v, key_padding_mask=key_padding, causal=causal)
     if provider == "compile":
         _cuda_only(device, provider)
-        ref = _compiled(kernels.attention_reference, "attention_reference")
+        ref = _compiled(kernels.attention_reference)
         return lambda q, k, v: ref(q, k, v, key_padding_mask=key_padding, causal=causal)
     if provider == "sdpa":
         if key_padding is None:
@@ -72,7 +72,7 @@ def _attention_provider(provider, key_padding, causal, B, L, device):
         _cuda_only(device, provider)
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        flex = _compiled(flex_attention, "flex_attention")
+        flex = _compiled(flex_attention)
         if key_padding is None and not causal:
             return lambda q, k, v: flex(q, k, v)
         lengths = (~key_padding).sum(1) if key_padding is not None else None
@@ -186,7 +186,7 @@ def ffn_case(mode, op, M, d, d_ff, provider, device, dtype="bf16"):
             fn = kernels.feed_forward_fused
         if provider == "compile":
             _cuda_only(device, provider)
-            fn = _compiled(eager, f"eager_{op}")
+            fn = _compiled(eager)
         if fn is None:
             raise ValueError(f"unknown FFN provider {provider!r}")
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -239,7 +239,7 @@ def add_layer_norm_case(mode, M, d, provider, device, dtype="bf16"):
             fn = _eager_add_layer_norm
         elif provider == "compile":
             _cuda_only(device, provider)
-            fn = _compiled(_eager_add_layer_norm, "eager_add_layer_norm")
+            fn = _compiled(_eager_add_layer_norm)
         else:
             raise ValueError(f"unknown add_layer_norm provider {provider!r}")
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -326,7 +326,7 @@ def model_case(kind, scenario, provider, device, B=128, config=None, amp=None):
         torch.manual_seed(0)
         model = fastformer.MovieClassification(config).to(device)
         initial = {k: v.clone() for k, v in model.state_dict().items()}
-        forward = torch.compile(model, dynamic=False) if provider == "compile" else model
+        forward = _compiled(model) if provider == "compile" else model
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def logits():
