@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fastformer import Config, MovieClassification
+from fastformer import job
 from fastformer.cli import main
 from fastformer.data import load_vocab
 from fastformer.training import predict_proba
@@ -291,8 +292,6 @@ class NanAtBatch:
 
 
 def test_a_nan_loss_keeps_the_last_good_checkpoint(files, tmp_path, monkeypatch, capsys):
-    from fastformer import job
-
     epochs = []
 
     def train_epoch(model, loader, *args, **kwargs):
@@ -392,3 +391,11 @@ def test_train_runs_under_autocast_and_on_the_kernels(files, tmp_path, extra):
         assert run["amp"] == extra[1]
     else:
         assert run["kernels"] == "triton"
+
+
+@pytest.mark.parametrize("load, expected", [(0.1, 8), (2.6, 5), (7.9, 1), (30.0, 1)])
+def test_cpu_threads_take_the_cores_that_are_not_busy(monkeypatch, load, expected):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0), raising=False)
+    assert job.cpu_threads() == expected
