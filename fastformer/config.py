@@ -54,18 +54,7 @@ class Config(dict):
     def load(cls, file):
         """Read a JSON file of keys and values, as the tutorial's Config.load does. A file that is
         not a JSON object raises ValueError naming it."""
-        try:
-            with open(file, "r", encoding="utf-8-sig") as f:
-                values = json.load(f)
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{file}: not a config (not UTF-8 text at byte {error.start})") from None
-        except json.JSONDecodeError as error:
-            where = f"{error.msg} at line {error.lineno} column {error.colno}"
-            what = "the file is empty" if not error.doc.strip() else where
-            raise ValueError(f"{file}: not a JSON config ({what})") from None
-        if not isinstance(values, dict):
-            raise ValueError(f"{file}: a config is a JSON object of keys and values, got a {type(values).__name__}")
-        return cls(values)
+        return cls(read_json_object(file, "config"))
 
     def save(self, file):
         """Write the config as JSON (values JSON cannot hold, such as a torch.device, as strings)."""
@@ -77,6 +66,23 @@ class Config(dict):
     def tutorial(cls, **overrides):
         """The tutorial's configuration, with any keys overridden."""
         return cls({**TUTORIAL, **overrides})
+
+
+def read_json_object(path, what):
+    """The JSON object in `path`, or ValueError naming the file and what is wrong with it; `what`
+    names the kind of file in the message ("config", "run file")."""
+    try:
+        with open(path, "r", encoding="utf-8-sig") as f:
+            value = json.load(f)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a JSON {what} (not UTF-8 text at byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        empty = not error.doc.strip()
+        detail = "the file is empty" if empty else f"{error.msg} at line {error.lineno} column {error.colno}"
+        raise ValueError(f"{path}: not a JSON {what} ({detail})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: a {what} is a JSON object of keys and values, got a {type(value).__name__}")
+    return value
 
 
 def _is_int(value):

@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from fastformer import backend
-from fastformer.config import TUTORIAL, Config, check_config
+from fastformer.config import TUTORIAL, Config, check_config, read_json_object
 from fastformer.data import demo
 from fastformer.data.reviews import (
     LengthBucketSampler,
@@ -167,26 +167,6 @@ def _sync_dir(path):
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _read_json(path, required=()):
-    """A JSON object from `path`; ValueError naming the file if it is empty, truncated, not JSON or
-    lacks a required key."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"file not found: {path}")
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            value = json.load(f)
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}); the file is damaged") from None
-    except json.JSONDecodeError as error:
-        if not error.doc.strip():
-            raise ValueError(f"{path} is empty") from None
-        raise ValueError(f"{path} is not valid JSON ({error.msg} at line {error.lineno}); truncated or damaged?") from None
-    missing = [key for key in required if not isinstance(value, dict) or key not in value]
-    if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}")
-    return value
 
 
 def _load_torch(path):
@@ -356,7 +336,12 @@ def _load_run_json(run_dir, required=()):
     missing = [f for f in RUN_FILES if not os.path.isfile(os.path.join(run_dir, f))]
     if missing:
         raise ValueError(f"{run_dir} is not a fastformer run directory (missing {', '.join(missing)})")
-    return _read_json(os.path.join(run_dir, "run.json"), required)
+    path = os.path.join(run_dir, "run.json")
+    run_info = read_json_object(path, "run file")
+    missing = [key for key in required if key not in run_info]
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}")
+    return run_info
 
 
 def _is_unstarted_run(path):

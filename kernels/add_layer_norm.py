@@ -20,12 +20,12 @@ from kernels._common import (
     check_tensor,
     draw_seed,
     dropout_mask,
-    last_dim_contiguous,
     philox_keep,
     require_launchable,
     rows_view,
     tl,
     triton,
+    vector_stride,
     warn_once,
 )
 
@@ -104,19 +104,9 @@ def _add_ln_bwd_kernel(
     tl.store(DB_PARTIAL + pid * n_cols + cols, db, mask=ok)
 
 
-def _rows(t):
-    """A (rows, n_cols) view with unit last stride (a copy only when the leading dims cannot merge)."""
-    return last_dim_contiguous(rows_view(t))
-
-
-def _stride(vector):
-    """The element stride of an optional (d,) weight or bias: views and expanded vectors read as they are."""
-    return 0 if vector is None else vector.stride(0)
-
-
 def _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype):
     n_cols = x.shape[-1]
-    x2, r2 = _rows(x), _rows(residual)
+    x2, r2 = rows_view(x), rows_view(residual)
     n_rows = x2.shape[0]
     y = torch.empty(n_rows, n_cols, dtype=out_dtype, device=x.device)
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -124,7 +114,7 @@ def _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype):
     seed = draw_seed(x.device) if dropout_p > 0.0 else torch.empty(0, dtype=torch.int64, device=x.device)
     torch.library.wrap_triton(_add_ln_fwd_kernel)[(n_rows,)](
         x2, r2, x2 if weight is None else weight, x2 if bias is None else bias, y, mean, rstd, seed,
-        x2.stride(0), r2.stride(0), _stride(weight), _stride(bias), y.stride(0),
+        x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(bias), y.stride(0),
         n_cols, eps, dropout_p,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0.0,
         BLOCK_N=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
@@ -168,7 +158,7 @@ def _add_layer_norm_backward_op(
     dropout_p: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     n_cols = x.shape[-1]
-    x2, r2, dy2 = _rows(x), _rows(residual), _rows(dy)
+    x2, r2, dy2 = rows_view(x), rows_view(residual), rows_view(dy)
     n_rows = x2.shape[0]
     dx = torch.empty(n_rows, n_cols, dtype=x.dtype, device=x.device)
     dr = torch.empty(n_rows, n_cols, dtype=residual.dtype, device=x.device)
@@ -177,7 +167,7 @@ def _add_layer_norm_backward_op(
     db_partial = torch.empty_like(dw_partial)
     torch.library.wrap_triton(_add_ln_bwd_kernel)[(programs,)](
         x2, r2, x2 if weight is None else weight, dy2, dx, dr, dw_partial, db_partial, mean, rstd, seed,
-        x2.stride(0), r2.stride(0), _stride(weight), dy2.stride(0), dx.stride(0), dr.stride(0),
+        x2.stride(0), r2.stride(0), vector_stride(weight), dy2.stride(0), dx.stride(0), dr.stride(0),
         n_rows, n_cols, triton.cdiv(n_rows, programs), dropout_p,
         HAS_WEIGHT=weight is not None, HAS_DROPOUT=dropout_p > 0.0,
         BLOCK_N=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),

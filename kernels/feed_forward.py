@@ -25,11 +25,11 @@ from kernels._common import (
     check_same_dtype,
     check_tensor,
     dot_precision,
-    last_dim_contiguous,
     require_launchable,
     rows_view,
     tl,
     triton,
+    vector_stride,
 )
 from kernels.linear_gelu import (
     _activation,
@@ -116,8 +116,8 @@ def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_N"]))  # noqa: E731
     torch.library.wrap_triton(_ffn_fused_fwd_kernel)[grid](
         x2, w1, x2 if b1 is None else b1, w2, x2 if b2 is None else b2, y,
-        x2.stride(0), w1.stride(0), w1.stride(1), 0 if b1 is None else b1.stride(0),
-        w2.stride(0), w2.stride(1), 0 if b2 is None else b2.stride(0), y.stride(0),
+        x2.stride(0), w1.stride(0), w1.stride(1), vector_stride(b1),
+        w2.stride(0), w2.stride(1), vector_stride(b2), y.stride(0),
         M, D, F_, triton.next_power_of_2(M),
         HAS_B1=b1 is not None, HAS_B2=b2 is not None, ACTIVATION=activation, DOT_PRECISION=dot_precision(x2.dtype),
     )
@@ -183,5 +183,5 @@ def feed_forward_fused(x, w1, b1, w2, b2, *, activation="gelu"):
         raise ValueError("feed_forward_fused has no backward: call it under torch.no_grad(), or use feed_forward")
     x, w1, b1, w2, b2 = autocast_inputs(x, w1, b1, w2, b2)
     require_launchable("feed_forward_fused", x, w1, b1, w2, b2)
-    y = _feed_forward_fused_op(last_dim_contiguous(rows_view(x)), w1, b1, w2, b2, activation)
+    y = _feed_forward_fused_op(rows_view(x), w1, b1, w2, b2, activation)
     return y.view(x.shape)

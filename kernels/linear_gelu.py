@@ -21,11 +21,11 @@ from kernels._common import (
     check_same_dtype,
     check_tensor,
     dot_precision,
-    last_dim_contiguous,
     require_launchable,
     rows_view,
     tl,
     triton,
+    vector_stride,
 )
 
 # tl.constexpr: jit code may read module globals only when they are constexprs (see kernels/_common.py)
@@ -125,7 +125,7 @@ def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
     torch.library.wrap_triton(_linear_gelu_fwd_kernel)[grid](
         x2, weight, x2 if bias is None else bias, y, pre if store_pre else y,
-        x2.stride(0), weight.stride(0), weight.stride(1), 0 if bias is None else bias.stride(0),
+        x2.stride(0), weight.stride(0), weight.stride(1), vector_stride(bias),
         y.stride(0), pre.stride(0) if store_pre else 0,
         M, N, K, triton.next_power_of_2(M),
         HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_PRE=store_pre, DOT_PRECISION=dot_precision(x2.dtype),
@@ -220,7 +220,7 @@ def linear_gelu(x, weight, bias, *, activation="gelu"):
     check_activation(activation)
     x, weight, bias = autocast_inputs(x, weight, bias)
     require_launchable("linear_gelu", x, weight, bias)
-    x2 = last_dim_contiguous(rows_view(x))
+    x2 = rows_view(x)
     store_pre = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     y, _ = _linear_gelu_forward_op(x2, weight, bias, activation, store_pre)
     return y.view(*x.shape[:-1], weight.shape[0])
