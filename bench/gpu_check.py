@@ -23,7 +23,11 @@ installs nothing and needs no network. The stages run in this order, whatever or
   model        MovieClassification with the tutorial's config on batches of NSMC-like reviews (8 to
                128 tokens, padded): train step and inference for fastformer (bf16 autocast), the
                reference in fp32, under bf16 autocast, and compiled: tokens/s on real tokens, peak
-               memory, MFU against the env stage's GEMM ceiling
+               memory, MFU against the env stage's GEMM ceiling. Then convergence: the same config
+               (dropout 0) trained from one seed for a few dozen steps on real reviews
+               (tests/data/rotten_tomatoes_200.tsv) on the Triton kernels and on the reference,
+               both under the run's autocast, and on the reference in fp64; at every step
+               |fastformer - fp64| <= 2 * max over the steps |reference - fp64| + atol
 
 Each stage is timed and has a time budget (Plan below), checked between its items: cases left
 when it is spent are reported as not run, and the stage fails. A stage's failure is recorded with
@@ -66,7 +70,10 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                     training: {config, batch, amp, steps, mismatch}; a mismatch is {tensor, at,
                     index, first, second} (the first differing element of the first differing tensor)
       bench, model  cases, measured, skipped, failed, not_run; model also rows (bench, provider,
-                    ms, tokens_per_s, peak_mem_mb, tflops, mfu) and mfu_note
+                    ms, tokens_per_s, peak_mem_mb, tflops, mfu), mfu_note and convergence: {config,
+                    batch, steps, reviews, amp, lr, curve: [{step, fastformer_loss, reference_loss,
+                    reference_fp64_loss}], max_loss_diff, reference_max_loss_diff, loss_atol,
+                    loss_tolerance, worst_step, agree}, or {not_run} when the budget was spent
   targets               bench.report's targets judged on this run's records: [{target, required,
                         worst, cases, met}]; worst is the worst ratio measured, met null when none
                         was (and on a CPU, where targets_note says why nothing is judged)
@@ -78,6 +85,7 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
 """
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -86,6 +94,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -107,7 +116,8 @@ from bench import cases as suite  # noqa: E402
 from bench import report as bench_report  # noqa: E402
 from bench.common import environment, gemm_tflops, synchronize, time_ms  # noqa: E402
 from fastformer.compat.aladdinpersson import Transformer as AladdinTransformer  # noqa: E402
-from fastformer.training import autocast, sequence_cross_entropy  # noqa: E402
+from fastformer.data import MovieDataSet, movie_collate_fn, read_reviews, train_vocab  # noqa: E402
+from fastformer.training import autocast, loss_curve, sequence_cross_entropy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = "fastformer.gpu_check/1"
@@ -127,6 +137,8 @@ UNITS = {
     "required, worst": "ratios: a peer's time over fastformer's, or for memory fastformer's peak over the peer's",
     "max_abs_diff, tolerance": "absolute difference of logits",
     "dropout": "a probability",
+    "*_loss, *_loss_diff, loss_atol, loss_tolerance": "cross-entropy in nats (a step's mean over its batch)",
+    "lr": "AdamW learning rate",
 }
 # The cuda tests --quick and --smoke leave out: the dense-mask attention path (the models never
 # take it), the inference-only fused FFN (not wired into the models) and the B*H > 65535 grid test
@@ -138,6 +150,14 @@ BENCH_ORDER = ("model_train", "ffn_fwd_bwd", "attention_fwd", "attention_fwd_bwd
 # smoke_suite's tiny MovieClassification
 TINY = dict(n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12,
             n_dec_seq=12)
+# The convergence comparison: 200 real review sentences (tests/data/README.md), a vocab trained on
+# them, and the atol of its rule by autocast ("off", fp32: tests/test_convergence.py measured
+# |fastformer - fp64| up to 1.3e-6 against 2 x 1.2e-6 + atol; "bf16": not yet run on a GPU, where
+# 2 x the reference's bf16 error should dominate).
+CONVERGENCE_REVIEWS = os.path.join(ROOT, "tests", "data", "rotten_tomatoes_200.tsv")
+CONVERGENCE_PIECES = 300
+CONVERGENCE_LR = 2e-3
+LOSS_ATOL = {"off": 1e-6, "bf16": 1e-3}
 
 
 @dataclass(frozen=True)
@@ -161,6 +181,7 @@ class Plan:
     measure_rep: int
     model_providers: tuple
     copy_bytes: int
+    convergence: dict  # batch, steps and reviews (the first of the file's fixed order, cycled)
 
 
 FULL = Plan(
@@ -178,6 +199,7 @@ FULL = Plan(
     measure_rep=10,
     model_providers=suite.MODEL_PROVIDERS,
     copy_bytes=2**30,
+    convergence=dict(batch=32, steps=36, reviews=192),
 )
 QUICK = replace(
     FULL,
@@ -207,6 +229,7 @@ SMOKE = replace(
     measure_rep=1,
     model_providers=suite.MODEL_PROVIDERS,
     copy_bytes=2**24,
+    convergence=dict(batch=2, steps=3, reviews=6),
 )
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
@@ -888,8 +911,12 @@ def stage_model(run):
             mfu = f", MFU {ours['mfu']:.1%}" if ours["mfu"] else ""
             speedups = f" (speed-up {peers})" if peers else ""
             parts.append(f"{bench[6:]}: fastformer {ours['tokens_per_s']:,.0f} tok/s{mfu}{speedups}")
-    details["summary"] = "; ".join(parts) or "nothing measured"
+    convergence = details["convergence"] = _convergence(run)
+    parts.append(_convergence_note(convergence))
+    details["summary"] = "; ".join(p for p in parts if p) or "nothing measured"
     _raise_for_cases(details)
+    if not convergence.get("agree"):
+        raise Failed(details["summary"], details)
     return details
 
 
@@ -909,6 +936,77 @@ def _model_cases(run):
             case.flops = model_flops(config, *lengths, kind)
             cases.append(case)
     return cases
+
+
+def convergence_setup(overrides, batch, steps, reviews):
+    """(config, batches) of the convergence comparison: Config.tutorial with `overrides`, dropout 0
+    and the vocab of a BPE model trained on CONVERGENCE_REVIEWS; `steps` batches of `batch` reviews
+    from the file's first `reviews` in a fixed shuffled order, cycled."""
+    texts = read_reviews(CONVERGENCE_REVIEWS)
+    with tempfile.TemporaryDirectory(prefix="fastformer-") as folder:
+        vocab = train_vocab([r.doc for r in texts], os.path.join(folder, "vocab.model"), n_pieces=CONVERGENCE_PIECES)
+    n_vocab = vocab.get_piece_size()
+    config = fastformer.Config.tutorial(**dict(overrides, n_enc_vocab=n_vocab, n_dec_vocab=n_vocab, dropout=0.0))
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(0)).tolist()[:reviews]
+    dataset = MovieDataSet(vocab, [texts[i] for i in order], max_len=config.n_enc_seq, progress=False)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch,
+                                         collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad))
+    return config, list(itertools.islice(itertools.cycle(list(loader)), steps))
+
+
+def convergence_curves(config, batches, device, amp, lr=CONVERGENCE_LR):
+    """The loss of every step of MovieClassification trained from one seed with AdamW on `batches`:
+    "fastformer" (the Triton kernels) and "reference" (PyTorch) under `amp`, "reference_fp64"
+    (PyTorch in fp64, no autocast; the loss itself is taken in fp32, as fastformer.training does)."""
+    curves = {}
+    for name, backend_name, dtype, run_amp in (("fastformer", "triton", torch.float32, amp),
+                                               ("reference", "reference", torch.float32, amp),
+                                               ("reference_fp64", "reference", torch.float64, "off")):
+        torch.manual_seed(0)
+        model = fastformer.MovieClassification(config).to(device, dtype)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        with fastformer.use_backend(backend_name):
+            curves[name] = loss_curve(model, batches, optimizer, device=device, amp=run_amp)
+    return curves
+
+
+def compare_curves(curves, atol):
+    """The tests' rule on loss curves: at every step |fastformer - reference_fp64| <= 2 * (the
+    largest |reference - reference_fp64| over the steps) + atol. Returns the figures and `agree`."""
+    fp64 = curves["reference_fp64"]
+    ours = [abs(a - b) for a, b in zip(curves["fastformer"], fp64)]
+    torch_error = max(abs(a - b) for a, b in zip(curves["reference"], fp64))
+    tolerance = 2 * torch_error + atol
+    worst = max(range(len(ours)), key=ours.__getitem__)
+    return {"max_loss_diff": ours[worst], "reference_max_loss_diff": torch_error, "loss_atol": atol,
+            "loss_tolerance": tolerance, "worst_step": worst + 1, "agree": ours[worst] <= tolerance}
+
+
+def _convergence(run):
+    """convergence_curves at the plan's config, batch and steps on this run's device and autocast,
+    judged by compare_curves; {"not_run": reason} when the stage's budget is spent."""
+    if time.monotonic() > run.deadline("model"):
+        return {"not_run": f"the model stage's budget of {run.plan.budget_seconds['model']} s was spent"}
+    plan = run.plan.convergence
+    config, batches = convergence_setup(run.plan.config, plan["batch"], plan["steps"], plan["reviews"])
+    curves = convergence_curves(config, batches, run.device, run.amp)
+    result = compare_curves(curves, LOSS_ATOL[run.amp])
+    curve = [dict(step=i + 1, **{f"{name}_loss": values[i] for name, values in curves.items()})
+             for i in range(len(batches))]
+    sizes = {k: config[k] for k in ("n_layer", "d_hidn", "n_head", "d_head", "d_ff", "n_enc_seq", "n_enc_vocab",
+                                    "dropout")}
+    print(f"convergence: {len(batches)} steps, max |fastformer - fp64| {result['max_loss_diff']:.3g} "
+          f"(tolerance {result['loss_tolerance']:.3g}), {'agree' if result['agree'] else 'DISAGREE'}", flush=True)
+    return {"config": sizes, **plan, "amp": run.amp, "lr": CONVERGENCE_LR, "curve": curve, **result}
+
+
+def _convergence_note(convergence):
+    if "not_run" in convergence:
+        return f"convergence not run: {convergence['not_run']}"
+    verdict = "agree" if convergence["agree"] else f"DISAGREE at step {convergence['worst_step']}"
+    return (f"convergence over {convergence['steps']} steps: triton and reference loss curves {verdict} "
+            f"(max |fastformer - fp64| {convergence['max_loss_diff']:.2g}, "
+            f"tolerance {convergence['loss_tolerance']:.2g})")
 
 
 def _measure(run, stage, cases):

@@ -17,6 +17,14 @@ The directory appears in one step, with config.json, vocab.model and run.json; e
 writes checkpoint-N into a staging directory that is renamed into place, so a crash at any point
 leaves the previous checkpoint or the new one, never a mix. A run killed before its first
 checkpoint can be resumed (it starts again) or replaced by a new run with the same --out.
+
+Under torchrun (`torchrun --nproc_per_node N -m fastformer train ...`) each process trains a
+DistributedDataParallel replica: the process group comes from the environment torchrun sets (nccl
+on CUDA, each process on the GPU of its LOCAL_RANK; gloo on a CPU), --batch-size is per process,
+and every batch of batch_size * N reviews is shared out by ShardedBatchSampler, so N processes at
+batch b train on the batches one process draws at N * b. Rank 0 trains the vocab and sends it to
+the others, and alone writes the run directory and shows progress; the metrics are summed over the
+processes. A checkpoint keeps every process's RNG state, and --resume needs the same N.
 """
 import contextlib
 import json
@@ -27,16 +35,18 @@ import re
 import shutil
 import tempfile
 import time
+from typing import NamedTuple, Optional
 
 import torch
 from tqdm.auto import tqdm
 
 from fastformer import backend
 from fastformer.config import TUTORIAL, Config, check_config, read_json_object
-from fastformer.data import demo
+from fastformer.data import demo, rotten_tomatoes
 from fastformer.data.reviews import (
     LengthBucketSampler,
     MovieDataSet,
+    ShardedBatchSampler,
     check_labels,
     infer_classes,
     movie_collate_fn,
@@ -64,6 +74,8 @@ RUN_OPTIONS = ("train", "test", "vocab", "vocab_size", "config", "n_output", "ba
                "weight_decay", "seed", "bucket")
 PATH_OPTIONS = ("train", "test", "vocab", "config")
 RUN_FILES = ("config.json", "vocab.model", "run.json")  # a run directory has these from its start
+DATASETS = ("demo", "rotten-tomatoes")  # --dataset: the embedded set, or what `fastformer data` prepared
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 STAGING = ".checkpoint.tmp"
 
@@ -81,18 +93,74 @@ def cpu_threads():
     return max(1, min(cores, cores - busy))
 
 
-def resolve_device(name):
+def resolve_device(name, local_rank=None):
+    """The device `name` names (default: cuda if available, else cpu). In a torchrun job
+    (`local_rank` given) a CUDA device is the GPU of the process's local rank."""
     if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
         raise ValueError(f"--device: not a device: {name!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    if device.type == "cuda" and local_rank is not None:
+        if device.index is not None:
+            raise ValueError(f"--device {name}: under torchrun each process takes the GPU of its LOCAL_RANK; "
+                             "pass --device cuda")
+        device = torch.device("cuda", local_rank)
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+class Launch(NamedTuple):
+    """Where this process stands: (rank, world_size, local_rank) in a torchrun job, and whether it
+    is one; a plain run is (0, 1, None, False) and starts no process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: Optional[int] = None
+    distributed: bool = False
+
+
+def torchrun_launch():
+    """The Launch torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE) describes, or a plain one."""
+    if not all(name in os.environ for name in TORCHRUN_ENV):
+        return Launch()
+    try:
+        rank, local_rank, world_size = (int(os.environ[name]) for name in TORCHRUN_ENV)
+    except ValueError:
+        values = ", ".join(f"{name}={os.environ[name]!r}" for name in TORCHRUN_ENV)
+        raise ValueError(f"torchrun's environment is not integers: {values}") from None
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK {rank} is outside 0..WORLD_SIZE-1 (WORLD_SIZE {world_size})")
+    return Launch(rank, world_size, local_rank, True)
+
+
+@contextlib.contextmanager
+def process_group(launch, device):
+    """Join the torchrun job's process group for the block (nccl on CUDA, gloo on a CPU, set up from
+    the environment) and leave it after; a plain run starts none."""
+    if not launch.distributed:
+        yield
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _barrier(launch):
+    if launch.distributed:
+        torch.distributed.barrier()
+
+
+def _quiet(*args, **kwargs):
+    """The log of the processes other than rank 0."""
 
 
 def resolve_amp(amp, device):
@@ -264,23 +332,31 @@ def latest_checkpoint(run_dir):
     return os.path.join(run_dir, f"checkpoint-{epochs[-1]}") if epochs else None
 
 
-def _rng_state(device):
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None}
+def _rng_state(device, launch):
+    """This process's RNG states; in a torchrun job {"ranks": [every process's, by rank]} (a
+    collective: every process calls it)."""
+    state = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None}
+    if not launch.distributed:
+        return state
+    states = [None] * launch.world_size
+    torch.distributed.all_gather_object(states, state)
+    return {"ranks": states}
 
 
-def _set_rng_state(state, device):
+def _set_rng_state(state, device, launch):
+    if "ranks" in state:
+        state = state["ranks"][launch.rank]
     torch.set_rng_state(state["torch"])
     if device.type == "cuda" and state["cuda"] is not None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save_checkpoint(run_dir, model, trainer, device):
+def _save_checkpoint(run_dir, model, trainer):
     """Write checkpoint-<epoch> (model.pt, trainer.pt) as one unit and drop the older checkpoints.
     Returns its path."""
     staging = os.path.join(run_dir, STAGING)
     final = os.path.join(run_dir, f"checkpoint-{trainer['epoch']}")
     state_dict = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    trainer = {**trainer, "rng": _rng_state(device)}
     shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving
     try:
         os.mkdir(staging)
@@ -415,28 +491,37 @@ def _split(reviews, fraction, seed):
     return [reviews[i] for i in order[n_test:]], [reviews[i] for i in order[:n_test]]
 
 
-def _loaders(config, vocab, train_reviews, test_reviews, batch_size, bucket, seed):
+def _loaders(config, vocab, train_reviews, test_reviews, batch_size, bucket, seed, launch):
     """The train and test loaders, and set_epoch(epoch), which fixes the train order of an epoch
-    from (seed, epoch) alone, so a resumed run sees the batches an uninterrupted one would."""
-    train_set = MovieDataSet(vocab, train_reviews, max_len=config.n_enc_seq)
-    test_set = MovieDataSet(vocab, test_reviews, max_len=config.n_enc_seq)
+    from (seed, epoch) alone, so a resumed run sees the batches an uninterrupted one would. In a
+    torchrun job the batches are drawn at batch_size * world_size and shared out among the
+    processes (ShardedBatchSampler), and each process evaluates every world_size-th test review."""
+    progress = launch.rank == 0
+    train_set = MovieDataSet(vocab, train_reviews, max_len=config.n_enc_seq, progress=progress)
+    test_set = MovieDataSet(vocab, test_reviews, max_len=config.n_enc_seq, progress=progress)
 
     def collate(batch):
         return movie_collate_fn(batch, i_pad=config.i_pad)
 
+    drawn = batch_size * launch.world_size
     if bucket:
-        sampler = LengthBucketSampler(train_set.lengths(), batch_size, shuffle=True, seed=seed)
-        train_loader = torch.utils.data.DataLoader(train_set, batch_sampler=sampler, collate_fn=collate)
-        set_epoch = sampler.set_epoch
+        batches = LengthBucketSampler(train_set.lengths(), drawn, shuffle=True, seed=seed)
+        set_epoch, generator = batches.set_epoch, None
     else:
+        # what DataLoader(shuffle=True, generator=generator) builds, the generator also seeding its iterators
         generator = torch.Generator()
-        train_loader = torch.utils.data.DataLoader(
-            train_set, batch_size=batch_size, shuffle=True, generator=generator, collate_fn=collate
-        )
+        shuffled = torch.utils.data.RandomSampler(train_set, generator=generator)
+        batches = torch.utils.data.BatchSampler(shuffled, drawn, drop_last=False)
 
         def set_epoch(epoch):
             generator.manual_seed(seed + epoch)
 
+    if launch.distributed:
+        batches = ShardedBatchSampler(batches, launch.world_size, launch.rank)
+        test_set = torch.utils.data.Subset(test_set, range(launch.rank, len(test_set), launch.world_size))
+    train_loader = torch.utils.data.DataLoader(
+        train_set, batch_sampler=batches, collate_fn=collate, generator=generator
+    )
     test_loader = torch.utils.data.DataLoader(test_set, batch_size=batch_size, shuffle=False, collate_fn=collate)
     return train_loader, test_loader, set_epoch
 
@@ -448,18 +533,76 @@ def _check_labels(reviews, n_classes, source, hint):
         raise ValueError(f"{error}{hint}") from None
 
 
+def _dataset_files(dataset, train, test):
+    """The (train, test) files of --dataset: (None, None) for the embedded demo set, the files
+    `fastformer data rotten-tomatoes` wrote to its default cache; ValueError beside --train or
+    --test, or when those files are not there."""
+    if dataset not in DATASETS:
+        raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}, got {dataset!r}")
+    if train is not None or test is not None:
+        raise ValueError(f"--dataset {dataset} and --train/--test are alternatives: pass one or the other")
+    if dataset == "demo":
+        return None, None
+    files = rotten_tomatoes.split_files()
+    missing = next((path for path in files.values() if not os.path.isfile(path)), None)
+    if missing is not None:
+        raise ValueError(
+            f"--dataset {dataset}: {missing} not found; run `fastformer data rotten-tomatoes` first "
+            "(it downloads 2.5 MB with pip), or pass the files with --train and --test"
+        )
+    return files["train"], files["test"]
+
+
+def _check_world_size(resume, previous, launch):
+    """--resume needs the number of processes the run trained on: it fixes the batches and steps."""
+    trained_on = previous.get("world_size", 1)
+    if trained_on != launch.world_size:
+        how = f"torchrun --nproc_per_node {trained_on} -m fastformer train" if trained_on > 1 else "fastformer train"
+        raise ValueError(
+            f"--resume {resume}: the run trained on {trained_on} process(es), this job has {launch.world_size}; "
+            f"continue it with `{how} --resume {resume}`"
+        )
+
+
+def _shared_vocab(launch, reviews, model_file, n_pieces):
+    """train_vocab on the reviews' texts into `model_file`; in a torchrun job rank 0 trains it and
+    sends the file to the other processes. Returns the loaded vocab."""
+    if launch.rank == 0:
+        train_vocab((r.doc for r in reviews), model_file, n_pieces=n_pieces)
+    if launch.distributed:
+        model = [None]
+        if launch.rank == 0:
+            with open(model_file, "rb") as f:
+                model = [f.read()]
+        torch.distributed.broadcast_object_list(model, src=0)
+        if launch.rank != 0:
+            _write_file(model_file, lambda f: f.write(model[0]))
+    return load_vocab(model_file)
+
+
+def _replicated(model, launch, device):
+    """`model` wrapped in DistributedDataParallel in a torchrun job (its construction broadcasts
+    rank 0's weights); the model itself in a plain run."""
+    if not launch.distributed:
+        return model
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+
 def train(
-    *, train=None, test=None, vocab=None, config=None, n_output=None, epochs=None, batch_size=None, lr=None,
-    device=None, backend_name="auto", amp="auto", out=None, seed=None, max_steps=None, resume=None,
+    *, train=None, test=None, dataset=None, vocab=None, config=None, n_output=None, epochs=None, batch_size=None,
+    lr=None, device=None, backend_name="auto", amp="auto", out=None, seed=None, max_steps=None, resume=None,
     vocab_size=None, warmup=None, weight_decay=None, bucket=None, log=print,
 ):
     """Train MovieClassification end to end and write a run directory; returns its metrics dict.
 
-    With no data arguments it runs on the embedded demo set; with `train` only, 10% of it is held
-    out as the test split. `n_output` is the number of classes (default: the config's), or "auto"
-    to infer it from the training labels. `resume` continues a run directory up to `epochs` in
-    total, exactly as if it had not stopped; it refuses options that differ from the run's.
-    Options left None take the run's values on resume, else DEFAULTS.
+    With no data arguments it runs on the embedded demo set; `dataset="rotten-tomatoes"` takes the
+    files `fastformer data rotten-tomatoes` prepared; with `train` only, 10% of it is held out as
+    the test split. `n_output` is the number of classes (default: the config's), or "auto" to infer
+    it from the training labels. `resume` continues a run directory up to `epochs` in total,
+    exactly as if it had not stopped; it refuses options that differ from the run's. Options left
+    None take the run's values on resume, else DEFAULTS. Launched by torchrun, it trains with
+    DistributedDataParallel (see the module docstring); otherwise it starts no process group.
 
     Errors in the inputs raise ValueError/OSError before anything is written. A NaN or infinite
     loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both naming the last checkpoint,
@@ -474,20 +617,31 @@ def train(
         raise ValueError(f"--warmup is a fraction of the steps in [0, 1), got {warmup}")
     if n_output is not None and n_output != "auto" and not (isinstance(n_output, int) and n_output > 0):
         raise ValueError(f"--n-output must be a positive integer or auto, got {n_output!r}")
-    device = resolve_device(device)
-    amp = resolve_amp(amp, device)
-    backend.set_backend(backend_name)
-
-    # 1. options, and the files that are not data: all checked before any long work
+    if dataset is not None:
+        train, test = _dataset_files(dataset, train, test)
+    launch = torchrun_launch()
+    device = resolve_device(device, launch.local_rank)
     given = {
         "train": train, "test": test, "vocab": vocab, "vocab_size": vocab_size, "config": config,
         "n_output": n_output, "batch_size": batch_size, "lr": lr, "warmup": warmup,
         "weight_decay": weight_decay, "seed": seed, "bucket": bucket,
     }
+    with backend.use_backend(backend_name), process_group(launch, device):
+        return _train(
+            given, dataset=dataset, epochs=epochs, out=out, max_steps=max_steps, resume=resume, device=device,
+            amp=resolve_amp(amp, device), launch=launch, log=log if launch.rank == 0 else _quiet,
+        )
+
+
+def _train(given, *, dataset, epochs, out, max_steps, resume, device, amp, launch, log):
+    """The body of train() for the options `given` (RUN_OPTIONS, None where not given), on `device`
+    under the backend and process group train() set up."""
+    # 1. options, and the files that are not data: all checked before any long work
     checkpoint = None
     if resume is not None:
         previous = _load_run_json(resume, required=("epochs", "demo_data", *RUN_OPTIONS))
         options = _resumed_options(resume, previous, given)
+        _check_world_size(resume, previous, launch)
         epochs = epochs or previous["epochs"]
         config = _load_config(os.path.join(resume, "config.json"), os.path.join(resume, "config.json"))
         sp = load_vocab(os.path.join(resume, "vocab.model"))
@@ -500,6 +654,7 @@ def train(
             raise ValueError(f"--resume {resume}: the run already has {done_steps} steps; pass --max-steps > {done_steps}")
         run_dir = resume
     else:
+        train, test, vocab, config = given["train"], given["test"], given["vocab"], given["config"]
         using_demo = train is None
         if using_demo:
             train, test = demo.TRAIN_FILE, demo.TEST_FILE
@@ -507,7 +662,7 @@ def train(
         options.update(
             train=os.path.abspath(train), test=test and os.path.abspath(test), vocab=vocab and os.path.abspath(vocab),
             config=config and os.path.abspath(config), vocab_size=None if vocab else options["vocab_size"],
-            batch_size=batch_size or (128 if device.type == "cuda" else 64),
+            batch_size=given["batch_size"] or (128 if device.type == "cuda" else 64),
         )
         epochs = epochs or DEFAULTS["epochs"]
         config = _load_config(config, f"--config {config}") if config is not None else None
@@ -517,7 +672,7 @@ def train(
         run_dir = out or os.path.join("runs", time.strftime("sentiment-%Y%m%d-%H%M%S"))
         _check_out(run_dir)
     train, test, seed = options["train"], options["test"], options["seed"]
-    torch.manual_seed(seed)
+    torch.manual_seed(seed + launch.rank)  # rank 0's weights are every process's (DDP broadcasts them)
 
     # 2. data and classes
     if test is not None and resume is None and test == train:
@@ -556,7 +711,7 @@ def train(
             if config is not None and config.i_pad != PAD[0]:
                 raise ValueError(f"config.i_pad is {config.i_pad} but a trained vocab pads with id {PAD[0]}")
             log(f"Training a BPE vocab of up to {n_pieces} + {N_SPECIAL} pieces on {len(train_reviews)} reviews")
-            sp = train_vocab((r.doc for r in train_reviews), os.path.join(scratch, "vocab.model"), n_pieces=n_pieces)
+            sp = _shared_vocab(launch, train_reviews, os.path.join(scratch, "vocab.model"), n_pieces)
         vocab_file = options["vocab"] or os.path.join(scratch, "vocab.model")
         if config is None:
             config = default_config(device, sp.get_piece_size(), n_classes)
@@ -564,7 +719,7 @@ def train(
         # 4. model, data loaders, optimizer, schedule
         batch_size = options["batch_size"]
         train_loader, test_loader, set_epoch = _loaders(
-            config, sp, train_reviews, test_reviews, batch_size, options["bucket"], seed
+            config, sp, train_reviews, test_reviews, batch_size, options["bucket"], seed, launch
         )
         model = MovieClassification(config).to(device)
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
@@ -585,9 +740,11 @@ def train(
             if scaler is not None and state["scaler"]:
                 scaler.load_state_dict(state["scaler"])
             start_epoch, step, history = state["epoch"], state["step"], state["history"]
-            _set_rng_state(state["rng"], device)
+            _set_rng_state(state["rng"], device, launch)
+        trained = _replicated(model, launch, device)
 
-        # 5. the run directory: created (or its run.json extended) only now
+        # 5. the run directory: created (or its run.json extended) only now, by rank 0 once every
+        # process has checked its inputs
         session = {
             "fastformer": __version__,
             "epochs": epochs,
@@ -596,39 +753,47 @@ def train(
             "backend": backend.get_backend(),
             "kernels": _kernels_in_use(device, amp),
             "amp": amp,
+            "world_size": launch.world_size,
         }
+        replaces = resume is None and os.path.isdir(run_dir) and bool(os.listdir(run_dir))
+        _barrier(launch)
         if resume is None:
-            replaces = os.path.isdir(run_dir) and os.listdir(run_dir)
             run_info = {
-                **options, **session, "demo_data": using_demo, "label_names": label_names(config.n_output), "resumed": [],
+                **options, **session, "demo_data": using_demo, "dataset": dataset or ("demo" if using_demo else None),
+                "label_names": label_names(config.n_output), "resumed": [],
             }
-            _create_run_dir(run_dir, vocab_file, config, run_info)
+            if launch.rank == 0:
+                _create_run_dir(run_dir, vocab_file, config, run_info)
         else:
             resumed = [*previous.get("resumed", []), {"from_epoch": start_epoch, **session}]
             run_info = {**previous, "epochs": epochs, "resumed": resumed}
-            _write_json(os.path.join(run_dir, "run.json"), run_info)
-            if history:  # a kill between a checkpoint and its copies leaves these one epoch behind
-                _publish(run_dir, latest_checkpoint(run_dir), history)
+            if launch.rank == 0:
+                _write_json(os.path.join(run_dir, "run.json"), run_info)
+                if history:  # a kill between a checkpoint and its copies leaves these one epoch behind
+                    _publish(run_dir, latest_checkpoint(run_dir), history)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     threads = f", {torch.get_num_threads()} CPU thread(s)" if device.type == "cpu" else ""
-    log(
-        f"fastformer train: {len(train_reviews)} train / {len(test_reviews)} test reviews"
-        f"{' (the embedded demo set)' if run_info['demo_data'] else ''}, vocab {sp.get_piece_size()} pieces"
+    processes = f", {launch.world_size} processes under torchrun" if launch.distributed else ""
+    data = {"demo": " (the embedded demo set)", "rotten-tomatoes": " (Rotten Tomatoes snippets)"}.get(
+        run_info.get("dataset", "demo" if run_info["demo_data"] else None), ""
     )
+    log(f"fastformer train: {len(train_reviews)} train / {len(test_reviews)} test reviews{data}, "
+        f"vocab {sp.get_piece_size()} pieces")
     log(
         f"  model    MovieClassification, {n_params / 1e6:.2f} M parameters: n_layer={config.n_layer} "
         f"d_hidn={config.d_hidn} n_head={config.n_head} d_ff={config.d_ff}"
     )
-    log(f"  device   {device}{threads}, {session['kernels']} kernels (backend {session['backend']!r}), amp {amp}")
+    log(f"  device   {device}{threads}{processes}, {session['kernels']} kernels (backend {session['backend']!r}), "
+        f"amp {amp}")
     if resume is not None:
         log(f"  run dir  {run_dir} (resumed after epoch {start_epoch})")
     else:
         log(f"  run dir  {run_dir}{' (replacing a run that stopped before its first checkpoint)' if replaces else ''}")
 
-    last = latest_checkpoint(run_dir)
+    last = latest_checkpoint(run_dir) if resume is not None else None
     try:
         for epoch in range(start_epoch, epochs):
             if max_steps is not None and step >= max_steps:
@@ -637,7 +802,7 @@ def train(
             lr_now = scheduler.get_last_lr()[0]
             try:
                 train_stats = train_epoch(
-                    model, train_loader, optimizer, scheduler, device=device, amp=amp, scaler=scaler,
+                    trained, train_loader, optimizer, scheduler, device=device, amp=amp, scaler=scaler,
                     max_steps=None if max_steps is None else max_steps - step, desc=f"Train {epoch + 1}/{epochs}",
                 )
             except NonFiniteLossError as error:
@@ -665,14 +830,17 @@ def train(
                 "epoch": epoch + 1,
                 "step": step,
                 "history": history,
+                "rng": _rng_state(device, launch),
             }
-            last = _save_checkpoint(run_dir, model, trainer, device)
-            _publish(run_dir, last, history)
-            tqdm.write(
-                f"epoch {epoch + 1}/{epochs}  train loss {train_stats['loss']:.4f} acc {train_stats['accuracy']:.3f}  "
-                f"test loss {test_stats['loss']:.4f} acc {test_stats['accuracy']:.3f}  "
-                f"{train_stats['tokens_per_s']:,.0f} tok/s  {train_stats['seconds']:.1f} s"
-            )
+            if launch.rank == 0:
+                last = _save_checkpoint(run_dir, model, trainer)
+                _publish(run_dir, last, history)
+                tqdm.write(
+                    f"epoch {epoch + 1}/{epochs}  train loss {train_stats['loss']:.4f} "
+                    f"acc {train_stats['accuracy']:.3f}  test loss {test_stats['loss']:.4f} "
+                    f"acc {test_stats['accuracy']:.3f}  {train_stats['tokens_per_s']:,.0f} tok/s  "
+                    f"{train_stats['seconds']:.1f} s"
+                )
     except OSError as error:
         raise OSError(f"{error}; {_last_checkpoint(last)}") from None
     except KeyboardInterrupt:
@@ -704,19 +872,19 @@ def load_run(run_dir, device=None):
 def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="auto", amp="auto", log=print):
     """Accuracy and loss of a saved run on a test file (default: the run's own test file)."""
     check_positive(batch_size=batch_size)
-    backend.set_backend(backend_name)
-    config, vocab, model, info = load_run(run, device)
-    device = next(model.parameters()).device
-    test = test or info.get("test")
-    if test is None:
-        raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
-    reviews = read_reviews(test, "test")
-    check_labels(reviews, config.n_output, f"test file {test}")
-    dataset = MovieDataSet(vocab, reviews, max_len=config.n_enc_seq)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad)
-    )
-    stats = evaluate(model, loader, device=device, amp=resolve_amp(amp, device), desc="Test")
+    with backend.use_backend(backend_name):
+        config, vocab, model, info = load_run(run, device)
+        device = next(model.parameters()).device
+        test = test or info.get("test")
+        if test is None:
+            raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
+        reviews = read_reviews(test, "test")
+        check_labels(reviews, config.n_output, f"test file {test}")
+        dataset = MovieDataSet(vocab, reviews, max_len=config.n_enc_seq)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad)
+        )
+        stats = evaluate(model, loader, device=device, amp=resolve_amp(amp, device), desc="Test")
     log(f"accuracy {stats['accuracy']:.4f}  loss {stats['loss']:.4f}  on {stats['n']} reviews from {test}")
     return stats
 
@@ -726,10 +894,12 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
     empty or whitespace-only text raises ValueError."""
     if not texts:
         raise ValueError("give at least one text to classify")
-    backend.set_backend(backend_name)
-    config, vocab, model, info = load_run(run, device)
-    device = next(model.parameters()).device
-    probs = predict_proba(model, vocab, texts, device=device, amp=resolve_amp(amp, device), max_len=config.n_enc_seq)
+    with backend.use_backend(backend_name):
+        config, vocab, model, info = load_run(run, device)
+        device = next(model.parameters()).device
+        probs = predict_proba(
+            model, vocab, texts, device=device, amp=resolve_amp(amp, device), max_len=config.n_enc_seq
+        )
     names = info.get("label_names") or label_names(config.n_output)
     results = []
     for text, p in zip(texts, probs):

@@ -6,7 +6,9 @@
 - `sequence_cross_entropy`: cross-entropy over sequence outputs that ignores padding positions.
 - `train_epoch` / `evaluate`: the tutorial's train_epoch and eval_epoch for MovieClassification,
   with tqdm bars showing loss, accuracy and tokens/s, and optional autocast. `train_epoch` raises
-  NonFiniteLossError when a loss is NaN or infinite.
+  NonFiniteLossError when a loss is NaN or infinite. In a torchrun job their figures are summed
+  over the processes and only rank 0 shows bars.
+- `train_step` / `loss_curve`: one optimizer step of train_epoch, and the losses of a run of them.
 """
 import contextlib
 import math
@@ -81,6 +83,56 @@ def _count_tokens(enc_inputs, dec_inputs, i_pad):
     return enc_inputs.ne(i_pad).sum() + dec_inputs.ne(i_pad).sum()
 
 
+def _in_process_group():
+    """Whether this process is one of a torchrun job's (torch.distributed is initialized)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _is_main_process():
+    """Whether this process shows progress: a plain run, or rank 0 of a torchrun job."""
+    return not _in_process_group() or torch.distributed.get_rank() == 0
+
+
+def _summed(*values):
+    """The values (tensors or numbers) as floats, each summed over the processes of a torchrun job
+    in one all-reduce (on the first value's device); outside one, as they are."""
+    if not _in_process_group():
+        return [float(v) for v in values]
+    device = values[0].device
+    packed = torch.stack([torch.as_tensor(v, device=device).double() for v in values])
+    torch.distributed.all_reduce(packed)
+    return packed.tolist()
+
+
+def train_step(model, batch, optimizer, scheduler=None, *, device, amp="off", scaler=None):
+    """One optimizer step of the tutorial's train_epoch on batch = (labels, enc_inputs, dec_inputs):
+    cross-entropy on logits[0], backward (through the GradScaler when given), step. Returns the
+    loss and the logits, detached, without a host sync."""
+    labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in batch)
+    optimizer.zero_grad(set_to_none=True)
+    with autocast(device, amp):
+        logits = model(enc_inputs, dec_inputs)[0]
+    loss = F.cross_entropy(logits.float(), labels)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss.backward()
+        optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return loss.detach(), logits.detach()
+
+
+def loss_curve(model, batches, optimizer, *, device, amp="off"):
+    """train_step on each batch in order; the loss of every step, as floats. With dropout 0 the
+    curve depends on the backend only through rounding: the convergence checks compare them."""
+    model.train()
+    losses = [train_step(model, batch, optimizer, device=device, amp=amp)[0] for batch in batches]
+    return torch.stack(losses).tolist()
+
+
 def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", scaler=None,
                 max_steps=None, desc="Train", log_every=10):
     """One epoch of the tutorial's train_epoch (cross-entropy on logits[0]).
@@ -89,10 +141,12 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
     tokens/s, refreshed every `log_every` steps (each refresh is one host sync). A NaN or infinite
     loss is seen at the next refresh, which raises NonFiniteLossError naming the first step that
     gave one (the optimizer has stepped on it: the model is no longer usable).
+    In a torchrun job (`model` wrapped in DistributedDataParallel), the figures are summed over the
+    processes at each refresh, only rank 0 shows the bar, and every process raises together.
     Returns {"loss", "accuracy", "steps", "tokens", "seconds", "tokens_per_s"}.
     """
     model.train()
-    i_pad = model.config.i_pad
+    i_pad = getattr(model, "module", model).config.i_pad  # DistributedDataParallel keeps the model as .module
     total_loss = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     tokens = torch.zeros((), device=device, dtype=torch.long)
@@ -100,55 +154,45 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
     window = []  # the losses since the last refresh, read back only when one is not finite
     n_steps = len(loader) if max_steps is None else min(len(loader), max_steps)
     start = time.perf_counter()
-    with tqdm(total=n_steps, desc=desc, unit=" batch", leave=False) as bar:
+    with tqdm(total=n_steps, desc=desc, unit=" batch", leave=False, disable=not _is_main_process()) as bar:
         for labels, enc_inputs, dec_inputs in loader:
             if steps == n_steps:
                 break
             labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
-            optimizer.zero_grad(set_to_none=True)
-            with autocast(device, amp):
-                logits = model(enc_inputs, dec_inputs)[0]
-            loss = F.cross_entropy(logits.float(), labels)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            total_loss += loss.detach() * labels.numel()
-            window.append(loss.detach())
-            correct += logits.detach().argmax(1).eq(labels).sum()
+            loss, logits = train_step(model, (labels, enc_inputs, dec_inputs), optimizer, scheduler, device=device,
+                                      amp=amp, scaler=scaler)
+            total_loss += loss * labels.numel()
+            window.append(loss)
+            correct += logits.argmax(1).eq(labels).sum()
             tokens += _count_tokens(enc_inputs, dec_inputs, i_pad)
             seen += labels.numel()
             steps += 1
             bar.update(1)
             if steps % log_every == 0 or steps == n_steps:
-                mean_loss = total_loss.item() / seen
+                sums = _summed(total_loss, correct, tokens, seen)
+                mean_loss = sums[0] / sums[3]
                 if not math.isfinite(mean_loss):
                     _raise_non_finite(window, steps)
                 window.clear()
                 elapsed = time.perf_counter() - start
-                bar.set_postfix_str(
-                    f"loss {mean_loss:.3f} acc {correct.item() / seen:.3f} {tokens.item() / elapsed:,.0f} tok/s"
-                )
+                bar.set_postfix_str(f"loss {mean_loss:.3f} acc {sums[1] / sums[3]:.3f} {sums[2] / elapsed:,.0f} tok/s")
     _synchronize(device)
     seconds = time.perf_counter() - start
+    total_loss, correct, tokens, seen = _summed(total_loss, correct, tokens, seen)
     return {
-        "loss": total_loss.item() / max(seen, 1),
-        "accuracy": correct.item() / max(seen, 1),
+        "loss": total_loss / max(seen, 1),
+        "accuracy": correct / max(seen, 1),
         "steps": steps,
-        "tokens": tokens.item(),
+        "tokens": int(tokens),
         "seconds": seconds,
-        "tokens_per_s": tokens.item() / seconds if seconds > 0 else 0.0,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
     }
 
 
 def _raise_non_finite(window, steps):
-    """NonFiniteLossError for the first non-finite loss of `window`, the losses of the steps up to `steps`."""
-    losses = torch.stack(window).tolist()
+    """NonFiniteLossError for the first non-finite loss of `window`, the losses of the steps up to
+    `steps` (summed over the processes of a torchrun job, so that every process names the same step)."""
+    losses = _summed(*window)
     first = next(i for i, loss in enumerate(losses) if not math.isfinite(loss))
     step = steps - len(losses) + first + 1
     raise NonFiniteLossError(f"the loss is {losses[first]} at step {step}", step, losses[first])
@@ -156,13 +200,14 @@ def _raise_non_finite(window, steps):
 
 @torch.no_grad()
 def evaluate(model, loader, *, device, amp="off", desc="Valid"):
-    """The tutorial's eval_epoch: accuracy of argmax(logits), plus the mean loss.
+    """The tutorial's eval_epoch: accuracy of argmax(logits), plus the mean loss. In a torchrun job
+    each process evaluates its part of the set and the sums are added up over the processes.
     Returns {"loss", "accuracy", "n"}."""
     model.eval()
     total_loss = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     seen = 0
-    with tqdm(total=len(loader), desc=desc, unit=" batch", leave=False) as bar:
+    with tqdm(total=len(loader), desc=desc, unit=" batch", leave=False, disable=not _is_main_process()) as bar:
         for labels, enc_inputs, dec_inputs in loader:
             labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
             with autocast(device, amp):
@@ -171,7 +216,8 @@ def evaluate(model, loader, *, device, amp="off", desc="Valid"):
             correct += logits.argmax(1).eq(labels).sum()
             seen += labels.numel()
             bar.update(1)
-    return {"loss": total_loss.item() / max(seen, 1), "accuracy": correct.item() / max(seen, 1), "n": seen}
+    total_loss, correct, seen = _summed(total_loss, correct, seen)
+    return {"loss": total_loss / max(seen, 1), "accuracy": correct / max(seen, 1), "n": int(seen)}
 
 
 @torch.no_grad()

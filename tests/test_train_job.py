@@ -333,7 +333,7 @@ def damage(path, how):
         ("checkpoint-3/trainer.pt", "empty", "resume", "trainer.pt is empty (0 bytes)"),
         ("checkpoint-3/trainer.pt", "truncated", "resume", "trainer.pt ({size} bytes) is not a readable PyTorch checkpoint"),
         ("checkpoint-3/model.pt", "truncated", "resume", "checkpoint-3/model.pt ({size} bytes) is not a readable PyTorch"),
-        ("run.json", "truncated", "evaluate", "run.json: not a JSON run file (Unterminated string"),
+        ("run.json", "truncated", "evaluate", "run.json: not a JSON run file ("),
         ("run.json", "empty", "resume", "run.json: not a JSON run file (the file is empty)"),
         ("config.json", "empty", "predict", "config.json: not a JSON config (the file is empty)"),
         ("config.json", "truncated", "resume", "config.json: not a JSON config"),

@@ -5,12 +5,14 @@
     loader = DataLoader(train, batch_size=128, collate_fn=movie_collate_fn)
 
 The embedded demo set (`fastformer.data.demo.TRAIN_FILE`, `.TEST_FILE`) is generated, not real
-data; see demo.py.
+data; see demo.py. Real English reviews: `fastformer.data.rotten_tomatoes.prepare()` (the command
+`fastformer data rotten-tomatoes`) writes Rotten Tomatoes snippets as train.tsv and test.tsv.
 """
 from fastformer.data.reviews import (
     LengthBucketSampler,
     MovieDataSet,
     Review,
+    ShardedBatchSampler,
     check_labels,
     infer_classes,
     movie_collate_fn,
@@ -25,6 +27,7 @@ __all__ = [
     "MovieDataSet",
     "N_SPECIAL",
     "Review",
+    "ShardedBatchSampler",
     "check_labels",
     "check_vocab_matches",
     "infer_classes",

@@ -1,4 +1,5 @@
-"""Labelled reviews: NSMC TSV and the tutorial's JSONL readers, the Dataset, collate and a sampler.
+"""Labelled reviews: NSMC TSV and the tutorial's JSONL readers, the Dataset, collate, a length-bucketing
+sampler and its split across the processes of a torchrun job.
 
 Two file formats are read, as UTF-8 (a byte-order mark is skipped):
 - NSMC TSV (ratings_train.txt): a header `id<TAB>document<TAB>label`, one review per line, label 0
@@ -229,3 +230,33 @@ class LengthBucketSampler(torch.utils.data.Sampler):
         if self.shuffle:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
         return iter(batches)
+
+
+class ShardedBatchSampler(torch.utils.data.Sampler):
+    """One process's share of the batches of `batch_sampler`, in a job of `num_replicas` processes
+    (torchrun): from each batch, the indices at positions rank, rank + num_replicas, ...
+
+    Give `batch_sampler` batches of batch_size * num_replicas: the processes then train together on
+    exactly the batches one process would draw at that size, each taking every num_replicas-th
+    review, so a length-bucketed batch is shared evenly. A batch whose size is not a multiple of
+    num_replicas (the last of a pool) is first filled up with its own first reviews, so that each
+    process gets as many reviews as the others and DistributedDataParallel's mean of their mean
+    gradients is the batch's (the repeated reviews count twice). Every process sees the same
+    number of batches, and the order is the wrapped sampler's: deterministic for a seed and epoch.
+    """
+
+    def __init__(self, batch_sampler, num_replicas, rank):
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in 0..{num_replicas - 1}, got {rank}")
+        self.batch_sampler = batch_sampler
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def __len__(self):
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            batch += (batch * self.num_replicas)[: -len(batch) % self.num_replicas]
+            yield batch[self.rank :: self.num_replicas]
