@@ -38,14 +38,34 @@ def add_norm(layer_norm, x, residual, dropout):
     return backend.add_layer_norm(x, residual, layer_norm.weight, layer_norm.bias, layer_norm.eps, active_p(dropout))
 
 
+def layer_weights(*modules):
+    """Under torch.autocast, the matrices and biases of a layer's attention and feed-forward modules
+    in the autocast dtype, for all of them one concatenation and one cast (and in the backward one
+    of each for their gradients), where autocast casts every tensor at every use and the attention
+    concatenates W_Q, W_K and W_V: a list of each module's weights, in the order of its
+    `weight_groups`. The values are autocast's, bit for bit. Outside autocast, or for parameters
+    autocast does not cast (not fp32), None for each module: the modules use their parameters."""
+    module_groups = [module.weight_groups() for module in modules]
+    groups = [group for module_group in module_groups for group in module_group]
+    tensors = [t for group, _ in groups for t in group]
+    device_type = tensors[0].device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    if dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != torch.float32 for t in tensors):
+        return [None] * len(modules)
+    # split, not slices: the backward of one split is one concatenation of the gradients
+    flat = torch.cat([t.reshape(-1) for t in tensors]).to(dtype)
+    pieces = iter(flat.split([sum(t.numel() for t in group) for group, _ in groups]))
+    return [[next(pieces).view(shape) for _, shape in module_group] for module_group in module_groups]
+
+
 def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"):
     """Raise ValueError unless ids is a (bs, n_seq) integer tensor no longer than max_len whose ids
     lie in [0, vocab_size). Out-of-range ids would otherwise fail inside the embedding: an
     IndexError on a CPU, a device-side assert on CUDA that ends the process's CUDA context.
 
-    The range check is one fused min/max reduction and, for CUDA ids, one host sync of its two
-    numbers per call. It is skipped while torch.compile traces and while a CUDA graph is captured,
-    where a sync is not allowed: compiled and graphed steps trust their ids."""
+    The range check is one kernel (a min/max reduction into one two-number buffer) and, for CUDA
+    ids, one host sync of the buffer per call. It is skipped while torch.compile traces and while a
+    CUDA graph is captured, where a sync is not allowed: compiled and graphed steps trust their ids."""
     if (
         not isinstance(ids, torch.Tensor)
         or ids.dim() != 2
@@ -61,7 +81,9 @@ def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"
         return
     if ids.is_cuda and torch.cuda.is_current_stream_capturing():
         return
-    low, high = torch.stack(torch.aminmax(ids)).tolist()
+    bounds = torch.empty(2, dtype=ids.dtype, device=ids.device)
+    torch.aminmax(ids, out=(bounds[0], bounds[1]))
+    low, high = bounds.tolist()
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise ValueError(f"{name} holds token id {bad}, outside [0, {vocab_size}) for a vocabulary of {vocab_size}")
@@ -126,32 +148,59 @@ class MultiHeadAttention(nn.Module):
         output, attn_prob = self.attend(Q, K, V, attn_mask)
         return self.dropout(output), attn_prob
 
-    def attend(self, Q, K, V, attn_mask):
-        """forward without the output dropout, which the layers fuse into add + LayerNorm."""
+    def weight_groups(self):
+        """(tensors, shape) of what `layer_weights` casts: the W_Q; W_K; W_V weight and bias, as one
+        projection, then the output linear's weight and bias."""
+        d_attn = self.config.n_head * self.config.d_head
+        linears = [self.W_Q, self.W_K, self.W_V]
+        return [
+            ([lin.weight for lin in linears], (3 * d_attn, self.config.d_hidn)),
+            ([lin.bias for lin in linears], (3 * d_attn,)),
+            ([self.linear.weight], self.linear.weight.shape),
+            ([self.linear.bias], self.linear.bias.shape),
+        ]
+
+    def attend(self, Q, K, V, attn_mask, weights=None):
+        """forward without the output dropout, which the layers fuse into add + LayerNorm.
+        weights: the module's weights from `layer_weights`, or None to use its parameters."""
         batch_size = Q.size(0)
-        q_s, k_s, v_s = self.project(Q, K, V)
+        q_s, k_s, v_s = self.project(Q, K, V, None if weights is None else weights[:2])
         context, attn_prob = self.scaled_dot_attn(q_s, k_s, v_s, attn_mask)
         # (bs, n_q_seq, n_head * d_head): free when the kernel wrote context head-interleaved
         context = context.transpose(1, 2).reshape(batch_size, -1, self.config.n_head * self.config.d_head)
-        return self.linear(context), attn_prob
+        output = self.linear(context) if weights is None else F.linear(context, *weights[2:])
+        return output, attn_prob
 
-    def project(self, Q, K, V):
+    def project(self, Q, K, V, weights=None):
         """q_s, k_s, v_s as (bs, n_head, n_seq, d_head) views of the projections: one GEMM for
-        self-attention (Q is K is V), one for K and V in cross-attention, no transpose copies."""
-        linears = [self.W_Q, self.W_K, self.W_V]
+        self-attention (Q is K is V), one for K and V in cross-attention, no transpose copies.
+        weights: the (W_Q; W_K; W_V) weight and bias from `layer_weights`, or None for the parameters."""
         if Q is K and K is V:
-            groups = [(Q, linears)]
+            inputs, sizes = [Q], [3]
         elif K is V:
-            groups = [(Q, linears[:1]), (K, linears[1:])]
+            inputs, sizes = [Q, K], [1, 2]
         else:
-            groups = [(Q, linears[:1]), (K, linears[1:2]), (V, linears[2:])]
+            inputs, sizes = [Q, K, V], [1, 1, 1]
+        if weights is None:
+            linears = iter([self.W_Q, self.W_K, self.W_V])
+            groups = [[next(linears) for _ in range(size)] for size in sizes]
+            pairs = [
+                (group[0].weight, group[0].bias)
+                if len(group) == 1
+                else (torch.cat([lin.weight for lin in group]), torch.cat([lin.bias for lin in group]))
+                for group in groups
+            ]
+        elif len(sizes) == 1:
+            pairs = [weights]
+        else:
+            rows = [size * self.config.n_head * self.config.d_head for size in sizes]
+            pairs = list(zip(weights[0].split(rows), weights[1].split(rows)))
         heads = []
-        for x, group in groups:
-            weight = group[0].weight if len(group) == 1 else torch.cat([lin.weight for lin in group])
-            bias = group[0].bias if len(group) == 1 else torch.cat([lin.bias for lin in group])
-            # (bs, n_seq, len(group), n_head, d_head)
-            y = F.linear(x, weight, bias).view(x.size(0), x.size(1), len(group), self.config.n_head, self.config.d_head)
-            heads.extend(y.unbind(2))
+        for x, size, (weight, bias) in zip(inputs, sizes, pairs):
+            # (bs, n_seq, size, n_head, d_head)
+            y = F.linear(x, weight, bias).view(x.size(0), x.size(1), size, self.config.n_head, self.config.d_head)
+            # the backward of unbind stacks the gradients: a copy, which one projection does not need
+            heads.extend(y.unbind(2) if size > 1 else [y.squeeze(2)])
         # each (bs, n_head, n_seq, d_head)
         return [h.transpose(1, 2) for h in heads]
 
@@ -177,17 +226,27 @@ class PoswiseFeedForwardNet(nn.Module):
         """inputs: (bs, n_seq, d_hidn) -> (bs, n_seq, d_hidn)."""
         return self.dropout(self.transform(inputs))
 
-    def transform(self, inputs):
-        """forward without the output dropout, which the layers fuse into add + LayerNorm."""
-        # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
-        return backend.feed_forward(
-            inputs,
-            self.conv1.weight.squeeze(-1),
-            self.conv1.bias,
-            self.conv2.weight.squeeze(-1),
-            self.conv2.bias,
-            self.activation,
-        )
+    def weight_groups(self):
+        """(tensors, shape) of what `layer_weights` casts: conv1's and conv2's weights, as nn.Linear
+        weights, and biases."""
+        d_hidn, d_ff = self.config.d_hidn, self.config.d_ff
+        return [
+            ([self.conv1.weight], (d_ff, d_hidn)),
+            ([self.conv1.bias], (d_ff,)),
+            ([self.conv2.weight], (d_hidn, d_ff)),
+            ([self.conv2.bias], (d_hidn,)),
+        ]
+
+    def transform(self, inputs, weights=None):
+        """forward without the output dropout, which the layers fuse into add + LayerNorm.
+        weights: the module's weights from `layer_weights`, or None to use its parameters."""
+        if weights is None:
+            # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
+            weights = [self.conv1.weight.squeeze(-1), self.conv1.bias, self.conv2.weight.squeeze(-1), self.conv2.bias]
+        else:
+            # the cast autocast gives the first product's input (the ops take one dtype)
+            inputs = inputs.to(weights[0].dtype)
+        return backend.feed_forward(inputs, *weights, self.activation)
 
 
 class EncoderLayer(nn.Module):
@@ -202,9 +261,10 @@ class EncoderLayer(nn.Module):
     def forward(self, inputs, attn_mask):
         """inputs: (bs, n_enc_seq, d_hidn). Returns (bs, n_enc_seq, d_hidn) and the self-attention
         probabilities (bs, n_head, n_enc_seq, n_enc_seq) or None."""
-        att_outputs, attn_prob = self.self_attn.attend(inputs, inputs, inputs, attn_mask)
+        attn_weights, ffn_weights = layer_weights(self.self_attn, self.pos_ffn)
+        att_outputs, attn_prob = self.self_attn.attend(inputs, inputs, inputs, attn_mask, attn_weights)
         att_outputs = add_norm(self.layer_norm1, att_outputs, inputs, self.self_attn.dropout)
-        ffn_outputs = self.pos_ffn.transform(att_outputs)
+        ffn_outputs = self.pos_ffn.transform(att_outputs, ffn_weights)
         ffn_outputs = add_norm(self.layer_norm2, ffn_outputs, att_outputs, self.pos_ffn.dropout)
         return ffn_outputs, attn_prob
 
@@ -246,15 +306,18 @@ class DecoderLayer(nn.Module):
     def forward(self, dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask):
         """dec_inputs: (bs, n_dec_seq, d_hidn); enc_outputs: (bs, n_enc_seq, d_hidn). Returns
         (bs, n_dec_seq, d_hidn) and the self- and cross-attention probabilities (or None)."""
-        self_att_outputs, self_attn_prob = self.self_attn.attend(dec_inputs, dec_inputs, dec_inputs, self_attn_mask)
+        self_weights, cross_weights, ffn_weights = layer_weights(self.self_attn, self.dec_enc_attn, self.pos_ffn)
+        self_att_outputs, self_attn_prob = self.self_attn.attend(
+            dec_inputs, dec_inputs, dec_inputs, self_attn_mask, self_weights
+        )
         self_att_outputs = add_norm(self.layer_norm1, self_att_outputs, dec_inputs, self.self_attn.dropout)
         dec_enc_att_outputs, dec_enc_attn_prob = self.dec_enc_attn.attend(
-            self_att_outputs, enc_outputs, enc_outputs, dec_enc_attn_mask
+            self_att_outputs, enc_outputs, enc_outputs, dec_enc_attn_mask, cross_weights
         )
         dec_enc_att_outputs = add_norm(
             self.layer_norm2, dec_enc_att_outputs, self_att_outputs, self.dec_enc_attn.dropout
         )
-        ffn_outputs = self.pos_ffn.transform(dec_enc_att_outputs)
+        ffn_outputs = self.pos_ffn.transform(dec_enc_att_outputs, ffn_weights)
         ffn_outputs = add_norm(self.layer_norm3, ffn_outputs, dec_enc_att_outputs, self.pos_ffn.dropout)
         return ffn_outputs, self_attn_prob, dec_enc_attn_prob
 

@@ -1,0 +1,164 @@
+"""bench.launches: its kernel counter against hand-counted ops and Triton launches, counts that do
+not depend on the batch, and the model-side cuts it measures (autocast's results, bit for bit)."""
+import json
+
+import pytest
+import torch
+
+import fastformer
+import kernels
+from bench import launches
+from tests.test_drop_in import small_config, token_batch
+
+# the tutorial's structure at widths the interpreter runs quickly (the counts do not depend on widths)
+NARROW = {"n_layer": 1, "d_hidn": 32, "n_head": 2, "d_head": 16, "d_ff": 64}
+
+
+def ops(counter, phase):
+    """{op: count} of one phase, over every layer type."""
+    counts = {}
+    for (p, _, op), n in counter.kernels.items():
+        if p == phase:
+            counts[op] = counts.get(op, 0) + n
+    return counts
+
+
+@pytest.mark.parametrize("input_grad", [False, True], ids=["x-no-grad", "x-grad"])
+def test_counter_matches_the_kernels_of_linear_relu_sum(input_grad):
+    """Forward: addmm, relu, sum. Backward: the seed's ones_like, threshold_backward, mm and sum
+    for the weight and bias, and one more mm when x needs a gradient. Views (t, expand, view,
+    detach), an allocation and two host reads (.item(), .tolist()) launch no kernel."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8, requires_grad=input_grad)
+    with launches.counting("cpu") as counter:
+        y = linear(x).relu().sum()
+        x.view(24).unsqueeze(0).t()
+        torch.empty(5)
+        y.item()
+        x[0, :2].tolist()
+        counter.phase = "backward"
+        y.backward()
+    assert ops(counter, "forward") == {"aten.addmm": 1, "aten.relu": 1, "aten.sum": 1}
+    assert ops(counter, "backward") == {
+        "aten.ones_like": 1,
+        "aten.threshold_backward": 1,
+        "aten.mm": 2 if input_grad else 1,
+        "aten.sum": 1,
+    }
+    assert sum(counter.syncs.values()) == 2
+
+
+@torch.library.custom_op("launches_test::cast_sum", mutates_args=())
+def cast_sum(x: torch.Tensor) -> torch.Tensor:
+    """A torch.library op whose implementation runs CompositeImplicitAutograd ops (to, reshape)."""
+    return x.to(torch.float64).reshape(-1).sum()
+
+
+def test_ops_without_a_kernel_count_the_kernels_they_run():
+    """masked_fill is clone and masked_fill_, isinf abs and eq, zeros one fill; copy_ runs its copy
+    itself. Inside a torch.library op, `.to` is a cast or nothing and a contiguous reshape a view."""
+    x = torch.randn(4, 3)
+    x64 = x.double()
+    with launches.counting("cpu") as counter:
+        x.masked_fill(x > 0, 0.0)
+        x.isinf()
+        torch.zeros(3)
+        torch.empty(4, 3).copy_(x)
+        cast_sum(x)
+        cast_sum(x64)
+    assert ops(counter, "forward") == {
+        "aten.gt": 1,
+        "aten.masked_fill": 2,
+        "aten.isinf": 2,
+        "aten.zeros": 1,
+        "aten.copy_": 1,
+        "aten._to_copy": 1,
+        "aten.sum": 2,
+    }
+
+
+def test_counter_counts_triton_launches_and_not_what_the_interpreter_runs():
+    """add_layer_norm is a torch.library op around one Triton kernel each way: the counter sees the
+    launches inside it, and none of the copies Triton's interpreter makes of the arguments."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 16, requires_grad=True)
+    residual = torch.randn(6, 16)
+    weight, bias = torch.ones(16, requires_grad=True), torch.zeros(16, requires_grad=True)
+    dy = torch.randn(6, 16)
+    with launches.counting("cpu") as counter:
+        y = kernels.add_layer_norm(x, residual, weight, bias, 1e-5)
+        counter.phase = "backward"
+        y.backward(dy)
+    forward, backward = ops(counter, "forward"), ops(counter, "backward")
+    assert forward == {"triton._add_ln_fwd_kernel": 1}
+    assert backward["triton._add_ln_bwd_kernel"] == 1
+    assert not [op for op in backward if op.startswith("triton.") and op != "triton._add_ln_bwd_kernel"]
+    assert "aten.copy_" not in backward
+
+
+@pytest.mark.parametrize("provider", list(launches.PROVIDERS))
+def test_counts_depend_on_neither_batch_nor_review_length(provider):
+    """Every op lands in a layer type, no op meets CUDA's fp32 autocast policy with half inputs,
+    and two shapes give the same counts, op for op."""
+    config = fastformer.Config.tutorial(**NARROW)
+    for step in launches.STEPS:
+        counts = [launches.count_step(provider, step, config, *shape, "cpu") for shape in ((2, 8), (3, 13))]
+        assert counts[0].kernels == counts[1].kernels, step
+        assert counts[0].syncs == counts[1].syncs, step
+        summary = launches.summary(counts[0])
+        assert "other" not in summary["by_layer"], summary["ops"].get("other")
+        assert not summary["autocast_mismatches"]
+        assert (summary["triton"] > 0) == (provider == "fastformer")
+
+
+def test_main_prints_the_table_and_writes_the_json(tmp_path, capsys):
+    out = tmp_path / "launches.json"
+    launches.main(["--providers", "reference_fp32", "reference_bf16", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["config"] == dict(fastformer.Config.tutorial())
+    assert report["shape"] == {"batch": launches.SHAPE["batch"], "enc_len": launches.SHAPE["enc_len"], "dec_len": 1}
+    fp32 = report["providers"]["reference_fp32"]
+    assert fp32["autocast"] is None and report["providers"]["reference_bf16"]["autocast"] == "bfloat16"
+    train = fp32["train"]
+    assert train["kernels"] == sum(train["by_phase"].values()) == sum(train["by_layer"].values())
+    assert set(train["by_phase"]) == set(launches.PHASES)
+    table = capsys.readouterr().out
+    assert f"| **kernels** | {train['kernels']} |" in table
+    with pytest.raises(SystemExit):
+        launches.main(["--batch", "1", "--out", str(out)])
+
+
+@pytest.mark.parametrize(
+    "backend, dtype",
+    [("reference", torch.bfloat16), ("triton", torch.float16)],  # no bf16 under Triton's interpreter
+)
+def test_layers_cast_their_weights_once_and_give_autocasts_results_bit_for_bit(backend, dtype, monkeypatch):
+    """Under autocast each layer casts its attention and feed-forward weights in one go (no
+    W_Q/W_K/W_V concatenation per use): fewer kernels, and the outputs and every gradient equal
+    those of autocast casting each weight at its use."""
+    config = small_config(n_layer=1)
+    torch.manual_seed(0)
+    model = fastformer.MovieClassification(config)
+    enc, dec = token_batch(config, bs=3, enc_len=8, dec_len=5)
+
+    def train_step():
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)  # the same dropout draws
+        with launches.counting("cpu") as counter, fastformer.use_backend(backend):
+            with torch.autocast("cpu", dtype=dtype):
+                logits = model(enc, dec)[0]
+            counter.phase = "backward"
+            logits.float().sum().backward()
+        return logits, {name: p.grad for name, p in model.named_parameters()}, counter
+
+    logits, grads, counter = train_step()
+    with monkeypatch.context() as patch:
+        patch.setattr(fastformer.model, "layer_weights", lambda *modules: [None] * len(modules))
+        expected_logits, expected_grads, expected_counter = train_step()
+    assert torch.equal(logits, expected_logits)
+    for name, grad in expected_grads.items():
+        assert (grads[name] is None and grad is None) or torch.equal(grads[name], grad), name
+    assert sum(counter.kernels.values()) < sum(expected_counter.kernels.values())
+    assert ("forward", "attention", "aten.cat") in expected_counter.kernels
+    assert ("forward", "attention", "aten.cat") not in counter.kernels
