@@ -123,7 +123,7 @@ def autotune_configs(candidates, interpreter_config, keep=lambda meta, num_warps
 def config_pruner(kernel, fits):
     """`prune_configs_by={"early_config_prune": config_pruner(name, fits)}` for triton.autotune: of
     the kernel's configs, a launch tries those `fits(meta, num_warps, num_stages, launch)` accepts,
-    `launch` being the launch's keyword arguments (BLOCK_D, HAS_DROPOUT, ...). The rules say which
+    `launch` being the launch's arguments by name (BLOCK_D, HAS_DROPOUT, LQ_BUCKET, ...). The rules say which
     configs compile for sm_90a without spills or shared-memory overflow for those flags; the sm_90a
     compile check (tests/test_sm90_compile.py) holds every rule to that. The interpreter's single
     config is always kept."""
@@ -131,9 +131,10 @@ def config_pruner(kernel, fits):
     def prune(configs, named_args, **launch):
         if INTERPRET:
             return configs
+        launch = {**named_args, **launch}
         kept = [c for c in configs if fits(c.kwargs, c.num_warps, c.num_stages, launch)]
         if not kept:
-            flags = ", ".join(f"{k}={v}" for k, v in sorted(launch.items()) if k.isupper())
+            flags = ", ".join(f"{k}={v}" for k, v in sorted(launch.items()) if k.isupper() and not isinstance(v, torch.Tensor))
             raise RuntimeError(f"{kernel}: no autotune config fits the launch ({flags}); this is a bug in kernels/")
         return kept
 
@@ -175,21 +176,44 @@ def last_dim_contiguous(t):
 
 
 # ----------------------------------------------------------------------------------------------
-# Dropout inside kernels: Philox keyed by one seed per call, on each element's flat index in a
-# (rows, cols) view, so a backward regenerates the forward's mask and a test can ask for it.
+# Dropout inside kernels: Philox keyed by one seed per call. Element (row, col) of a (rows, cols)
+# view is decided by output col % 4 of Philox on the counter (col // 4, row, 0, 0): one call, four
+# keep decisions, 32-bit counters and no per-element multiply. A backward regenerates the
+# forward's mask from the seed alone, and a test can ask for it.
 # ----------------------------------------------------------------------------------------------
+MAX_DROPOUT_ROWS = 2**32  # rows are a 32-bit Philox counter word
+
+
 def draw_seed(device):
     """A dropout seed drawn on the device from torch's generator: no host sync, and reproducible
     under torch.manual_seed."""
     return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
 
 
+def check_dropout_rows(op, n_rows):
+    if n_rows >= MAX_DROPOUT_ROWS:
+        raise ValueError(f"{op}: dropout draws over at most 2**32 rows (a 32-bit Philox counter), got {n_rows}")
+
+
 @triton.jit
-def philox_keep(seed, rows, cols, n_cols, dropout_p):
-    """Keep-mask of the elements (rows, cols) of an (n_rows, n_cols) array; rows and cols broadcast
-    to the tile's shape (rows[:, None] and cols[None, :] for a tile, the transpose for its transpose)."""
-    offsets = rows.to(tl.int64) * n_cols + cols
-    return tl.rand(seed, offsets) >= dropout_p
+def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
+    """(len(rows), BLOCK_N) keep-mask of the columns col_start + arange(BLOCK_N) (col_start and
+    BLOCK_N multiples of 4) in the given rows, each kept with probability 1 - dropout_p.
+
+    Why 4 at a time: a Philox call is ten rounds of 32-bit multiplies and yields 128 bits; using
+    one 32-bit word of each call, as tl.rand does, made dropout cost 50 to 165 registers in the
+    attention kernels. The words are compared as integers with dropout_p * 2**32."""
+    tl.static_assert(BLOCK_N % 4 == 0, "dropout_keep decides columns in groups of 4")
+    groups = col_start // 4 + tl.arange(0, BLOCK_N // 4)
+    c0 = (groups[None, :] + 0 * rows[:, None]).to(tl.uint32)
+    c1 = (rows[:, None] + 0 * groups[None, :]).to(tl.uint32)
+    zero = c0 * 0
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero, zero)
+    threshold = (tl.cast(dropout_p, tl.float32) * 4294967296.0).to(tl.uint32)  # exact: a power-of-two scale
+    # column 4g + i takes word i: interleave(interleave(w0, w2), interleave(w1, w3)) is w0 w1 w2 w3
+    even = tl.interleave(r0 >= threshold, r2 >= threshold)
+    odd = tl.interleave(r1 >= threshold, r3 >= threshold)
+    return tl.interleave(even, odd)
 
 
 @triton.jit
@@ -197,8 +221,9 @@ def _dropout_mask_kernel(KEEP, SEED, n_rows, n_cols, dropout_p, BLOCK_M: tl.cons
     n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
     pid = tl.program_id(0)
     rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = (pid % n_col_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = philox_keep(tl.load(SEED), rows[:, None], cols[None, :], n_cols, dropout_p)
+    col_start = (pid % n_col_blocks) * BLOCK_N
+    cols = col_start + tl.arange(0, BLOCK_N)
+    keep = dropout_keep(tl.load(SEED), rows, col_start, dropout_p, BLOCK_N)
     tl.store(
         KEEP + rows[:, None].to(tl.int64) * n_cols + cols[None, :],
         keep.to(tl.uint8),
@@ -210,6 +235,7 @@ def dropout_mask(n_rows, n_cols, dropout_p, device):
     """The (n_rows, n_cols) bool keep-mask a kernel draws when called right after the same
     torch.manual_seed (the seed is drawn the same way). For tests; materializes the whole mask."""
     check_dropout_p(dropout_p)
+    check_dropout_rows("dropout_mask", n_rows)
     seed = draw_seed(device)
     keep = torch.empty(n_rows, n_cols, dtype=torch.uint8, device=device)
     require_launchable("dropout_mask", keep)

@@ -16,11 +16,12 @@ from kernels._common import (
     INTERPRET,
     REFERENCE_DTYPES,
     check_dropout_p,
+    check_dropout_rows,
     check_same_device,
     check_tensor,
     draw_seed,
+    dropout_keep,
     dropout_mask,
-    philox_keep,
     require_launchable,
     rows_view,
     tl,
@@ -31,6 +32,12 @@ from kernels._common import (
 
 # One row per program up to this width; wider rows go to the reference (one-time warning).
 MAX_FEATURES = 16384
+
+
+@triton.jit
+def _row_keep(seed, row, dropout_p, BLOCK_N: tl.constexpr):
+    """The (BLOCK_N,) dropout keep-mask of one row."""
+    return tl.reshape(dropout_keep(seed, row + tl.zeros([1], dtype=tl.int64), 0, dropout_p, BLOCK_N), (BLOCK_N,))
 
 
 @triton.jit
@@ -45,7 +52,7 @@ def _add_ln_fwd_kernel(
     ok = cols < n_cols
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
-        keep = philox_keep(tl.load(SEED), row, cols, n_cols, dropout_p)
+        keep = _row_keep(tl.load(SEED), row, dropout_p, BLOCK_N)
         x = tl.where(keep, x / (1.0 - dropout_p), 0.0)
     h = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32) + x
     mean = tl.sum(h, 0) / n_cols
@@ -85,7 +92,7 @@ def _add_ln_bwd_kernel(
         row = first + i
         x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
         if HAS_DROPOUT:
-            keep = philox_keep(seed, row, cols, n_cols, dropout_p)
+            keep = _row_keep(seed, row, dropout_p, BLOCK_N)
             x = tl.where(keep, x / (1.0 - dropout_p), 0.0)
         h = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32) + x
         xhat = tl.where(ok, (h - tl.load(MEAN + row)) * tl.load(RSTD + row), 0.0)
@@ -117,9 +124,14 @@ def _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype):
         x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(bias), y.stride(0),
         n_cols, eps, dropout_p,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0.0,
-        BLOCK_N=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
+        BLOCK_N=_row_block(n_cols), num_warps=_warps(n_cols),
     )
     return y.view(x.shape), mean, rstd, seed
+
+
+def _row_block(n_cols):
+    """One row per program, padded to a power of two of at least 4 (dropout decides 4 columns at once)."""
+    return max(4, triton.next_power_of_2(n_cols))
 
 
 def _warps(n_cols):
@@ -170,7 +182,7 @@ def _add_layer_norm_backward_op(
         x2.stride(0), r2.stride(0), vector_stride(weight), dy2.stride(0), dx.stride(0), dr.stride(0),
         n_rows, n_cols, triton.cdiv(n_rows, programs), dropout_p,
         HAS_WEIGHT=weight is not None, HAS_DROPOUT=dropout_p > 0.0,
-        BLOCK_N=triton.next_power_of_2(n_cols), num_warps=_warps(n_cols),
+        BLOCK_N=_row_block(n_cols), num_warps=_warps(n_cols),
     )
     # partial sums added in a fixed order: deterministic
     return dx.view(x.shape), dr.view(residual.shape), dw_partial.sum(0), db_partial.sum(0)
@@ -256,6 +268,8 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0):
         )
         return add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p)
     require_launchable("add_layer_norm", x, residual, weight, bias)
+    if dropout_p > 0.0:
+        check_dropout_rows("add_layer_norm", x.numel() // x.shape[-1])
     y, _, _, _ = _add_layer_norm_forward_op(
         x, residual, weight, bias, float(eps), float(dropout_p), _output_dtype(x, residual)
     )

@@ -8,6 +8,22 @@ The kernels stream K/V blocks past a tile of queries with an online softmax in f
 write an (Lq, Lk) matrix. The forward saves the per-row log-sum-exp (base 2; +inf marks a row whose
 keys are all masked); the backward recomputes the probabilities from it, in two kernels (dK/dV per
 key block, dQ per query block), so no atomics and bitwise-reproducible gradients.
+
+What the sm_90a compile check (python -m bench.sm90_report, CI matrix, Triton 3.9) shows and the
+code does about it; nothing here has been timed on a GPU:
+- Dropout draws four keep decisions per Philox call (kernels._common.dropout_keep). Against one
+  per call, the forward at head dim 64 no longer spills in 128 x 64 (40 B before) or 64 x 64
+  (32 B), and 128 x 128 spills 52 B instead of 952 B. The four words are interleaved into the
+  tile through shared memory, and since then ptxas notes wgmma serialization (C7515) in every dQ
+  config with dropout and in dK/dV with dropout and no padding: 83 rows of the CI table's 790
+  instead of 10 of 714. Which costs more on a GPU is for the benchmarks to say.
+- The key-padding flags are loaded one key block ahead in the forward and dQ loops, and once per
+  program in dK/dV (its key block is fixed), so no loop waits on them.
+- Autotune lists are pruned per launch to configs that compile without spills or shared-memory
+  overflow, and to tiles no longer than the sequence (see _fits_lengths).
+- Not done: a head dim that is not a multiple of 16 (72) in a contiguous tensor has row strides
+  Triton cannot prove 16-byte aligned, so its loads are not vectorized or pipelined; and D = 80
+  or 96 run the D = 128 binary (tl.arange needs a power of two), paying its full cost.
 """
 import math
 from typing import Optional, Tuple
@@ -22,15 +38,16 @@ from kernels._common import (
     autocast_inputs,
     autotune_configs,
     check_dropout_p,
+    check_dropout_rows,
     check_same_device,
     check_same_dtype,
     check_tensor,
     config_pruner,
     dot_precision,
     draw_seed,
+    dropout_keep,
     dropout_mask,
     last_dim_contiguous,
-    philox_keep,
     require_launchable,
     tl,
     triton,
@@ -105,26 +122,32 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _key_padding(PAD, b, stride_pb, stride_pn, offs_n, Lk):
+    """The key-padding flags of one key block (nonzero = padding; keys past Lk count as padding).
+    The loops load the next block's flags one iteration ahead, so this small load is not waited on."""
+    return tl.load(PAD + b * stride_pb + offs_n * stride_pn, mask=offs_n < Lk, other=1)
+
+
+@triton.jit
 def _tile_valid(
-    offs_m, offs_n, b, h, Lq, Lk,
-    PAD, stride_pb, stride_pn,
+    offs_m, offs_n, pad, b, h, Lq, Lk,
     MASK, stride_mb, stride_mh, stride_mm, stride_mn,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, KEYS_FIRST: tl.constexpr = False,
 ):
     """(BLOCK_M, BLOCK_N) True where query offs_m may attend to key offs_n; (BLOCK_N, BLOCK_M),
-    the transpose, when KEYS_FIRST."""
+    the transpose, when KEYS_FIRST. `pad` is the key block's padding flags (_key_padding)."""
     if KEYS_FIRST:
         queries = offs_m[None, :]
         keys = offs_n[:, None]
+        pad_keys = pad[:, None]
     else:
         queries = offs_m[:, None]
         keys = offs_n[None, :]
+        pad_keys = pad[None, :]
     in_bounds = (queries < Lq) & (keys < Lk)
     valid = in_bounds
     if HAS_PAD:
-        # the key-padding vector of this key block, never expanded to (Lq, Lk)
-        pad = tl.load(PAD + b * stride_pb + keys * stride_pn, mask=keys < Lk, other=1)
-        valid = valid & (pad == 0)
+        valid = valid & (pad_keys == 0)
     if IS_CAUSAL:
         valid = valid & (keys <= queries)
     if HAS_MASK:
@@ -150,7 +173,7 @@ def _masked_rows_value(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         p = tl.where(offs_n[None, :] < Lk, 1.0 / Lk, 0.0) + tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if HAS_DROPOUT:
-            p = tl.where(philox_keep(seed, (bh * Lq + offs_m)[:, None], offs_n[None, :], Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
+            p = tl.where(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N), p / (1.0 - dropout_p), 0.0)
         v = tl.load(
             v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
             mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < D),
@@ -160,29 +183,58 @@ def _masked_rows_value(
     return acc
 
 
-def _fwd_configs():
-    # (BLOCK_M, BLOCK_N, num_warps): 4 warps (one warp group) per 64 query rows
-    tiles = [(64, 32, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8), (128, 128, 8)]
+# (BLOCK_M, BLOCK_N, num_warps): 4 warps (one warp group) per 64 query rows
+_FWD_TILES = [(64, 32, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8), (128, 128, 8)]
+# (BLOCK_M, BLOCK_N, num_warps): the tiles are keys x queries, so wgmma's 64-row minimum falls on
+# BLOCK_N; 8 warps hold the two (BLOCK_N, BLOCK_D) fp32 accumulators without spilling (4 warps spill)
+_DKDV_TILES = [(32, 64, 8), (64, 64, 8), (32, 128, 8)]
+# (BLOCK_M, BLOCK_N, num_warps): query rows are wgmma's rows, so BLOCK_M >= 64
+_DQ_TILES = [(64, 32, 4), (64, 64, 4), (128, 64, 8), (64, 128, 8)]
+_STAGES = (2, 3)
+
+
+def _configs(tiles):
     return autotune_configs(
-        [({"BLOCK_M": bm, "BLOCK_N": bn}, w, s) for bm, bn, w in tiles for s in (2, 3)],
+        [({"BLOCK_M": bm, "BLOCK_N": bn}, w, s) for bm, bn, w in tiles for s in _STAGES],
         interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16},
     )
 
 
+def _fits_lengths(meta, launch, tiles):
+    """A tile longer than the sequence (rounded up to a power of two) computes only padding: such
+    configs are not compiled, so short sequences compile and time fewer variants on first use.
+    The kernel's smallest tile always fits."""
+    min_m = min(bm for bm, _, _ in tiles)
+    min_n = min(bn for _, bn, _ in tiles)
+    return meta["BLOCK_M"] <= max(min_m, launch["LQ_BUCKET"]) and meta["BLOCK_N"] <= max(min_n, launch["LK_BUCKET"])
+
+
 def _fwd_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills (python -m bench.sm90_report): dropout's per-element
-    Philox costs 50 to 165 registers, so it keeps to 32-key blocks; at head dim 128 the 128 x 128
-    tile spills and fills shared memory."""
-    if launch["HAS_DROPOUT"]:
-        return meta["BLOCK_N"] == 32
-    return not (launch["BLOCK_D"] == 128 and meta["BLOCK_N"] == 128)
+    """What compiles for sm_90a without spills (python -m bench.sm90_report). Dropout draws four
+    keep decisions per Philox call (kernels._common.dropout_keep) and still costs registers: with
+    it, key blocks of at most 64. At head dim 128 the 128 x 128 tile spills and fills shared
+    memory, 64 x 64 spills 4 to 32 bytes in 3 stages (2 with dropout), and 128 x 64 with dropout
+    spills in 2 stages."""
+    if not _fits_lengths(meta, launch, _FWD_TILES):
+        return False
+    tile, dropout = (meta["BLOCK_M"], meta["BLOCK_N"]), launch["HAS_DROPOUT"]
+    if dropout and meta["BLOCK_N"] > 64:
+        return False
+    if launch["BLOCK_D"] == 128:
+        if tile == (128, 128):
+            return False
+        if tile == (64, 64):
+            return num_stages == 2 and not dropout
+        if tile == (128, 64) and dropout:
+            return num_stages == 3
+    return True
 
 
 _KEY = ["BLOCK_D", "LQ_BUCKET", "LK_BUCKET", "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION"]
 
 
 @triton.autotune(
-    configs=_fwd_configs(), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention forward", _fwd_fits)}
+    configs=_configs(_FWD_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention forward", _fwd_fits)}
 )
 @triton.jit
 def _attn_fwd_kernel(
@@ -229,15 +281,20 @@ def _attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    pad_next = tl.zeros([BLOCK_N], dtype=tl.uint8)
+    if HAS_PAD:
+        pad_next = _key_padding(PAD, b, stride_pb, stride_pn, tl.arange(0, BLOCK_N), Lk)
     for start_n in range(0, end_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
+        pad = pad_next
+        if HAS_PAD:
+            pad_next = _key_padding(PAD, b, stride_pb, stride_pn, offs_n + BLOCK_N, Lk)
         kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         # (BLOCK_M, BLOCK_N)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
         valid = _tile_valid(
-            offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
-            MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
+            offs_m, offs_n, pad, b, h, Lq, Lk, MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
         )
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -246,7 +303,7 @@ def _attn_fwd_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if HAS_DROPOUT:
-            keep = philox_keep(seed, (bh * Lq + offs_m)[:, None], offs_n[None, :], Lk, dropout_p)
+            keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         # rescale first, then let the dot accumulate in place (wgmma keeps acc in registers)
@@ -273,48 +330,34 @@ def _attn_fwd_kernel(
     tl.store(LSE + bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
-def _dkdv_configs():
-    # (BLOCK_M, BLOCK_N): the tiles are keys x queries, so wgmma's 64-row minimum falls on BLOCK_N;
-    # 8 warps hold the two (BLOCK_N, BLOCK_D) fp32 accumulators without spilling (64 x 128 spills)
-    tiles = [(32, 64), (64, 64), (32, 128)]
-    return autotune_configs(
-        [({"BLOCK_M": bm, "BLOCK_N": bn}, 8, s) for bm, bn in tiles for s in (2, 3)],
-        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16},
-    )
-
-
 def _dkdv_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills (python -m bench.sm90_report)."""
+    if not _fits_lengths(meta, launch, _DKDV_TILES):
+        return False
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
     if launch["BLOCK_D"] == 128:
         if launch["HAS_DROPOUT"]:
             return tile == (32, 64)
         return tile in ((32, 64), (32, 128)) or (tile == (64, 64) and num_stages == 2)
-    if launch["HAS_DROPOUT"] and meta["BLOCK_M"] == 64:
-        return num_stages == 2
-    return True
-
-
-def _dq_configs():
-    # (BLOCK_M, BLOCK_N, num_warps): query rows are wgmma's rows, so BLOCK_M >= 64
-    tiles = [(64, 32, 4), (64, 64, 4), (128, 64, 8), (64, 128, 8)]
-    return autotune_configs(
-        [({"BLOCK_M": bm, "BLOCK_N": bn}, w, s) for bm, bn, w in tiles for s in (2, 3)],
-        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16},
-    )
+    # a dense mask with dropout: 64 x 64 spills 36 to 56 bytes
+    return not (launch["HAS_MASK"] and launch["HAS_DROPOUT"] and tile == (64, 64))
 
 
 def _dq_fits(meta, num_warps, num_stages, launch):
-    """With dropout only the 64 x 32 and 64 x 64 tiles compile without spills for sm_90a. At head
-    dim 128, 64 x 128 in 3 stages needs 229,376 B of shared memory on Triton 3.9 and 245,760 B on
-    3.6 with a dense mask (the limit is 232,448): 2 stages there."""
-    if launch["HAS_DROPOUT"] and meta["BLOCK_M"] * meta["BLOCK_N"] > 64 * 64:
+    """What compiles for sm_90a without spills (python -m bench.sm90_report). At head dim 128
+    the 64 x 128 tile spills with dropout, and in 3 stages needs 229,376 B of
+    shared memory on Triton 3.9 and 245,760 B on 3.6 with a dense mask (the limit is 232,448)."""
+    if not _fits_lengths(meta, launch, _DQ_TILES):
         return False
-    return not (launch["BLOCK_D"] == 128 and meta["BLOCK_N"] == 128 and num_stages > 2)
+    if launch["BLOCK_D"] == 128 and meta["BLOCK_N"] == 128:
+        return num_stages == 2 and not launch["HAS_DROPOUT"]
+    if launch["HAS_MASK"] and launch["HAS_DROPOUT"] and meta["BLOCK_N"] == 128:
+        return num_stages == 2  # 3 stages spill 32 bytes
+    return True
 
 
 @triton.autotune(
-    configs=_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dK/dV", _dkdv_fits)}
+    configs=_configs(_DKDV_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dK/dV", _dkdv_fits)}
 )
 @triton.jit
 def _attn_bwd_dkdv_kernel(
@@ -364,8 +407,13 @@ def _attn_bwd_dkdv_kernel(
     # and the row vectors (lse, delta) broadcast along columns.
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
+    if HAS_PAD:
+        pad = _key_padding(PAD, b, stride_pb, stride_pn, offs_n, Lk)  # this program's keys: once
     for m in range(start_m, end_m, BLOCK_M):
         offs_m = m + tl.arange(0, BLOCK_M)
+        if HAS_DROPOUT:
+            keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))  # (BLOCK_N, BLOCK_M)
         q_mask = (offs_m[:, None] < Lq) & d_ok[None, :]
         q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
         do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_mask, other=0.0)
@@ -374,14 +422,13 @@ def _attn_bwd_dkdv_kernel(
         # (BLOCK_N, BLOCK_M)
         st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
         valid = _tile_valid(
-            offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
-            MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True,
+            offs_m, offs_n, pad, b, h, Lq, Lk, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
+            HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True,
         )
         pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
         dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         pt_dropped = pt
         if HAS_DROPOUT:
-            keep = philox_keep(seed, (bh * Lq + offs_m)[None, :], offs_n[:, None], Lk, dropout_p)
             pt_dropped = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
             dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
         dv = tl.dot(pt_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -399,7 +446,7 @@ def _attn_bwd_dkdv_kernel(
                 # (BLOCK_N, BLOCK_M)
                 pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
                 if HAS_DROPOUT:
-                    keep = philox_keep(seed, (bh * Lq + offs_m)[None, :], offs_n[:, None], Lk, dropout_p)
+                    keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))
                     pt = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
                 do = tl.load(
                     do_base + offs_m[:, None] * stride_dom + offs_d[None, :],
@@ -414,7 +461,7 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.autotune(
-    configs=_dq_configs(), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dQ", _dq_fits)}
+    configs=_configs(_DQ_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dQ", _dq_fits)}
 )
 @triton.jit
 def _attn_bwd_dq_kernel(
@@ -459,20 +506,26 @@ def _attn_bwd_dq_kernel(
         end_n = tl.minimum(end_n, start_m + BLOCK_M)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    pad_next = tl.zeros([BLOCK_N], dtype=tl.uint8)
+    if HAS_PAD:
+        pad_next = _key_padding(PAD, b, stride_pb, stride_pn, tl.arange(0, BLOCK_N), Lk)
     for start_n in range(0, end_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
+        pad = pad_next
+        if HAS_PAD:
+            pad_next = _key_padding(PAD, b, stride_pb, stride_pn, offs_n + BLOCK_N, Lk)
+        if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m bench.sm90_report)
+            keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
         kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
         valid = _tile_valid(
-            offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
-            MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
+            offs_m, offs_n, pad, b, h, Lq, Lk, MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
         )
         p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         if HAS_DROPOUT:
-            keep = philox_keep(seed, (bh * Lq + offs_m)[:, None], offs_n[None, :], Lk, dropout_p)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -507,14 +560,17 @@ def _attn_probs_kernel(
     k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=(offs_n[:, None] < Lk) & d_ok[None, :], other=0.0)
     lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
+    pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
+    if HAS_PAD:
+        pad = _key_padding(PAD, b, stride_pb, stride_pn, offs_n, Lk)
     valid = _tile_valid(
-        offs_m, offs_n, b, h, Lq, Lk, PAD, stride_pb, stride_pn,
-        MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
+        offs_m, offs_n, pad, b, h, Lq, Lk, MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
     )
     p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
     p = tl.where((lse == float("inf"))[:, None], 1.0 / Lk, p)  # all keys masked: uniform
     if HAS_DROPOUT:
-        p = tl.where(philox_keep(tl.load(SEED), (bh * Lq + offs_m)[:, None], offs_n[None, :], Lk, dropout_p), p / (1.0 - dropout_p), 0.0)
+        keep = dropout_keep(tl.load(SEED), bh * Lq + offs_m, (tile % n_n_blocks) * BLOCK_N, dropout_p, BLOCK_N)
+        p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
     tl.store(
         P + bh.to(tl.int64) * Lq * Lk + offs_m[:, None] * Lk + offs_n[None, :],
         p.to(P.dtype.element_ty),
@@ -532,7 +588,8 @@ def _launch(kernel):
 
 
 def _head_block(D):
-    """Head dims are padded (masked) up to a power of two of at least 16, tl.dot's minimum."""
+    """Head dims are padded (masked) up to a power of two of at least 16, tl.dot's minimum: D = 80
+    or 96 computes as D = 128 (see the module docstring)."""
     return max(16, triton.next_power_of_2(D))
 
 
@@ -753,6 +810,8 @@ def attention(
         )
         return attention_reference(q, k, v, **kwargs, softmax_scale=softmax_scale, return_probs=return_probs)
     require_launchable("attention", q, k, v)
+    if dropout_p > 0.0:
+        check_dropout_rows("attention", q.shape[0] * q.shape[1] * q.shape[2])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     out, lse, seed = _attention_forward_op(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale)

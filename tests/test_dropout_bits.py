@@ -1,0 +1,78 @@
+"""The kernels' dropout bits are the documented function of the seed, four decisions per Philox call.
+
+Element (row, col) is kept when word col % 4 of Philox4x32-10 on the counter (col // 4, row, 0, 0),
+keyed by the seed's low and high 32 bits, is >= fp32(p) * 2**32. A NumPy Philox here checks the
+kernels bit for bit, so a wrong interleave or a shifted counter fails.
+"""
+import numpy as np
+import pytest
+import torch
+
+from kernels import _common
+
+MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def _umulhi(a, b):
+    return ((a * b) >> np.uint64(32)) & MASK32
+
+
+def philox4x32(seed, c0, c1, c2, c3, rounds=10):
+    """Philox4x32 as Triton computes it, in uint64 arrays holding 32-bit values."""
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    round_a, round_b = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    key_a, key_b = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)
+    for _ in range(rounds):
+        c0, c1, c2, c3 = (
+            _umulhi(round_b, c2) ^ c1 ^ k0,
+            (round_b * c2) & MASK32,
+            _umulhi(round_a, c0) ^ c3 ^ k1,
+            (round_a * c0) & MASK32,
+        )
+        k0, k1 = (k0 + key_a) & MASK32, (k1 + key_b) & MASK32
+    return c0, c1, c2, c3
+
+
+def expected_keep(seed, n_rows, n_cols, p):
+    rows = np.arange(n_rows, dtype=np.uint64)[:, None]
+    cols = np.arange(n_cols, dtype=np.uint64)[None, :]
+    zero = np.zeros((n_rows, n_cols), dtype=np.uint64)
+    words = philox4x32(seed, cols // np.uint64(4) + zero, rows + zero, zero, zero)
+    picked = np.choose((cols % np.uint64(4)).astype(np.int64) + 0 * zero.astype(np.int64), words)
+    threshold = np.uint64(int(np.float32(p) * np.float32(2**32)))
+    return torch.from_numpy(picked >= threshold)
+
+
+def _seed_after(manual_seed, device):
+    torch.manual_seed(manual_seed)
+    return int(_common.draw_seed(device).item())
+
+
+@pytest.mark.parametrize("n_rows, n_cols", [(3, 4), (17, 70), (64, 130)])  # 70, 130: not block multiples
+def test_kernel_bits_are_the_documented_philox_words(device, n_rows, n_cols):
+    p = 0.3
+    seed = _seed_after(11, device)
+    torch.manual_seed(11)
+    keep = _common.dropout_mask(n_rows, n_cols, p, device).cpu()
+    assert torch.equal(keep, expected_keep(seed, n_rows, n_cols, p))
+
+
+def test_each_of_the_four_words_keeps_at_the_rate(device):
+    p = 0.25
+    torch.manual_seed(0)
+    keep = _common.dropout_mask(256, 256, p, device).float().cpu()
+    for word in range(4):
+        column_kept = keep[:, word::4]
+        sigma = (p * (1 - p) / column_kept.numel()) ** 0.5
+        assert abs(column_kept.mean().item() - (1 - p)) <= 4 * sigma, f"word {word}"
+    # neighbours share a Philox call but not a word: they agree as independent draws would
+    agree = (keep[:, 0::4] == keep[:, 1::4]).float().mean().item()
+    expected = p * p + (1 - p) * (1 - p)
+    sigma = (expected * (1 - expected) / keep[:, 0::4].numel()) ** 0.5
+    assert abs(agree - expected) <= 4 * sigma
+
+
+def test_rows_beyond_a_32_bit_counter_are_refused():
+    with pytest.raises(ValueError, match="2\\*\\*32 rows"):
+        _common.check_dropout_rows("attention", 2**32)
+    _common.check_dropout_rows("attention", 2**32 - 1)
