@@ -34,11 +34,10 @@ def philox4x32(seed, c0, c1, c2, c3, rounds=10):
 
 
 def expected_keep(seed, n_rows, n_cols, p):
-    rows = np.arange(n_rows, dtype=np.uint64)[:, None]
-    cols = np.arange(n_cols, dtype=np.uint64)[None, :]
-    zero = np.zeros((n_rows, n_cols), dtype=np.uint64)
-    words = philox4x32(seed, cols // np.uint64(4) + zero, rows + zero, zero, zero)
-    picked = np.choose((cols % np.uint64(4)).astype(np.int64) + 0 * zero.astype(np.int64), words)
+    rows, cols = np.meshgrid(np.arange(n_rows, dtype=np.uint64), np.arange(n_cols, dtype=np.uint64), indexing="ij")
+    zero = np.zeros_like(rows)
+    words = philox4x32(seed, cols // np.uint64(4), rows, zero, zero)
+    picked = np.choose((cols % np.uint64(4)).astype(np.int64), words)  # column 4g + i takes word i
     threshold = np.uint64(int(np.float32(p) * np.float32(2**32)))
     return torch.from_numpy(picked >= threshold)
 
