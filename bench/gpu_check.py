@@ -23,7 +23,10 @@ installs nothing and needs no network. The stages run in this order, whatever or
   model        MovieClassification with the tutorial's config on batches of NSMC-like reviews (8 to
                128 tokens, padded): train step and inference for fastformer (bf16 autocast), the
                reference in fp32, under bf16 autocast, and compiled: tokens/s on real tokens, peak
-               memory, MFU against the env stage's GEMM ceiling. Then convergence: the same config
+               memory, MFU against the env stage's GEMM ceiling. Beside them, fastformer's ways of
+               running a step (MODEL_VARIANTS): eager (the fastformer row), replayed from CUDA graphs
+               (fastformer.graphs, `fastformer train --cuda-graphs`) and torch.compile(model,
+               fullgraph=True) over the Triton kernels (`--compile`). Then convergence: the same config
                (dropout 0) trained from one seed for a few dozen steps on real reviews
                (tests/data/rotten_tomatoes_200.tsv) on the Triton kernels and on the reference,
                both under the run's autocast, and on the reference in fp64; at every step
@@ -70,7 +73,8 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                     training: {config, batch, amp, steps, mismatch}; a mismatch is {tensor, at,
                     index, first, second} (the first differing element of the first differing tensor)
       bench, model  cases, measured, skipped, failed, not_run; model also rows (bench, provider,
-                    ms, tokens_per_s, peak_mem_mb, tflops, mfu), mfu_note and convergence: {config,
+                    ms, tokens_per_s, peak_mem_mb, tflops, mfu; the providers include
+                    MODEL_VARIANTS), mfu_note and convergence: {config,
                     batch, steps, reviews, amp, lr, curve: [{step, fastformer_loss, reference_loss,
                     reference_fp64_loss}], max_loss_diff, reference_max_loss_diff, loss_atol,
                     loss_tolerance, worst_step, agree}, or {not_run} when the budget was spent
@@ -114,9 +118,10 @@ import fastformer  # noqa: E402  (after TRITON_INTERPRET on purpose)
 import kernels  # noqa: E402
 from bench import cases as suite  # noqa: E402
 from bench import report as bench_report  # noqa: E402
-from bench.common import environment, gemm_tflops, synchronize, time_ms  # noqa: E402
+from bench.common import Case, Skip, assert_close_to, environment, gemm_tflops, synchronize, time_ms  # noqa: E402
 from fastformer.compat.aladdinpersson import Transformer as AladdinTransformer  # noqa: E402
 from fastformer.data import MovieDataSet, movie_collate_fn, read_reviews, train_vocab  # noqa: E402
+from fastformer.graphs import GraphedSteps, make_capturable  # noqa: E402
 from fastformer.training import autocast, loss_curve, sequence_cross_entropy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -142,9 +147,15 @@ UNITS = {
 }
 # The cuda tests --quick and --smoke leave out: the dense-mask attention path (the models never
 # take it), the inference-only fused FFN (not wired into the models) and the B*H > 65535 grid test
-# (one large allocation); the parity of every op the models run, bf16 included, stays.
-REDUCED_TESTS = "not dense_mask and not fused_parity and not 65535"
-COMPILED_PROVIDERS = ("compile", "flex")
+# (one large allocation), and the whole `fastformer train` runs with --cuda-graphs and --compile
+# (minutes of first-call kernel compiles); the parity of every op the models run, bf16 included,
+# and the graph replays against eager steps stay.
+REDUCED_TESTS = ("not dense_mask and not fused_parity and not 65535 and not train_with_cuda_graphs "
+                 "and not compile_on_cuda_trains")
+# fastformer's ways of running a model step, timed beside its eager row ("fastformer") in the
+# model stage: replayed from CUDA graphs, and through torch.compile(model, fullgraph=True)
+MODEL_VARIANTS = ("fastformer_graphs", "fastformer_compile")
+COMPILED_PROVIDERS = ("compile", "flex", "fastformer_compile")
 CPU_TARGETS = "not judged: a CPU run (the targets are GPU targets; CPU ratios say nothing of them)"
 BENCH_ORDER = ("model_train", "ffn_fwd_bwd", "attention_fwd", "attention_fwd_bwd")
 # smoke_suite's tiny MovieClassification
@@ -180,6 +191,7 @@ class Plan:
     measure_warmup: int
     measure_rep: int
     model_providers: tuple
+    model_variants: tuple  # of MODEL_VARIANTS
     copy_bytes: int
     convergence: dict  # batch, steps and reviews (the first of the file's fixed order, cycled)
 
@@ -198,6 +210,7 @@ FULL = Plan(
     measure_warmup=3,
     measure_rep=10,
     model_providers=suite.MODEL_PROVIDERS,
+    model_variants=MODEL_VARIANTS,
     copy_bytes=2**30,
     convergence=dict(batch=32, steps=36, reviews=192),
 )
@@ -213,6 +226,7 @@ QUICK = replace(
     measure_warmup=2,
     measure_rep=5,
     model_providers=tuple(p for p in suite.MODEL_PROVIDERS if p != "compile"),
+    model_variants=("fastformer_graphs",),
 )
 SMOKE = replace(
     QUICK,
@@ -228,6 +242,7 @@ SMOKE = replace(
     measure_warmup=0,
     measure_rep=1,
     model_providers=suite.MODEL_PROVIDERS,
+    model_variants=MODEL_VARIANTS,
     copy_bytes=2**24,
     convergence=dict(batch=2, steps=3, reviews=6),
 )
@@ -905,12 +920,15 @@ def stage_model(run):
     parts = []
     for bench in ("model_train", "model_infer"):
         rows = {r["provider"]: r for r in results if r["bench"] == bench}
+        variants = {p: rows.pop(p) for p in MODEL_VARIANTS if p in rows}
         ours = rows.pop("fastformer", None)
         if ours:
             peers = ", ".join(f"{r['ms'] / ours['ms']:.2f}x vs {p}" for p, r in rows.items())
             mfu = f", MFU {ours['mfu']:.1%}" if ours["mfu"] else ""
             speedups = f" (speed-up {peers})" if peers else ""
             parts.append(f"{bench[6:]}: fastformer {ours['tokens_per_s']:,.0f} tok/s{mfu}{speedups}")
+            parts += [f"{bench[6:]}: {p} {r['tokens_per_s']:,.0f} tok/s ({ours['ms'] / r['ms']:.2f}x eager)"
+                      for p, r in variants.items()]
     convergence = details["convergence"] = _convergence(run)
     parts.append(_convergence_note(convergence))
     details["summary"] = "; ".join(p for p in parts if p) or "nothing measured"
@@ -935,7 +953,87 @@ def _model_cases(run):
             case = suite.model_case(kind, "classify", provider, run.device, B=run.plan.model_batch, config=config, amp=amp)
             case.flops = model_flops(config, *lengths, kind)
             cases.append(case)
+        for variant in run.plan.model_variants:
+            case = model_variant_case(kind, variant, run.device, run.plan.model_batch, config, amp=run.cuda)
+            case.flops = model_flops(config, *lengths, kind)
+            cases.append(case)
     return cases
+
+
+def model_variant_case(kind, variant, device, B, config, amp):
+    """bench.cases.model_case's fastformer case (Triton backend, bf16 autocast when `amp`; the same
+    batch, params and check), its step run another way: "fastformer_graphs" replays the train step
+    or the inference forward from a CUDA graph (fastformer.graphs.GraphedSteps, with the capturable
+    AdamW it needs), "fastformer_compile" runs the model through torch.compile(model,
+    fullgraph=True), as `fastformer train --compile` does. The batch is padded to its longest
+    review, which for the stage's batch of 128 is a bucket length already (128 tokens, a multiple
+    of 16; tests/test_gpu_check.py checks it), so it is the shape --cuda-graphs pads it to.
+    Both skip without CUDA: a graph needs a GPU, and torch.compile cannot trace the Triton kernels
+    through the interpreter. The first call (capture, or compile) is not timed. A replay allocates
+    only its outputs (the graph's memory is allocated at capture), so fastformer_graphs' peak_mem_mb
+    does not compare with the eager rows'."""
+    if variant not in MODEL_VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(MODEL_VARIANTS)}, got {variant!r}")
+    params = {"scenario": "classify", "B": B, "n_layer": config.n_layer, "d_hidn": config.d_hidn, "amp": amp}
+    case = Case(f"model_{kind}", variant, params, setup=None)
+    amp_name = "bf16" if amp else "off"
+
+    def setup():
+        if torch.device(device).type != "cuda":
+            reason = "CUDA graphs need a GPU" if variant == "fastformer_graphs" else "torch.compile over Triton code needs a GPU"
+            raise Skip(f"{variant} is benchmarked on CUDA only ({reason})")
+        enc, dec, labels = suite._review_batch(config, B, False, device)
+        case.tokens = int(enc.ne(config.i_pad).sum() + dec.ne(config.i_pad).sum())
+        case.extra["enc_len"] = enc.shape[1]
+        torch.manual_seed(0)
+        model = fastformer.MovieClassification(config).to(device)
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        if variant == "fastformer_graphs":
+            optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-4))
+            graphs = GraphedSteps(model, optimizer, amp=amp_name)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            compiled = torch.compile(model, fullgraph=True)
+
+        def logits():
+            with fastformer.use_backend("triton"):
+                if variant == "fastformer_graphs":
+                    return graphs.logits(enc, dec)
+                with torch.no_grad(), autocast(device, amp_name):
+                    return compiled(enc, dec)[0]
+
+        def step():
+            with fastformer.use_backend("triton"):
+                if variant == "fastformer_graphs":
+                    return graphs.train_step((labels, enc, dec))[0]
+                optimizer.zero_grad(set_to_none=True)
+                with autocast(device, amp_name):
+                    loss = F.cross_entropy(compiled(enc, dec)[0].float(), labels)
+                loss.backward()
+                optimizer.step()
+                return loss
+
+        def check():
+            """The variant's eval-mode logits on the initial weights against fp32 reference logits,
+            with model_case's tolerance; for the train step, a finite loss."""
+            trained = {k: v.clone() for k, v in model.state_dict().items()}
+            model.load_state_dict(initial)  # in place: the graphs read the parameters where they are
+            model.eval()
+            got = logits().float()
+            with torch.no_grad(), fastformer.use_backend("reference"):
+                expected = model(enc, dec)[0].float()
+            model.load_state_dict(trained)
+            model.train(kind == "train")
+            scale = expected.abs().max().item() or 1.0
+            assert_close_to("logits", got, expected, (suite.ATOL["bf16"] if amp else suite.ATOL["fp32"]) * 4 * scale)
+            if kind == "train":
+                assert bool(torch.isfinite(step())), "training loss is not finite"
+
+        model.train(kind == "train")
+        return (step if kind == "train" else logits), check
+
+    case.setup = setup
+    return case
 
 
 def convergence_setup(overrides, batch, steps, reviews):

@@ -98,7 +98,7 @@ def _train(args):
         n_output=args.n_output, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, device=args.device,
         backend_name=args.backend, amp=args.amp, out=args.out, seed=args.seed, max_steps=args.max_steps,
         resume=args.resume, vocab_size=args.vocab_size, warmup=args.warmup, weight_decay=args.weight_decay,
-        bucket=args.bucket,
+        bucket=args.bucket, cuda_graphs=args.cuda_graphs, compile=args.compile, pad_to_buckets=args.pad_to_buckets,
     )
     return 0
 
@@ -195,6 +195,21 @@ def build_parser():
         help="batch reviews of similar length together to cut padding (default on)",
     )
     _add_runtime_options(train)
+    train.add_argument(
+        "--cuda-graphs", action="store_true",
+        help="capture each train and evaluation step as a CUDA graph once per batch shape and replay it "
+        "(CUDA only; bf16 or no autocast; implies --pad-to-buckets; not yet measured on a GPU)",
+    )
+    train.add_argument(
+        "--compile", action="store_true",
+        help="run the model through torch.compile(model, fullgraph=True) (the Triton kernels only on CUDA; "
+        "not yet measured on a GPU)",
+    )
+    train.add_argument(
+        "--pad-to-buckets", action=argparse.BooleanOptionalAction,
+        help="pad each batch to its longest review rounded up to a multiple of 16 (at most the config's n_enc_seq), "
+        "so that steps see few shapes (default: on with --cuda-graphs, else off)",
+    )
     train.add_argument("--out", metavar="DIR", help="run directory (default runs/sentiment-<date>-<time>)")
     train.add_argument("--seed", type=int, help="seed of the initial weights, the split and the data order (default 0)")
     train.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")

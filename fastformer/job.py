@@ -25,6 +25,12 @@ and every batch of batch_size * N reviews is shared out by ShardedBatchSampler, 
 batch b train on the batches one process draws at N * b. Rank 0 trains the vocab and sends it to
 the others, and alone writes the run directory and shows progress; the metrics are summed over the
 processes. A checkpoint keeps every process's RNG state, and --resume needs the same N.
+
+How each step runs (check_step_options): eagerly by default; with --cuda-graphs, as replays of
+CUDA graphs captured once per batch shape (fastformer.graphs), the loaders padding the encoder ids
+to bucket lengths (fastformer.data.reviews.bucket_length) so that there are few shapes; with
+--compile, through torch.compile(model, fullgraph=True). These, and --pad-to-buckets, change the
+speed and the rounding, not the math: a run may resume with other values of them.
 """
 import contextlib
 import json
@@ -44,6 +50,7 @@ from fastformer import backend
 from fastformer.config import TUTORIAL, Config, check_config, read_json_object
 from fastformer.data import demo, rotten_tomatoes
 from fastformer.data.reviews import (
+    BUCKET_MULTIPLE,
     LengthBucketSampler,
     MovieDataSet,
     ShardedBatchSampler,
@@ -53,6 +60,7 @@ from fastformer.data.reviews import (
     read_reviews,
 )
 from fastformer.data.vocab import N_SPECIAL, PAD, check_vocab_matches, load_vocab, train_vocab
+from fastformer.graphs import GraphedSteps, make_capturable
 from fastformer.model import MovieClassification
 from fastformer.training import (
     NonFiniteLossError,
@@ -175,6 +183,41 @@ def _kernels_in_use(device, amp):
     "reference" (the "auto" backend keeps fp32 off the kernels on CUDA, see fastformer.backend)."""
     with autocast(device, amp):
         return "triton" if backend.uses_triton(torch.empty(0, device=device)) else "reference"
+
+
+def check_step_options(device, amp, kernels, launch, *, cuda_graphs, compile, pad_to_buckets):
+    """Raise ValueError naming the option for a combination of --cuda-graphs, --compile and
+    --pad-to-buckets that cannot run on this device, autocast ("bf16", "fp16", "off"), kernels
+    ("triton" or "reference") and launch; return whether to pad to buckets (default: with
+    --cuda-graphs, which needs it, and not otherwise)."""
+    if cuda_graphs:
+        if device.type != "cuda":
+            raise ValueError(f"--cuda-graphs needs a CUDA device; the device is {device}")
+        if compile:
+            raise ValueError("--cuda-graphs and --compile are alternatives: pass one")
+        if amp == "fp16":
+            raise ValueError("--cuda-graphs does not take --amp fp16: its GradScaler reads the host at every step; "
+                             "use --amp bf16 (the default on CUDA) or off")
+        if pad_to_buckets is False:
+            raise ValueError("--cuda-graphs needs --pad-to-buckets: a graph is captured per batch shape, and without "
+                             "buckets every review length is a shape")
+        if launch.distributed:
+            raise ValueError("--cuda-graphs is not supported under torchrun")
+    if compile:
+        if device.type != "cuda" and kernels == "triton":
+            raise ValueError(f"--compile on {device} needs the reference kernels: torch.compile cannot trace the "
+                             "Triton kernels through Triton's CPU interpreter; pass --backend auto or reference")
+        if launch.distributed:
+            raise ValueError("--compile is not supported under torchrun")
+    return cuda_graphs if pad_to_buckets is None else pad_to_buckets
+
+
+def _step_mode(cuda_graphs, compile, pad_to_buckets):
+    """How the steps run, for the header: "" for the default (eager, padded to the longest review)."""
+    parts = ["CUDA graphs"] if cuda_graphs else ["torch.compile"] if compile else []
+    if pad_to_buckets:
+        parts.append(f"padded to multiples of {BUCKET_MULTIPLE}")
+    return "".join(f", {part}" for part in parts)
 
 
 def label_names(n_output):
@@ -491,17 +534,19 @@ def _split(reviews, fraction, seed):
     return [reviews[i] for i in order[n_test:]], [reviews[i] for i in order[:n_test]]
 
 
-def _loaders(config, vocab, train_reviews, test_reviews, batch_size, bucket, seed, launch):
+def _loaders(config, vocab, train_reviews, test_reviews, batch_size, bucket, seed, launch, pad_to_buckets=False):
     """The train and test loaders, and set_epoch(epoch), which fixes the train order of an epoch
     from (seed, epoch) alone, so a resumed run sees the batches an uninterrupted one would. In a
     torchrun job the batches are drawn at batch_size * world_size and shared out among the
-    processes (ShardedBatchSampler), and each process evaluates every world_size-th test review."""
+    processes (ShardedBatchSampler), and each process evaluates every world_size-th test review.
+    With pad_to_buckets, batches are padded to bucket_length of their longest review."""
     progress = launch.rank == 0
     train_set = MovieDataSet(vocab, train_reviews, max_len=config.n_enc_seq, progress=progress)
     test_set = MovieDataSet(vocab, test_reviews, max_len=config.n_enc_seq, progress=progress)
+    bucket_max_len = config.n_enc_seq if pad_to_buckets else None
 
     def collate(batch):
-        return movie_collate_fn(batch, i_pad=config.i_pad)
+        return movie_collate_fn(batch, i_pad=config.i_pad, bucket_max_len=bucket_max_len)
 
     drawn = batch_size * launch.world_size
     if bucket:
@@ -592,7 +637,8 @@ def _replicated(model, launch, device):
 def train(
     *, train=None, test=None, dataset=None, vocab=None, config=None, n_output=None, epochs=None, batch_size=None,
     lr=None, device=None, backend_name="auto", amp="auto", out=None, seed=None, max_steps=None, resume=None,
-    vocab_size=None, warmup=None, weight_decay=None, bucket=None, log=print,
+    vocab_size=None, warmup=None, weight_decay=None, bucket=None, cuda_graphs=False, compile=False,
+    pad_to_buckets=None, log=print,
 ):
     """Train MovieClassification end to end and write a run directory; returns its metrics dict.
 
@@ -603,6 +649,11 @@ def train(
     exactly as if it had not stopped; it refuses options that differ from the run's. Options left
     None take the run's values on resume, else DEFAULTS. Launched by torchrun, it trains with
     DistributedDataParallel (see the module docstring); otherwise it starts no process group.
+    `cuda_graphs` replays each step from a CUDA graph (fastformer.graphs; CUDA only, bf16 or no
+    autocast), `compile` runs the model through torch.compile(model, fullgraph=True), and
+    `pad_to_buckets` pads batches to bucket lengths (default: on with cuda_graphs, which needs it);
+    check_step_options says which combinations run. None of them changes what the run trains, so
+    a resumed run may change them.
 
     Errors in the inputs raise ValueError/OSError before anything is written. A NaN or infinite
     loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both naming the last checkpoint,
@@ -626,16 +677,22 @@ def train(
         "n_output": n_output, "batch_size": batch_size, "lr": lr, "warmup": warmup,
         "weight_decay": weight_decay, "seed": seed, "bucket": bucket,
     }
-    with backend.use_backend(backend_name), process_group(launch, device):
-        return _train(
-            given, dataset=dataset, epochs=epochs, out=out, max_steps=max_steps, resume=resume, device=device,
-            amp=resolve_amp(amp, device), launch=launch, log=log if launch.rank == 0 else _quiet,
-        )
+    amp = resolve_amp(amp, device)
+    with backend.use_backend(backend_name):
+        pad_to_buckets = check_step_options(device, amp, _kernels_in_use(device, amp), launch, cuda_graphs=cuda_graphs,
+                                            compile=compile, pad_to_buckets=pad_to_buckets)
+        with process_group(launch, device):
+            return _train(
+                given, dataset=dataset, epochs=epochs, out=out, max_steps=max_steps, resume=resume, device=device,
+                amp=amp, launch=launch, log=log if launch.rank == 0 else _quiet,
+                steps={"cuda_graphs": cuda_graphs, "compile": compile, "pad_to_buckets": pad_to_buckets},
+            )
 
 
-def _train(given, *, dataset, epochs, out, max_steps, resume, device, amp, launch, log):
+def _train(given, *, dataset, epochs, out, max_steps, resume, device, amp, launch, log, steps):
     """The body of train() for the options `given` (RUN_OPTIONS, None where not given), on `device`
-    under the backend and process group train() set up."""
+    under the backend and process group train() set up; `steps` holds the options of how the steps
+    run (cuda_graphs, compile, pad_to_buckets), already checked."""
     # 1. options, and the files that are not data: all checked before any long work
     checkpoint = None
     if resume is not None:
@@ -719,7 +776,7 @@ def _train(given, *, dataset, epochs, out, max_steps, resume, device, amp, launc
         # 4. model, data loaders, optimizer, schedule
         batch_size = options["batch_size"]
         train_loader, test_loader, set_epoch = _loaders(
-            config, sp, train_reviews, test_reviews, batch_size, options["bucket"], seed, launch
+            config, sp, train_reviews, test_reviews, batch_size, options["bucket"], seed, launch, steps["pad_to_buckets"]
         )
         model = MovieClassification(config).to(device)
         decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
@@ -741,7 +798,11 @@ def _train(given, *, dataset, epochs, out, max_steps, resume, device, amp, launc
                 scaler.load_state_dict(state["scaler"])
             start_epoch, step, history = state["epoch"], state["step"], state["history"]
             _set_rng_state(state["rng"], device, launch)
+        make_capturable(optimizer, steps["cuda_graphs"])  # a checkpoint holds the form it was written in
         trained = _replicated(model, launch, device)
+        graphs = GraphedSteps(model, optimizer, amp=amp) if steps["cuda_graphs"] else None
+        if steps["compile"]:
+            trained = torch.compile(trained, fullgraph=True)
 
         # 5. the run directory: created (or its run.json extended) only now, by rank 0 once every
         # process has checked its inputs
@@ -753,6 +814,7 @@ def _train(given, *, dataset, epochs, out, max_steps, resume, device, amp, launc
             "backend": backend.get_backend(),
             "kernels": _kernels_in_use(device, amp),
             "amp": amp,
+            **steps,
             "world_size": launch.world_size,
         }
         replaces = resume is None and os.path.isdir(run_dir) and bool(os.listdir(run_dir))
@@ -787,7 +849,7 @@ def _train(given, *, dataset, epochs, out, max_steps, resume, device, amp, launc
         f"d_hidn={config.d_hidn} n_head={config.n_head} d_ff={config.d_ff}"
     )
     log(f"  device   {device}{threads}{processes}, {session['kernels']} kernels (backend {session['backend']!r}), "
-        f"amp {amp}")
+        f"amp {amp}{_step_mode(**steps)}")
     if resume is not None:
         log(f"  run dir  {run_dir} (resumed after epoch {start_epoch})")
     else:
@@ -799,11 +861,12 @@ def _train(given, *, dataset, epochs, out, max_steps, resume, device, amp, launc
             if max_steps is not None and step >= max_steps:
                 break
             set_epoch(epoch)
-            lr_now = scheduler.get_last_lr()[0]
+            lr_now = float(scheduler.get_last_lr()[0])  # a tensor under --cuda-graphs: one sync an epoch
             try:
                 train_stats = train_epoch(
                     trained, train_loader, optimizer, scheduler, device=device, amp=amp, scaler=scaler,
                     max_steps=None if max_steps is None else max_steps - step, desc=f"Train {epoch + 1}/{epochs}",
+                    graphs=graphs,
                 )
             except NonFiniteLossError as error:
                 raise NonFiniteLossError(
@@ -811,7 +874,8 @@ def _train(given, *, dataset, epochs, out, max_steps, resume, device, amp, launc
                     f"{_last_checkpoint(last)}", step + error.step, error.loss,
                 ) from None
             step += train_stats["steps"]
-            test_stats = evaluate(model, test_loader, device=device, amp=amp, desc=f"Test  {epoch + 1}/{epochs}")
+            test_stats = evaluate(trained if steps["compile"] else model, test_loader, device=device, amp=amp,
+                                  desc=f"Test  {epoch + 1}/{epochs}", graphs=graphs)
             history.append({
                 "epoch": epoch + 1,
                 "steps": step,

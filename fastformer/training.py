@@ -7,7 +7,8 @@
 - `train_epoch` / `evaluate`: the tutorial's train_epoch and eval_epoch for MovieClassification,
   with tqdm bars showing loss, accuracy and tokens/s, and optional autocast. `train_epoch` raises
   NonFiniteLossError when a loss is NaN or infinite. In a torchrun job their figures are summed
-  over the processes and only rank 0 shows bars.
+  over the processes and only rank 0 shows bars. Given `graphs` (a fastformer.graphs.GraphedSteps),
+  both replay CUDA graphs of their steps instead of running them eagerly.
 - `train_step` / `loss_curve`: one optimizer step of train_epoch, and the losses of a run of them.
 """
 import contextlib
@@ -67,11 +68,12 @@ def sequence_cross_entropy(logits, targets, pad_idx):
     return (losses * keep).sum() / keep.sum().clamp(min=1)
 
 
-def autocast(device, amp):
-    """torch.autocast for amp "bf16"/"fp16" on `device`, or a no-op context for "off"."""
+def autocast(device, amp, cache=True):
+    """torch.autocast for amp "bf16"/"fp16" on `device`, or a no-op context for "off". `cache`
+    is autocast's cast cache (off for CUDA graph captures; the values are the same either way)."""
     if amp == "off":
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=AMP_DTYPES[amp])
+    return torch.autocast(torch.device(device).type, dtype=AMP_DTYPES[amp], cache_enabled=cache)
 
 
 def _synchronize(device):
@@ -134,7 +136,7 @@ def loss_curve(model, batches, optimizer, *, device, amp="off"):
 
 
 def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", scaler=None,
-                max_steps=None, desc="Train", log_every=10):
+                max_steps=None, desc="Train", log_every=10, graphs=None):
     """One epoch of the tutorial's train_epoch (cross-entropy on logits[0]).
 
     Stops early after `max_steps` optimizer steps. The bar shows the running loss, accuracy and
@@ -143,6 +145,8 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
     gave one (the optimizer has stepped on it: the model is no longer usable).
     In a torchrun job (`model` wrapped in DistributedDataParallel), the figures are summed over the
     processes at each refresh, only rank 0 shows the bar, and every process raises together.
+    With `graphs` (a fastformer.graphs.GraphedSteps of `model` and `optimizer`; no scaler), each
+    step is graphs.train_step, a CUDA graph replay, followed by scheduler.step().
     Returns {"loss", "accuracy", "steps", "tokens", "seconds", "tokens_per_s"}.
     """
     model.train()
@@ -159,8 +163,13 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
             if steps == n_steps:
                 break
             labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
-            loss, logits = train_step(model, (labels, enc_inputs, dec_inputs), optimizer, scheduler, device=device,
-                                      amp=amp, scaler=scaler)
+            if graphs is None:
+                loss, logits = train_step(model, (labels, enc_inputs, dec_inputs), optimizer, scheduler,
+                                          device=device, amp=amp, scaler=scaler)
+            else:
+                loss, logits = graphs.train_step((labels, enc_inputs, dec_inputs))
+                if scheduler is not None:
+                    scheduler.step()
             total_loss += loss * labels.numel()
             window.append(loss)
             correct += logits.argmax(1).eq(labels).sum()
@@ -199,9 +208,10 @@ def _raise_non_finite(window, steps):
 
 
 @torch.no_grad()
-def evaluate(model, loader, *, device, amp="off", desc="Valid"):
+def evaluate(model, loader, *, device, amp="off", desc="Valid", graphs=None):
     """The tutorial's eval_epoch: accuracy of argmax(logits), plus the mean loss. In a torchrun job
-    each process evaluates its part of the set and the sums are added up over the processes.
+    each process evaluates its part of the set and the sums are added up over the processes. With
+    `graphs` (a fastformer.graphs.GraphedSteps of `model`), the logits come from CUDA graph replays.
     Returns {"loss", "accuracy", "n"}."""
     model.eval()
     total_loss = torch.zeros((), device=device)
@@ -210,8 +220,11 @@ def evaluate(model, loader, *, device, amp="off", desc="Valid"):
     with tqdm(total=len(loader), desc=desc, unit=" batch", leave=False, disable=not _is_main_process()) as bar:
         for labels, enc_inputs, dec_inputs in loader:
             labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
-            with autocast(device, amp):
-                logits = model(enc_inputs, dec_inputs)[0]
+            if graphs is None:
+                with autocast(device, amp):
+                    logits = model(enc_inputs, dec_inputs)[0]
+            else:
+                logits = graphs.logits(enc_inputs, dec_inputs)
             total_loss += F.cross_entropy(logits.float(), labels, reduction="sum")
             correct += logits.argmax(1).eq(labels).sum()
             seen += labels.numel()

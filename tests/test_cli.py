@@ -67,6 +67,14 @@ def test_bad_options_are_one_line_exit_2(argv, message, capsys):
     assert err.startswith(message) and err.count("\n") == 1, err
 
 
+def test_train_help_lists_how_steps_run(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--cuda-graphs" in out and "--compile" in out and "--pad-to-buckets, --no-pad-to-buckets" in out
+    assert "not yet measured on a GPU" in out
+
+
 def test_usage_errors_are_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--epochs", "many"])

@@ -124,7 +124,7 @@ def test_smoke_report_and_targets(smoke):
     assert all(set(r) == RECORD_KEYS for r in report["results"])
     assert {r["bench"] for r in report["results"]} == {"attention_fwd", "attention_fwd_bwd", "ffn_fwd_bwd",
                                                        "model_train", "model_infer"}
-    assert {s["provider"] for s in report["skipped"]} == {"flex", "compile"}
+    assert {s["provider"] for s in report["skipped"]} == {"flex", "compile", *gpu_check.MODEL_VARIANTS}
     assert all("CUDA only" in s["reason"] for s in report["skipped"])
     assert len(doc["targets"]) == 11 and all(t["met"] is None for t in doc["targets"])
     assert doc["targets_note"].startswith("not judged")
@@ -291,6 +291,39 @@ def test_model_flops_by_hand():
     # decoder 2*1*(6*32*32 + 2*32*64) + 2*3*2*32*32 + 2*1*1*32 + 4*1*3*32 = 33216; classifier 2*32*2 = 128
     assert gpu_check.model_flops(config, [3], [1], "infer") == 50304 + 33216 + 128
     assert gpu_check.model_flops(config, [3, 3], [1, 1], "train") == 6 * (50304 + 33216 + 128)
+
+
+def test_model_variants_are_cases_beside_fastformer_and_skip_without_cuda():
+    """The model stage times fastformer's eager step ("fastformer"), its CUDA graph replay and its
+    torch.compile beside the peers: same params (so the report groups them with the eager row),
+    and on a CPU a skip that says why."""
+    from types import SimpleNamespace
+
+    from bench import cases as suite
+    from bench.common import Skip
+
+    for plan, variants in ((gpu_check.SMOKE, gpu_check.MODEL_VARIANTS), (gpu_check.QUICK, ("fastformer_graphs",)),
+                           (gpu_check.FULL, gpu_check.MODEL_VARIANTS)):
+        run = SimpleNamespace(plan=plan, cuda=False, device=torch.device("cpu"))
+        providers = [(c.bench, c.provider) for c in gpu_check._model_cases(run)]
+        assert [p for p in providers if p[1] in gpu_check.MODEL_VARIANTS] == [
+            (f"model_{kind}", v) for kind in ("train", "infer") for v in variants]
+    config = gpu_check.fastformer.Config.tutorial(**gpu_check.TINY)
+    for kind in ("train", "infer"):
+        eager = suite.model_case(kind, "classify", "fastformer", "cpu", B=2, config=config, amp=False)
+        for variant in gpu_check.MODEL_VARIANTS:
+            case = gpu_check.model_variant_case(kind, variant, "cpu", 2, config, amp=False)
+            assert (case.bench, case.params) == (eager.bench, eager.params)
+            with pytest.raises(Skip, match=f"^{variant} is benchmarked on CUDA only "):
+                case.setup()
+    with pytest.raises(ValueError, match="variant must be one of fastformer_graphs, fastformer_compile"):
+        gpu_check.model_variant_case("train", "graphs", "cpu", 2, config, amp=False)
+    # the stage's batch is already padded to a bucket: the shape `fastformer train --cuda-graphs` would give it
+    from fastformer.data.reviews import bucket_length
+
+    tutorial = gpu_check.fastformer.Config.tutorial()
+    width = suite._review_batch(tutorial, gpu_check.FULL.model_batch, False, "cpu")[0].size(1)
+    assert bucket_length(width, tutorial.n_enc_seq) == width == 128
 
 
 def test_copy_bandwidth_is_measured_on_any_device():

@@ -399,3 +399,53 @@ def test_cpu_threads_take_the_cores_that_are_not_busy(monkeypatch, load, expecte
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0), raising=False)
     assert job.cpu_threads() == expected
+
+
+def test_compile_runs_the_model_through_torch_compile_fullgraph(files, tmp_path, monkeypatch):
+    """--compile hands the model to torch.compile(model, fullgraph=True) for training and evaluation.
+    On a CPU with the reference kernels Inductor takes about a minute to compile even this tiny
+    model, so here Dynamo traces it (fullgraph: a graph break fails) and its "eager" backend runs
+    the traced ops: the run must end with the weights and metrics of an eager run, bit for bit."""
+    compiled = []
+    real_compile = torch.compile
+
+    def traced_only(model, **options):
+        compiled.append(options)
+        return real_compile(model, backend="eager", **options)
+
+    monkeypatch.setattr(torch, "compile", traced_only)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    args = ("--epochs", "1")
+    assert main(train_args(files, tmp_path / "compiled", "--compile", *args)) == 0
+    assert compiled == [{"fullgraph": True}]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # train mode and eval mode at least
+    assert main(train_args(files, tmp_path / "eager", *args)) == 0
+    runs = {name: json.loads((tmp_path / name / "run.json").read_text()) for name in ("compiled", "eager")}
+    assert (runs["compiled"]["compile"], runs["eager"]["compile"]) == (True, False)
+    metrics = [json.loads((tmp_path / name / "metrics.json").read_text())["epochs"] for name in ("compiled", "eager")]
+    keys = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
+    assert [[e[k] for k in keys] for e in metrics[0]] == [[e[k] for k in keys] for e in metrics[1]]
+    ours, theirs = torch.load(tmp_path / "compiled" / "model.pt"), torch.load(tmp_path / "eager" / "model.pt")
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=0, msg=name)
+
+
+def test_pad_to_buckets_is_recorded_and_may_change_on_resume(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(files, out, "--epochs", "1", "--pad-to-buckets")) == 0
+    assert "amp off, padded to multiples of 16\n" in capsys.readouterr().out
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--device", "cpu"]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert (run["pad_to_buckets"], run["cuda_graphs"], run["compile"]) == (True, False, False)
+    assert [r["pad_to_buckets"] for r in run["resumed"]] == [False]
+
+
+@pytest.mark.cuda
+def test_compile_on_cuda_trains(files, tmp_path):
+    """The real thing on a GPU: Inductor over the Triton kernels' registered ops, under bf16."""
+    out = tmp_path / "run"
+    torch._dynamo.reset()
+    assert main(train_args(files, out, "--device", "cuda", "--compile")) == 0
+    assert json.loads((out / "run.json").read_text())["compile"] is True
+    assert json.loads((out / "metrics.json").read_text())["test_accuracy"] >= 0.9  # chance is 0.5

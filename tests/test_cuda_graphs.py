@@ -1,0 +1,263 @@
+"""fastformer.graphs and `fastformer train --cuda-graphs`: the option checks and the optimizer's
+two forms on a CPU; on a GPU (`cuda`), replayed steps against eager steps, bit for bit."""
+import json
+
+import pytest
+import torch
+
+import fastformer
+from fastformer import job
+from fastformer.cli import main
+from fastformer.graphs import GraphedSteps, make_capturable
+from fastformer.training import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
+from tests.test_drop_in import small_config
+from tests.test_train_job import TINY, train_args, write_reviews
+
+CUDA = torch.device("cuda")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """test_train_job's tiny separable set."""
+    root = tmp_path_factory.mktemp("data")
+    config = root / "tiny.json"
+    config.write_text(json.dumps(TINY), encoding="utf-8")
+    return {"train": write_reviews(root / "train.txt", 240, seed=0), "test": write_reviews(root / "test.txt", 60, seed=1),
+            "config": str(config)}
+
+
+@pytest.mark.parametrize("device, amp, kernels, distributed, options, message", [
+    (CPU, "off", "reference", False, dict(cuda_graphs=True), "--cuda-graphs needs a CUDA device; the device is cpu"),
+    (CUDA, "bf16", "triton", False, dict(cuda_graphs=True, compile=True), "--cuda-graphs and --compile are alternatives"),
+    (CUDA, "fp16", "triton", False, dict(cuda_graphs=True), "--cuda-graphs does not take --amp fp16"),
+    (CUDA, "bf16", "triton", False, dict(cuda_graphs=True, pad_to_buckets=False), "--cuda-graphs needs --pad-to-buckets"),
+    (CUDA, "bf16", "triton", True, dict(cuda_graphs=True), "--cuda-graphs is not supported under torchrun"),
+    (CPU, "off", "triton", False, dict(compile=True), "--compile on cpu needs the reference kernels"),
+    (CPU, "off", "reference", True, dict(compile=True), "--compile is not supported under torchrun"),
+])
+def test_step_options_that_cannot_run_are_refused(device, amp, kernels, distributed, options, message):
+    launch = job.Launch(0, 2, 0, True) if distributed else job.Launch()
+    options = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None), **options)
+    with pytest.raises(ValueError, match=message):
+        job.check_step_options(device, amp, kernels, launch, **options)
+
+
+@pytest.mark.parametrize("device, amp, kernels, options, pad_to_buckets", [
+    (CUDA, "bf16", "triton", dict(cuda_graphs=True), True),  # --cuda-graphs pads to buckets by default
+    (CUDA, "off", "reference", dict(cuda_graphs=True, pad_to_buckets=True), True),
+    (CUDA, "bf16", "triton", dict(compile=True), False),
+    (CPU, "off", "reference", dict(compile=True), False),  # torch.compile traces the reference on a CPU
+    (CPU, "off", "reference", dict(compile=True, pad_to_buckets=True), True),
+    (CPU, "off", "triton", dict(pad_to_buckets=True), True),
+    (CPU, "off", "reference", dict(), False),  # the default: eager, padded to the longest review
+])
+def test_step_options_that_run_and_the_padding_they_get(device, amp, kernels, options, pad_to_buckets):
+    options = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None), **options)
+    assert job.check_step_options(device, amp, kernels, job.Launch(), **options) is pad_to_buckets
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cuda-graphs"], "--cuda-graphs needs a CUDA device; the device is cpu"),
+    (["--compile", "--backend", "triton"], "--compile on cpu needs the reference kernels"),
+])
+def test_the_command_refuses_them_in_one_line_before_any_work(files, tmp_path, capsys, argv, message):
+    out = tmp_path / "run"
+    assert main(train_args(files, out, *argv)) == 2
+    stdout, err = capsys.readouterr()
+    assert err.startswith(f"fastformer train: error: {message}") and err.count("\n") == 1, err
+    assert stdout == "" and not out.exists()
+
+
+def test_the_python_api_raises_value_error_naming_the_option():
+    with pytest.raises(ValueError, match="--cuda-graphs needs a CUDA device"):
+        job.train(cuda_graphs=True, device="cpu")
+
+
+def test_graphed_steps_need_a_cuda_model():
+    model = fastformer.MovieClassification(small_config())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
+    with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA device; it is on cpu"):
+        GraphedSteps(model, optimizer)
+
+
+def test_make_capturable_switches_forms_and_keeps_every_value():
+    """Eager -> capturable -> eager leaves an AdamW that steps exactly as one never switched (lr 0.5
+    is exact in fp32, the capturable form's lr dtype)."""
+    def adamw():
+        torch.manual_seed(0)
+        param = torch.nn.Parameter(torch.randn(4, 3))
+        return param, torch.optim.AdamW([param], lr=0.5, weight_decay=0.1)
+
+    def step(param, optimizer):
+        optimizer.zero_grad()
+        (param ** 2).sum().backward()
+        optimizer.step()
+
+    switched, untouched = adamw(), adamw()
+    step(*switched)
+    step(*untouched)
+    optimizer = make_capturable(switched[1])
+    group, state = optimizer.param_groups[0], optimizer.state[switched[0]]
+    assert group["capturable"] and isinstance(group["lr"], torch.Tensor) and group["lr"].dtype == torch.float32
+    assert group["lr"].item() == 0.5 and state["step"].device == switched[0].device and state["step"].item() == 1
+    make_capturable(optimizer, False)
+    assert group["capturable"] is False and group["lr"] == 0.5 and state["step"].device.type == "cpu"
+    step(*switched)
+    step(*untouched)
+    torch.testing.assert_close(switched[0], untouched[0], rtol=0, atol=0)
+    with pytest.raises(TypeError, match="SGD has no capturable option"):
+        make_capturable(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+
+
+class EagerGraphs:
+    """Stands in for GraphedSteps on a CPU: the eager steps, counted, to check the loops' wiring."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer, self.calls = model, optimizer, []
+
+    def train_step(self, batch):
+        self.calls.append("train")
+        return train_step(self.model, batch, self.optimizer, device="cpu")
+
+    def logits(self, enc_inputs, dec_inputs):
+        self.calls.append("eval")
+        return self.model(enc_inputs, dec_inputs)[0]
+
+
+def test_the_loops_take_their_steps_from_the_graphs_and_step_the_schedule():
+    config = small_config(dropout=0.0)
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 3, (4,), generator=g), torch.randint(1, 50, (4, 16), generator=g),
+                torch.full((4, 1), 2)) for _ in range(3)]
+
+    def run(graphed):
+        torch.manual_seed(0)
+        model = fastformer.MovieClassification(config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = linear_warmup_decay_scheduler(optimizer, 1, 3)
+        graphs = EagerGraphs(model, optimizer) if graphed else None
+        stats = train_epoch(model, batches, optimizer, scheduler, device="cpu", graphs=graphs)
+        stats = [stats[k] for k in ("loss", "accuracy", "tokens")]
+        stats += evaluate(model, batches, device="cpu", graphs=graphs).values()
+        return stats, model, scheduler, graphs
+
+    eager, eager_model, eager_scheduler, _ = run(False)
+    graphed, graphed_model, graphed_scheduler, graphs = run(True)
+    assert graphs.calls == ["train"] * 3 + ["eval"] * 3
+    assert graphed_scheduler.last_epoch == eager_scheduler.last_epoch == 3
+    assert graphed == eager
+    for (name, a), b in zip(graphed_model.state_dict().items(), eager_model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+# On a GPU: replays against the eager steps. Bit for bit: a replay runs the kernels the eager step
+# launches, on the same inputs, and the project's kernels are deterministic (gpu_check's
+# determinism stage checks eager steps twice), so any difference means the graph replays something
+# else (a stale input, a constant lr, a state the warm-up left behind).
+
+
+def _batches(config, shapes, seed=0):
+    """(labels, enc_inputs, dec_inputs) on the GPU, one batch per (batch size, padded length)."""
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for bs, width in shapes:
+        lengths = torch.randint(1, width + 1, (bs,), generator=g)
+        enc = torch.randint(1, config.n_enc_vocab, (bs, width), generator=g)
+        enc = enc.masked_fill(torch.arange(width) >= lengths[:, None], config.i_pad)
+        labels = torch.randint(0, config.n_output, (bs,), generator=g)
+        batches.append(tuple(t.to(CUDA) for t in (labels, enc, torch.full((bs, 1), 2))))
+    return batches
+
+
+# shapes repeat after another was captured, and a short last batch: 3 graphs, 6 steps
+SHAPES = [(8, 16), (8, 24), (8, 16), (8, 24), (5, 16), (8, 16)]
+PATHS = [pytest.param("triton", "bf16", id="triton-bf16"), pytest.param("reference", "off", id="reference-fp32")]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend_name, amp", PATHS)
+def test_replayed_train_steps_give_the_losses_and_weights_of_eager_steps(backend_name, amp):
+    config = small_config(dropout=0.0)
+    batches = _batches(config, SHAPES)
+
+    def run(graphed):
+        torch.manual_seed(0)
+        model = fastformer.MovieClassification(config).to(CUDA).train()
+        optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01))
+        scheduler = linear_warmup_decay_scheduler(optimizer, 2, len(batches))
+        graphs = GraphedSteps(model, optimizer, amp=amp) if graphed else None
+        initial, losses = model.projection.weight.detach().clone(), []
+        with fastformer.use_backend(backend_name):
+            for batch in batches:
+                if graphed:
+                    loss, _ = graphs.train_step(batch)
+                else:
+                    loss, _ = train_step(model, batch, optimizer, device=CUDA, amp=amp)
+                scheduler.step()
+                losses.append(loss)
+        return torch.stack(losses), model.state_dict(), graphs, initial
+
+    eager_losses, eager_weights, _, _ = run(False)
+    losses, weights, graphs, initial = run(True)
+    assert graphs.captured == 3
+    torch.testing.assert_close(losses, eager_losses, rtol=0, atol=0)
+    for name in eager_weights:
+        torch.testing.assert_close(weights[name], eager_weights[name], rtol=0, atol=0, msg=name)
+    assert not torch.equal(weights["projection.weight"], initial)  # it trained
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend_name, amp", PATHS)
+def test_replayed_evaluation_gives_the_eager_logits_of_the_current_weights(backend_name, amp):
+    config = small_config(dropout=0.1)
+    first, second = _batches(config, [(8, 16), (8, 24)])
+    torch.manual_seed(0)
+    model = fastformer.MovieClassification(config).to(CUDA)
+    optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    graphs = GraphedSteps(model, optimizer, amp=amp)
+
+    def both(batch):
+        with fastformer.use_backend(backend_name):
+            replayed = graphs.logits(*batch[1:])
+            with torch.no_grad(), autocast(CUDA, amp):
+                return replayed, model(*batch[1:])[0]
+
+    model.eval()
+    before = [both(batch) for batch in (first, second)]
+    model.train()
+    with fastformer.use_backend(backend_name):
+        graphs.train_step(first)  # the weights change; the eval graphs must read the new ones
+    model.eval()
+    after = [both(batch) for batch in (first, second)]
+    assert graphs.captured == 3
+    for replayed, eager in before + after:
+        torch.testing.assert_close(replayed, eager, rtol=0, atol=0)
+    assert not torch.equal(after[0][0], before[0][0])
+
+
+@pytest.mark.cuda
+def test_every_replay_draws_new_dropout_masks():
+    """lr 0: the weights stay, so the same batch replayed gives other losses only through dropout."""
+    config = small_config(dropout=0.1)
+    batch = _batches(config, [(8, 16)])[0]
+    torch.manual_seed(0)
+    model = fastformer.MovieClassification(config).to(CUDA).train()
+    graphs = GraphedSteps(model, make_capturable(torch.optim.AdamW(model.parameters(), lr=0.0)), amp="bf16")
+    with fastformer.use_backend("triton"):
+        losses = [graphs.train_step(batch)[0].item() for _ in range(3)]
+    assert len(set(losses)) == 3, losses
+
+
+@pytest.mark.cuda
+def test_train_with_cuda_graphs_learns_and_resumes_without_them(files, tmp_path):
+    out = tmp_path / "run"
+    assert main(train_args(files, out, "--device", "cuda", "--cuda-graphs")) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert (run["cuda_graphs"], run["pad_to_buckets"], run["amp"]) == (True, True, "bf16")
+    assert json.loads((out / "metrics.json").read_text())["test_accuracy"] >= 0.9  # chance is 0.5
+    # the checkpoint holds the capturable optimizer; an eager resume converts it back
+    assert main(["train", "--resume", str(out), "--epochs", "4", "--device", "cuda"]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert [(r["cuda_graphs"], r["pad_to_buckets"]) for r in run["resumed"]] == [(False, False)]
+    assert json.loads((out / "metrics.json").read_text())["test_accuracy"] >= 0.9
