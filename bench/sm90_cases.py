@@ -64,12 +64,12 @@ def attention_case(dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, 
         q, k, v = _qkv(B, H, L, Lk, D, DTYPES[dtype], layout)
         key_padding_mask = torch.zeros(B, Lk, dtype=torch.bool) if pad else None
         attn_mask = torch.zeros(B, L, Lk, dtype=torch.bool) if dense else None
-        args = (key_padding_mask, causal, attn_mask, p, D**-0.5)
-        o, lse, seed = attention._attn_forward(q, k, v, *args)
+        masking = attention._masking(q, key_padding_mask, attn_mask, causal, p, D**-0.5)
+        o, lse, seed = attention._attn_forward(q, k, v, masking)
         do = torch.zeros_like(o)
-        attention._attn_backward(do, q, k, v, o, lse, seed, *args)
+        attention._attn_backward(do, q, k, v, o, lse, seed, masking)
         if probs:
-            attention._attn_probs(q, k, lse, seed, *args)
+            attention._attn_probs(q, k, lse, seed, masking)
 
     return Case(name + ("+probs" if probs else ""), run, _name(dtype))
 

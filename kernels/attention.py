@@ -6,8 +6,19 @@ uniform), never NaN.
 
 The kernels stream K/V blocks past a tile of queries with an online softmax in fp32 and never
 write an (Lq, Lk) matrix. The forward saves the per-row log-sum-exp (base 2; +inf marks a row whose
-keys are all masked); the backward recomputes the probabilities from it, in two kernels (dK/dV per
-key block, dQ per query block), so no atomics and bitwise-reproducible gradients.
+keys are all masked); the backward recomputes the probabilities from it, in two kernels (dQ per
+query block, then dK/dV per key block), so no atomics and bitwise-reproducible gradients.
+
+A call is its kernels and nothing else on the device (the train step is launch-bound, issue #16):
+the dQ kernel computes delta = rowsum(dO * O) for its rows and hands it to dK/dV; each program
+finds where its batch's padding starts by scanning the key-padding flags itself, and dK/dV finds
+whether a (batch, head) has fully masked rows by scanning its lse, so no per-call bookkeeping runs
+as separate ops; the lse and the seed are marked non-differentiable, so autograd makes no zero
+gradients for them. The outputs o, dq, dk and dv are laid out as (B, L, H, D).
+
+File order: kernels and their jit helpers, launchers (with `_Masking`, how a call masks, drops
+out and scales, built once per op call), the torch.library ops, the public `attention`, and the
+PyTorch reference.
 
 What the sm_90a compile check (python -m bench.sm90_report, CI matrix, Triton 3.9) shows and the
 code does about it; nothing here has been timed on a GPU:
@@ -26,7 +37,7 @@ code does about it; nothing here has been timed on a GPU:
   or 96 run the D = 128 binary (tl.arange needs a power of two), paying its full cost.
 """
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -58,80 +69,80 @@ from kernels._common import (
 MASKED_SCORE = -1e9
 
 
-def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, dtypes=FLOAT_DTYPES):
-    """Validate the arguments of `attention`; returns (B, H, Lq, Lk, D)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, ndim=4, dtypes=dtypes)
-    check_same_dtype(q=q, k=k, v=v)
-    B, H, Lq, D = q.shape
-    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
-        raise ValueError(
-            f"q, k and v must share batch and heads (B, H): got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if k.shape[3] != D or v.shape[3] != D:
-        raise ValueError(
-            f"q, k and v must share the head dim D: got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    Lk = k.shape[2]
-    if Lq == 0 or Lk == 0 or B == 0 or H == 0:
-        raise ValueError(f"attention needs non-empty inputs, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if v.shape[2] != Lk:
-        raise ValueError(f"k and v must have the same length: got k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if key_padding_mask is not None:
-        check_tensor("key_padding_mask", key_padding_mask, ndim=2, dtypes=(torch.bool,))
-        if tuple(key_padding_mask.shape) != (B, Lk):
-            raise ValueError(
-                f"key_padding_mask must have shape (B, Lk) = {(B, Lk)}, got {tuple(key_padding_mask.shape)}"
-            )
-    if attn_mask is not None:
-        check_tensor("attn_mask", attn_mask, dtypes=(torch.bool,))
-        shape = tuple(attn_mask.shape)
-        if shape not in ((B, Lq, Lk), (B, H, Lq, Lk), (B, 1, Lq, Lk)):
-            raise ValueError(
-                f"attn_mask must have shape (B, Lq, Lk) = {(B, Lq, Lk)} or (B, H, Lq, Lk) = {(B, H, Lq, Lk)}, "
-                f"got {shape}"
-            )
-    check_same_device(q=q, k=k, v=v, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
-    check_dropout_p(dropout_p)
-    scale_is_number = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
-    if softmax_scale is not None and not (scale_is_number and 0 < softmax_scale < math.inf):
-        raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
-    return B, H, Lq, Lk, D
-
-
-def dense_mask(Lq, Lk, device, key_padding_mask=None, causal=False, attn_mask=None):
-    """All masks OR-ed into one boolean tensor that broadcasts to (B, H, Lq, Lk), or None."""
-    mask = None
-    if key_padding_mask is not None:
-        mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, Lk)
-    if causal:
-        # (1, 1, Lq, Lk): key j > query i
-        future = torch.ones(Lq, Lk, dtype=torch.bool, device=device).triu(diagonal=1)[None, None]
-        mask = future if mask is None else mask | future
-    if attn_mask is not None:
-        full = attn_mask if attn_mask.dim() == 4 else attn_mask[:, None]
-        mask = full if mask is None else mask | full
-    return mask
-
-
 # ----------------------------------------------------------------------------------------------
 # Triton kernels. Scores live in base 2: s = q k^T * scale * log2(e), p = exp2(s - lse).
+#
+# Every kernel first offsets its pointers to its (batch, head) once: `q_bh`, `pad_b` (the batch's
+# key-padding flags), `mask_bh` (its dense mask), ..., so the helpers below take row offsets only.
 # ----------------------------------------------------------------------------------------------
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _key_padding(PAD, b, stride_pb, stride_pn, offs_n, Lk):
+def _query_block(Lq, H, BLOCK_M: tl.constexpr):
+    """The (batch, head) and query block of a program of the forward or dQ grid: (bh, b, h,
+    start_m). Each (batch, head) takes its query blocks last to first, so under a causal mask the
+    longest rows start first."""
+    n_m_blocks = tl.cdiv(Lq, BLOCK_M)
+    pid = tl.program_id(0)
+    bh = pid // n_m_blocks
+    start_m = (n_m_blocks - 1 - pid % n_m_blocks) * BLOCK_M
+    return bh, (bh // H).to(tl.int64), (bh % H).to(tl.int64), start_m
+
+
+@triton.jit
+def _load_rows(base, offs, stride, n, offs_d, D):
+    """(len(offs), BLOCK_D) rows `offs` of an (n, D) matrix with row stride `stride` and unit column
+    stride; zeros past n rows or D columns."""
+    return tl.load(base + offs[:, None] * stride + offs_d[None, :], mask=(offs[:, None] < n) & (offs_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _store_rows(base, offs, stride, n, offs_d, D, value):
+    tl.store(base + offs[:, None] * stride + offs_d[None, :], value.to(base.dtype.element_ty), mask=(offs[:, None] < n) & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _interleaved(T, b, h, L, H, D):
+    """The (batch, head) slice of a (B, L, H, D) contiguous tensor, the layout of o, dq, dk and dv
+    (see _interleaved_empty): its base pointer. Its rows are H * D apart."""
+    return T + b * L * H * D + h * D
+
+
+@triton.jit
+def _key_padding(pad_b, stride_pn, offs_n, Lk):
     """The key-padding flags of one key block (nonzero = padding; keys past Lk count as padding).
     The loops load the next block's flags one iteration ahead, so this small load is not waited on."""
-    return tl.load(PAD + b * stride_pb + offs_n * stride_pn, mask=offs_n < Lk, other=1)
+    return tl.load(pad_b + offs_n * stride_pn, mask=offs_n < Lk, other=1)
+
+
+@triton.jit
+def _keys_end(pad_b, stride_pn, Lk, SCAN: tl.constexpr = 512):
+    """One past the batch's last key that is not padding (0 when all are): the key blocks from
+    there on hold padding only and are skipped. Every program finds it for itself, a scan of
+    Lk / SCAN loads, which costs no launch and no (B,) buffer to keep for the backward."""
+    last = tl.zeros([SCAN], dtype=tl.int32)
+    for start in range(0, Lk, SCAN):
+        offs = start + tl.arange(0, SCAN)
+        flags = tl.load(pad_b + offs * stride_pn, mask=offs < Lk, other=1)
+        last = tl.maximum(last, tl.where(flags == 0, offs + 1, 0))
+    return tl.max(last, 0)
+
+
+@triton.jit
+def _has_masked_row(lse_bh, Lq, SCAN: tl.constexpr = 512):
+    """Whether any query row of this (batch, head) has all its keys masked (lse = +inf)."""
+    found = tl.zeros([SCAN], dtype=tl.int32)
+    for start in range(0, Lq, SCAN):
+        offs = start + tl.arange(0, SCAN)
+        lse = tl.load(lse_bh + offs, mask=offs < Lq, other=0.0)
+        found = tl.maximum(found, (lse == float("inf")).to(tl.int32))
+    return tl.max(found, 0) > 0
 
 
 @triton.jit
 def _tile_valid(
-    offs_m, offs_n, pad, b, h, Lq, Lk,
-    MASK, stride_mb, stride_mh, stride_mm, stride_mn,
+    offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, KEYS_FIRST: tl.constexpr = False,
 ):
     """(BLOCK_M, BLOCK_N) True where query offs_m may attend to key offs_n; (BLOCK_N, BLOCK_M),
@@ -151,18 +162,38 @@ def _tile_valid(
     if IS_CAUSAL:
         valid = valid & (keys <= queries)
     if HAS_MASK:
-        dense = tl.load(
-            MASK + b * stride_mb + h * stride_mh + queries * stride_mm + keys * stride_mn,
-            mask=in_bounds,
-            other=1,
-        )
+        dense = tl.load(mask_bh + queries * stride_mm + keys * stride_mn, mask=in_bounds, other=1)
         valid = valid & (dense == 0)
     return valid
 
 
 @triton.jit
+def _scores(
+    q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale,
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """The (BLOCK_M, BLOCK_N) scores q k^T * qk_scale (base 2) of a query and a key block, and
+    where they are valid."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
+    valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK)
+    return s, valid
+
+
+@triton.jit
+def _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One past the last key the query block start_m.. can attend to: trailing padding and keys
+    above the diagonal are never loaded."""
+    end_n = Lk
+    if HAS_PAD:
+        end_n = _keys_end(pad_b, stride_pn, Lk)
+    if IS_CAUSAL:
+        end_n = tl.minimum(end_n, start_m + BLOCK_M)
+    return end_n
+
+
+@triton.jit
 def _masked_rows_value(
-    v_base, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
+    v_bh, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -174,11 +205,7 @@ def _masked_rows_value(
         p = tl.where(offs_n[None, :] < Lk, 1.0 / Lk, 0.0) + tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if HAS_DROPOUT:
             p = tl.where(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N), p / (1.0 - dropout_p), 0.0)
-        v = tl.load(
-            v_base + offs_n[:, None] * stride_vn + offs_d[None, :],
-            mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < D),
-            other=0.0,
-        )
+        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, D)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     return acc
 
@@ -238,64 +265,44 @@ _KEY = ["BLOCK_D", "LQ_BUCKET", "LK_BUCKET", "IS_CAUSAL", "HAS_PAD", "HAS_MASK",
 )
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE, PAD, KV_END, MASK, SEED,
+    Q, K, V, O, LSE, SEED,
+    PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om,
-    stride_pb, stride_pn,
-    stride_mb, stride_mh, stride_mm, stride_mn,
     H, Lq, Lk, D, qk_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,  # autotune keys only
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    n_m_blocks = tl.cdiv(Lq, BLOCK_M)
-    pid = tl.program_id(0)
-    bh = pid // n_m_blocks
-    start_m = (n_m_blocks - 1 - pid % n_m_blocks) * BLOCK_M  # longest causal rows first
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
+    bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
+    k_bh = K + b * stride_kb + h * stride_kh
+    v_bh = V + b * stride_vb + h * stride_vh
+    pad_b = PAD + b * stride_pb
+    mask_bh = MASK + b * stride_mb + h * stride_mh
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
     # (BLOCK_M, BLOCK_D)
-    q = tl.load(
-        Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
-        mask=(offs_m[:, None] < Lq) & d_ok[None, :],
-        other=0.0,
-    )
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, Lq, offs_d, D)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
-
-    # Key blocks past the last valid key (trailing padding) or above the diagonal are skipped.
-    end_n = Lk
-    if HAS_PAD:
-        end_n = tl.load(KV_END + b)
-    if IS_CAUSAL:
-        end_n = tl.minimum(end_n, start_m + BLOCK_M)
+    end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     pad_next = tl.zeros([BLOCK_N], dtype=tl.uint8)
     if HAS_PAD:
-        pad_next = _key_padding(PAD, b, stride_pb, stride_pn, tl.arange(0, BLOCK_N), Lk)
+        pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk)
     for start_n in range(0, end_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         pad = pad_next
         if HAS_PAD:
-            pad_next = _key_padding(PAD, b, stride_pb, stride_pn, offs_n + BLOCK_N, Lk)
-        kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+            pad_next = _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk)
+        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, D)
         # (BLOCK_M, BLOCK_N)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
-        valid = _tile_valid(
-            offs_m, offs_n, pad, b, h, Lq, Lk, MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
-        )
+        s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no valid key yet
@@ -305,7 +312,7 @@ def _attn_fwd_kernel(
         if HAS_DROPOUT:
             keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, D)
         # rescale first, then let the dot accumulate in place (wgmma keeps acc in registers)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -318,27 +325,25 @@ def _attn_fwd_kernel(
     if HAS_PAD or HAS_MASK:
         if tl.max((masked_row & (offs_m < Lq)).to(tl.int32), 0) > 0:
             uniform = _masked_rows_value(
-                v_base, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
+                v_bh, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
                 HAS_DROPOUT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_D,
             )
             out = tl.where(masked_row[:, None], uniform, out)
-    tl.store(
-        O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-        out.to(O.dtype.element_ty),
-        mask=(offs_m[:, None] < Lq) & d_ok[None, :],
-    )
+    _store_rows(_interleaved(O, b, h, Lq, H, D), offs_m, H * D, Lq, offs_d, D, out)
     tl.store(LSE + bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
 def _dkdv_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills (python -m bench.sm90_report)."""
+    """What compiles for sm_90a without spills (python -m bench.sm90_report). At head dim 128,
+    64 x 64 spills (12 B in 2 stages with padding and a causal mask, since the padding scans moved
+    into the kernel), so only 32 query rows a block."""
     if not _fits_lengths(meta, launch, _DKDV_TILES):
         return False
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
     if launch["BLOCK_D"] == 128:
         if launch["HAS_DROPOUT"]:
             return tile == (32, 64)
-        return tile in ((32, 64), (32, 128)) or (tile == (64, 64) and num_stages == 2)
+        return tile in ((32, 64), (32, 128))
     # a dense mask with dropout: 64 x 64 spills 36 to 56 bytes
     return not (launch["HAS_MASK"] and launch["HAS_DROPOUT"] and tile == (64, 64))
 
@@ -357,40 +362,97 @@ def _dq_fits(meta, num_warps, num_stages, launch):
 
 
 @triton.autotune(
-    configs=_configs(_DKDV_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dK/dV", _dkdv_fits)}
+    configs=_configs(_DQ_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dQ", _dq_fits)}
 )
 @triton.jit
-def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, PAD, KV_END, MASK, SEED, HAS_MASKED_ROW,
+def _attn_bwd_dq_kernel(
+    Q, K, V, O, DO, LSE, DELTA, DQ, SEED,
+    PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
-    stride_dkb, stride_dkh, stride_dkn,
-    stride_dvb, stride_dvh, stride_dvn,
-    stride_pb, stride_pn,
-    stride_mb, stride_mh, stride_mm, stride_mn,
     H, Lq, Lk, D, qk_scale, sm_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dK and dV of one key block, looping over the query blocks that can see it."""
+    """dQ of one query block, looping over the key blocks it can see. It also writes its rows'
+    delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV kernel, launched next."""
+    bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
+    k_bh = K + b * stride_kb + h * stride_kh
+    v_bh = V + b * stride_vb + h * stride_vh
+    pad_b = PAD + b * stride_pb
+    mask_bh = MASK + b * stride_mb + h * stride_mh
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, Lq, offs_d, D)
+    do = _load_rows(DO + b * stride_dob + h * stride_doh, offs_m, stride_dom, Lq, offs_d, D)
+    o = _load_rows(_interleaved(O, b, h, Lq, H, D), offs_m, H * D, Lq, offs_d, D)
+    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+    tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
+    lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    pad_next = tl.zeros([BLOCK_N], dtype=tl.uint8)
+    if HAS_PAD:
+        pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk)
+    for start_n in range(0, end_n, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        pad = pad_next
+        if HAS_PAD:
+            pad_next = _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk)
+        if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m bench.sm90_report)
+            keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
+        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, D)
+        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, D)
+        s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
+        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        if HAS_DROPOUT:
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    _store_rows(_interleaved(DQ, b, h, Lq, H, D), offs_m, H * D, Lq, offs_d, D, dq * sm_scale)
+
+
+@triton.autotune(
+    configs=_configs(_DKDV_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dK/dV", _dkdv_fits)}
+)
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV, SEED,
+    PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom,
+    H, Lq, Lk, D, qk_scale, sm_scale, dropout_p,
+    LQ_BUCKET, LK_BUCKET,
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
+    the dQ kernel wrote."""
     n_n_blocks = tl.cdiv(Lk, BLOCK_N)
     pid = tl.program_id(0)
     bh = pid // n_n_blocks
     start_n = (pid % n_n_blocks) * BLOCK_N
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
+    q_bh = Q + b * stride_qb + h * stride_qh
+    do_bh = DO + b * stride_dob + h * stride_doh
+    pad_b = PAD + b * stride_pb
+    mask_bh = MASK + b * stride_mb + h * stride_mh
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
     # (BLOCK_N, BLOCK_D)
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-    q_base = Q + b * stride_qb + h * stride_qh
-    do_base = DO + b * stride_dob + h * stride_doh
+    k = _load_rows(K + b * stride_kb + h * stride_kh, offs_n, stride_kn, Lk, offs_d, D)
+    v = _load_rows(V + b * stride_vb + h * stride_vh, offs_n, stride_vn, Lk, offs_d, D)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
@@ -399,32 +461,27 @@ def _attn_bwd_dkdv_kernel(
     if IS_CAUSAL:
         start_m = (start_n // BLOCK_M) * BLOCK_M  # queries above the diagonal never see this block
     end_m = Lq
+    pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
     if HAS_PAD:
-        end_m = tl.where(start_n < tl.load(KV_END + b), Lq, start_m)  # a block of trailing padding: skip
+        end_m = tl.where(start_n < _keys_end(pad_b, stride_pn, Lk), Lq, start_m)  # a block of trailing padding: skip
+        pad = _key_padding(pad_b, stride_pn, offs_n, Lk)  # this program's keys: once
 
     # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
     # rows are this program's keys, P^T and dS^T feed dV and dK from registers without a transpose,
     # and the row vectors (lse, delta) broadcast along columns.
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
-    if HAS_PAD:
-        pad = _key_padding(PAD, b, stride_pb, stride_pn, offs_n, Lk)  # this program's keys: once
     for m in range(start_m, end_m, BLOCK_M):
         offs_m = m + tl.arange(0, BLOCK_M)
         if HAS_DROPOUT:
             keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))  # (BLOCK_N, BLOCK_M)
-        q_mask = (offs_m[:, None] < Lq) & d_ok[None, :]
-        q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_mask, other=0.0)
+        q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, D)
+        do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, D)
         lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
         delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
         # (BLOCK_N, BLOCK_M)
         st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
-        valid = _tile_valid(
-            offs_m, offs_n, pad, b, h, Lq, Lk, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
-            HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True,
-        )
+        valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True)
         pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
         dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         pt_dropped = pt
@@ -438,7 +495,7 @@ def _attn_bwd_dkdv_kernel(
     if HAS_PAD or HAS_MASK:
         # Rows whose keys are all masked spread 1/Lk over every key (the tutorial's -1e9 fill):
         # they reach dV only, and only in the (B, H) slices that have such rows.
-        if tl.load(HAS_MASKED_ROW + bh) != 0:
+        if _has_masked_row(LSE + bh * Lq, Lq):
             for m in range(0, Lq, BLOCK_M):
                 offs_m = m + tl.arange(0, BLOCK_M)
                 lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
@@ -448,98 +505,19 @@ def _attn_bwd_dkdv_kernel(
                 if HAS_DROPOUT:
                     keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))
                     pt = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
-                do = tl.load(
-                    do_base + offs_m[:, None] * stride_dom + offs_d[None, :],
-                    mask=(offs_m[:, None] < Lq) & d_ok[None, :],
-                    other=0.0,
-                )
+                do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, D)
                 dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
-    dk = dk * sm_scale
-    tl.store(DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b * stride_dvb + h * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
-
-
-@triton.autotune(
-    configs=_configs(_DQ_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dQ", _dq_fits)}
-)
-@triton.jit
-def _attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ, PAD, KV_END, MASK, SEED,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_dob, stride_doh, stride_dom,
-    stride_dqb, stride_dqh, stride_dqm,
-    stride_pb, stride_pn,
-    stride_mb, stride_mh, stride_mm, stride_mn,
-    H, Lq, Lk, D, qk_scale, sm_scale, dropout_p,
-    LQ_BUCKET, LK_BUCKET,
-    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """dQ of one query block, looping over the key blocks it can see."""
-    n_m_blocks = tl.cdiv(Lq, BLOCK_M)
-    pid = tl.program_id(0)
-    bh = pid // n_m_blocks
-    start_m = (n_m_blocks - 1 - pid % n_m_blocks) * BLOCK_M
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    q_mask = (offs_m[:, None] < Lq) & d_ok[None, :]
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_mask, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_mask, other=0.0)
-    lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-    delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-    k_base = K + b * stride_kb + h * stride_kh
-    v_base = V + b * stride_vb + h * stride_vh
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
-
-    end_n = Lk
-    if HAS_PAD:
-        end_n = tl.load(KV_END + b)
-    if IS_CAUSAL:
-        end_n = tl.minimum(end_n, start_m + BLOCK_M)
-
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    pad_next = tl.zeros([BLOCK_N], dtype=tl.uint8)
-    if HAS_PAD:
-        pad_next = _key_padding(PAD, b, stride_pb, stride_pn, tl.arange(0, BLOCK_N), Lk)
-    for start_n in range(0, end_n, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        pad = pad_next
-        if HAS_PAD:
-            pad_next = _key_padding(PAD, b, stride_pb, stride_pn, offs_n + BLOCK_N, Lk)
-        if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m bench.sm90_report)
-            keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
-        kv_mask = (offs_n[:, None] < Lk) & d_ok[None, :]
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
-        valid = _tile_valid(
-            offs_m, offs_n, pad, b, h, Lq, Lk, MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
-        )
-        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        if HAS_DROPOUT:
-            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-    dq = dq * sm_scale
-    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=q_mask)
+    _store_rows(_interleaved(DK, b, h, Lk, H, D), offs_n, H * D, Lk, offs_d, D, dk * sm_scale)
+    _store_rows(_interleaved(DV, b, h, Lk, H, D), offs_n, H * D, Lk, offs_d, D, dv)
 
 
 @triton.jit
 def _attn_probs_kernel(
-    Q, K, LSE, P, PAD, MASK, SEED,
+    Q, K, LSE, P, SEED,
+    PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
-    stride_pb, stride_pn,
-    stride_mb, stride_mh, stride_mm, stride_mn,
     H, Lq, Lk, D, qk_scale, dropout_p,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -550,26 +528,27 @@ def _attn_probs_kernel(
     pid = tl.program_id(0)
     bh = pid // (n_m_blocks * n_n_blocks)
     tile = pid % (n_m_blocks * n_n_blocks)
+    start_n = (tile % n_n_blocks) * BLOCK_N
     offs_m = (tile // n_n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = (tile % n_n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
+    pad_b = PAD + b * stride_pb
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=(offs_m[:, None] < Lq) & d_ok[None, :], other=0.0)
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=(offs_n[:, None] < Lk) & d_ok[None, :], other=0.0)
+    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, Lq, offs_d, D)
+    k = _load_rows(K + b * stride_kb + h * stride_kh, offs_n, stride_kn, Lk, offs_d, D)
     lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
     pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
     if HAS_PAD:
-        pad = _key_padding(PAD, b, stride_pb, stride_pn, offs_n, Lk)
-    valid = _tile_valid(
-        offs_m, offs_n, pad, b, h, Lq, Lk, MASK, stride_mb, stride_mh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK,
+        pad = _key_padding(pad_b, stride_pn, offs_n, Lk)
+    s, valid = _scores(
+        q, k, offs_m, offs_n, pad, Lq, Lk, MASK + b * stride_mb + h * stride_mh, stride_mm, stride_mn, qk_scale,
+        HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION,
     )
     p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
     p = tl.where((lse == float("inf"))[:, None], 1.0 / Lk, p)  # all keys masked: uniform
     if HAS_DROPOUT:
-        keep = dropout_keep(tl.load(SEED), bh * Lq + offs_m, (tile % n_n_blocks) * BLOCK_N, dropout_p, BLOCK_N)
+        keep = dropout_keep(tl.load(SEED), bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
         p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
     tl.store(
         P + bh.to(tl.int64) * Lq * Lk + offs_m[:, None] * Lk + offs_n[None, :],
@@ -580,7 +559,8 @@ def _attn_probs_kernel(
 
 # ----------------------------------------------------------------------------------------------
 # Launchers: arguments checked by `attention`, block sizes from autotuning, grids flattened to one
-# axis so B * H may exceed 65535.
+# axis so B * H may exceed 65535. Strides reach the kernels as scalars, (batch, head, row) per
+# tensor: torch.compile rejects tuple arguments on direct launches.
 # ----------------------------------------------------------------------------------------------
 def _launch(kernel):
     """Kernels launch through torch.library.wrap_triton, so torch.compile traces them in place."""
@@ -593,30 +573,36 @@ def _head_block(D):
     return max(16, triton.next_power_of_2(D))
 
 
-def _mask_args(q, key_padding_mask, attn_mask):
-    """Pointers and strides of the masks as the kernels take them (q stands in for absent ones)."""
+def _row_strides(*tensors):
+    """The (batch, head, row) strides of (B, H, L, D) tensors, in order, as the kernels take them."""
+    return tuple(s for t in tensors for s in t.stride()[:3])
+
+
+class _Masking(NamedTuple):
+    """How one attention call masks, drops out and scales, in the form every launcher passes on.
+    Built once per op call by `_masking`, in Python only: no device work."""
+
+    mask_args: tuple  # PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn
+    flags: dict  # the kernels' constexprs: HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, BLOCK_D
+    dropout_p: float
+    scale: float  # softmax_scale; the kernels take it times log2(e) as qk_scale
+
+
+def _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale):
+    """The _Masking of a call. Absent masks pass q as a stand-in pointer (never read: its flag is
+    off) with zero strides; a (B, 1, Lq, Lk) or (B, Lq, Lk) mask is read with a zero head stride."""
     if key_padding_mask is None:
-        pad, kv_end, pad_strides = q, q, (0, 0)
+        pad = (q, 0, 0)
     else:
-        pad = key_padding_mask.view(torch.uint8)
-        Lk = key_padding_mask.shape[1]
-        # (B,): one past each sequence's last valid key, computed on the device
-        positions = torch.arange(1, Lk + 1, device=q.device, dtype=torch.int32)
-        kv_end = torch.where(key_padding_mask, 0, positions).amax(dim=1).to(torch.int32)
-        pad_strides = tuple(pad.stride())
+        pad = (key_padding_mask.view(torch.uint8), *key_padding_mask.stride())
     if attn_mask is None:
-        dense, dense_strides = q, (0, 0, 0, 0)
+        dense = (q, 0, 0, 0, 0)
     else:
-        dense = attn_mask.view(torch.uint8)
-        if dense.dim() == 3:
-            dense = dense.unsqueeze(1)
-        sb, sh, sm, sn = dense.stride()
-        dense_strides = (sb, 0 if dense.shape[1] == 1 else sh, sm, sn)
-    return pad, kv_end, pad_strides, dense, dense_strides
-
-
-def _flags(q, key_padding_mask, causal, attn_mask, dropout_p):
-    return {
+        full = attn_mask.view(torch.uint8)
+        full = full.unsqueeze(1) if full.dim() == 3 else full
+        sb, sh, sm, sn = full.stride()
+        dense = (full, sb, 0 if full.shape[1] == 1 else sh, sm, sn)
+    flags = {
         "HAS_PAD": key_padding_mask is not None,
         "IS_CAUSAL": bool(causal),
         "HAS_MASK": attn_mask is not None,
@@ -624,57 +610,55 @@ def _flags(q, key_padding_mask, causal, attn_mask, dropout_p):
         "DOT_PRECISION": dot_precision(q.dtype),
         "BLOCK_D": _head_block(q.shape[-1]),
     }
+    return _Masking(pad + dense, flags, dropout_p, softmax_scale)
 
 
-def _attn_forward(q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale):
+def _buckets(Lq, Lk):
+    """The autotune keys of the sequence lengths: new lengths in one power of two reuse the tuning."""
+    return triton.next_power_of_2(Lq), triton.next_power_of_2(Lk)
+
+
+def _interleaved_empty(B, H, L, D, like):
+    """An empty (B, H, L, D) tensor laid out as (B, L, H, D): the layout of the kernels' outputs,
+    o, dq, dk and dv, whose strides the kernels compute (_interleaved). A (B, L, H * D) reshape of
+    the output is free, and a gradient reaching a fused QKV projection is read row by row."""
+    return torch.empty(B, L, H, D, dtype=like.dtype, device=like.device).transpose(1, 2)
+
+
+def _attn_forward(q, k, v, masking):
     """Returns o (B, H, Lq, D) stored head-interleaved as (B, Lq, H, D), lse (B, H, Lq) in base 2
     (+inf for rows whose keys are all masked), and the dropout seed (or None)."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
-    # (B, H, Lq, D) view of (B, Lq, H, D) memory: `.transpose(1, 2).reshape(B, Lq, H * D)` is free
-    o = torch.empty(B, Lq, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
+    o = _interleaved_empty(B, H, Lq, D, q)
     lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
-    seed = draw_seed(q.device) if dropout_p > 0.0 else None
-    pad, kv_end, pad_strides, dense, dense_strides = _mask_args(q, key_padding_mask, attn_mask)
-    grid = lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)  # noqa: E731
-    _launch(_attn_fwd_kernel)[grid](
-        q, k, v, o, lse, pad, kv_end, dense, q if seed is None else seed,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-        *pad_strides, *dense_strides,
-        H, Lq, Lk, D, softmax_scale * LOG2E, dropout_p,
-        triton.next_power_of_2(Lq), triton.next_power_of_2(Lk),
-        **_flags(q, key_padding_mask, causal, attn_mask, dropout_p),
+    seed = draw_seed(q.device) if masking.dropout_p > 0.0 else None
+    _launch(_attn_fwd_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+        q, k, v, o, lse, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k, v),
+        H, Lq, Lk, D, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), **masking.flags,
     )
     return o, lse, seed
 
 
-def _attn_backward(do, q, k, v, o, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale):
-    """dq, dk, dv in the layouts of q, k, v."""
+def _attn_backward(do, q, k, v, o, lse, seed, masking):
+    """dq, dk, dv, laid out as (B, L, H, D) (_interleaved_empty). The dQ kernel runs first and also
+    writes delta for the dK/dV kernel. `o` is the forward's output, in its layout."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     do = last_dim_contiguous(do)
-    # (B, H, Lq): rowsum(dO * O), which also holds under dropout
-    delta = (do.float() * o.float()).sum(dim=-1)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    pad, kv_end, pad_strides, dense, dense_strides = _mask_args(q, key_padding_mask, attn_mask)
-    flags = _flags(q, key_padding_mask, causal, attn_mask, dropout_p)
-    seed_arg = q if seed is None else seed
-    # (B * H,): which slices have rows whose keys are all masked (only masks can make them)
-    has_masked_row = torch.isinf(lse).any(dim=-1).view(torch.uint8) if flags["HAS_PAD"] or flags["HAS_MASK"] else q
-    common = (
-        *pad_strides, *dense_strides,
-        H, Lq, Lk, D, softmax_scale * LOG2E, softmax_scale, dropout_p,
-        triton.next_power_of_2(Lq), triton.next_power_of_2(Lk),
+    if o.stride() != (Lq * H * D, D, H * D, 1):  # the forward wrote it so; torch.compile may not keep it
+        o = _interleaved_empty(B, H, Lq, D, o).copy_(o)
+    delta = torch.empty_like(lse)
+    dq, dk, dv = (_interleaved_empty(B, H, t.shape[2], D, t) for t in (q, k, v))
+    seed = q if seed is None else seed
+    scalars = (H, Lq, Lk, D, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
+    _launch(_attn_bwd_dq_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+        q, k, v, o, do, lse, delta, dq, seed, *masking.mask_args, *_row_strides(q, k, v, do),
+        *scalars, **masking.flags,
     )
     _launch(_attn_bwd_dkdv_kernel)[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
-        q, k, v, do, lse, delta, dk, dv, pad, kv_end, dense, seed_arg, has_masked_row,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        *common, **flags,
-    )
-    _launch(_attn_bwd_dq_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
-        q, k, v, do, lse, delta, dq, pad, kv_end, dense, seed_arg,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
-        *common, **flags,
+        q, k, v, do, lse, delta, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
+        *scalars, **masking.flags,
     )
     return dq, dk, dv
 
@@ -682,18 +666,15 @@ def _attn_backward(do, q, k, v, o, lse, seed, key_padding_mask, causal, attn_mas
 _TILE = 16 if INTERPRET else 64  # probabilities tiles (an inspection path, not tuned)
 
 
-def _attn_probs(q, k, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale):
+def _attn_probs(q, k, lse, seed, masking):
     """(B, H, Lq, Lk) probabilities that multiplied V, from the forward's log-sum-exp."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     probs = torch.empty(B, H, Lq, Lk, dtype=q.dtype, device=q.device)
-    pad, _, pad_strides, dense, dense_strides = _mask_args(q, key_padding_mask, attn_mask)
     grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
     _launch(_attn_probs_kernel)[grid](
-        q, k, lse, probs, pad, dense, q if seed is None else seed,
-        *q.stride()[:3], *k.stride()[:3], *pad_strides, *dense_strides,
-        H, Lq, Lk, D, softmax_scale * LOG2E, dropout_p,
-        **_flags(q, key_padding_mask, causal, attn_mask, dropout_p), BLOCK_M=_TILE, BLOCK_N=_TILE,
+        q, k, lse, probs, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k),
+        H, Lq, Lk, D, masking.scale * LOG2E, masking.dropout_p, **masking.flags, BLOCK_M=_TILE, BLOCK_N=_TILE,
     )
     return probs
 
@@ -712,7 +693,8 @@ def _attention_forward_op(
     dropout_p: float,
     softmax_scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    o, lse, seed = _attn_forward(q, k, v, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale)
+    masking = _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale)
+    o, lse, seed = _attn_forward(q, k, v, masking)
     # an op returns tensors only: no dropout -> an empty seed
     return o, lse, torch.empty(0, dtype=torch.int64, device=q.device) if seed is None else seed
 
@@ -732,8 +714,8 @@ def _attention_backward_op(
     dropout_p: float,
     softmax_scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    seed = seed if seed.numel() else None
-    return _attn_backward(do, q, k, v, o, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, softmax_scale)
+    masking = _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale)
+    return _attn_backward(do, q, k, v, o, lse, seed if seed.numel() else None, masking)
 
 
 def _setup_context(ctx, inputs, output):
@@ -741,6 +723,9 @@ def _setup_context(ctx, inputs, output):
     o, lse, seed = output
     ctx.save_for_backward(q, k, v, o, lse, seed, key_padding_mask, attn_mask)
     ctx.causal, ctx.dropout_p, ctx.softmax_scale = causal, dropout_p, softmax_scale
+    # lse and the seed carry no gradient: none is made for them (autograd would fill zeros)
+    ctx.mark_non_differentiable(lse, seed)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, do, _dlse, _dseed):
@@ -752,6 +737,48 @@ def _backward(ctx, do, _dlse, _dseed):
 
 
 torch.library.register_autograd(_attention_forward_op, _backward, setup_context=_setup_context)
+
+
+def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, dtypes=FLOAT_DTYPES):
+    """Validate the arguments of `attention`; returns (B, H, Lq, Lk, D)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, ndim=4, dtypes=dtypes)
+    check_same_dtype(q=q, k=k, v=v)
+    B, H, Lq, D = q.shape
+    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
+        raise ValueError(
+            f"q, k and v must share batch and heads (B, H): got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if k.shape[3] != D or v.shape[3] != D:
+        raise ValueError(
+            f"q, k and v must share the head dim D: got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    Lk = k.shape[2]
+    if Lq == 0 or Lk == 0 or B == 0 or H == 0:
+        raise ValueError(f"attention needs non-empty inputs, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if v.shape[2] != Lk:
+        raise ValueError(f"k and v must have the same length: got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if key_padding_mask is not None:
+        check_tensor("key_padding_mask", key_padding_mask, ndim=2, dtypes=(torch.bool,))
+        if tuple(key_padding_mask.shape) != (B, Lk):
+            raise ValueError(
+                f"key_padding_mask must have shape (B, Lk) = {(B, Lk)}, got {tuple(key_padding_mask.shape)}"
+            )
+    if attn_mask is not None:
+        check_tensor("attn_mask", attn_mask, dtypes=(torch.bool,))
+        shape = tuple(attn_mask.shape)
+        if shape not in ((B, Lq, Lk), (B, H, Lq, Lk), (B, 1, Lq, Lk)):
+            raise ValueError(
+                f"attn_mask must have shape (B, Lq, Lk) = {(B, Lq, Lk)} or (B, H, Lq, Lk) = {(B, H, Lq, Lk)}, "
+                f"got {shape}"
+            )
+    check_same_device(q=q, k=k, v=v, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
+    check_dropout_p(dropout_p)
+    scale_is_number = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+    if softmax_scale is not None and not (scale_is_number and 0 < softmax_scale < math.inf):
+        raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
+    return B, H, Lq, Lk, D
 
 
 def attention_dropout_mask(B, H, Lq, Lk, dropout_p, device):
@@ -818,8 +845,23 @@ def attention(
     if not return_probs:
         return out
     seed = seed if seed.numel() else None
-    probs = _attn_probs(q, k, lse, seed, key_padding_mask, causal, attn_mask, dropout_p, scale)
+    probs = _attn_probs(q, k, lse, seed, _masking(q, key_padding_mask, attn_mask, causal, dropout_p, scale))
     return out, probs
+
+
+def dense_mask(Lq, Lk, device, key_padding_mask=None, causal=False, attn_mask=None):
+    """All masks OR-ed into one boolean tensor that broadcasts to (B, H, Lq, Lk), or None."""
+    mask = None
+    if key_padding_mask is not None:
+        mask = key_padding_mask[:, None, None, :]  # (B, 1, 1, Lk)
+    if causal:
+        # (1, 1, Lq, Lk): key j > query i
+        future = torch.ones(Lq, Lk, dtype=torch.bool, device=device).triu(diagonal=1)[None, None]
+        mask = future if mask is None else mask | future
+    if attn_mask is not None:
+        full = attn_mask if attn_mask.dim() == 4 else attn_mask[:, None]
+        mask = full if mask is None else mask | full
+    return mask
 
 
 def attention_reference(

@@ -8,7 +8,7 @@ import torch
 import fastformer
 import kernels
 from bench import launches
-from tests.test_drop_in import small_config, token_batch
+from tests.helpers import small_config, token_batch
 
 # the tutorial's structure at widths the interpreter runs quickly (the counts do not depend on widths)
 NARROW = {"n_layer": 1, "d_hidn": 32, "n_head": 2, "d_head": 16, "d_ff": 64}
@@ -95,6 +95,25 @@ def test_counter_counts_triton_launches_and_not_what_the_interpreter_runs():
     assert backward["triton._add_ln_bwd_kernel"] == 1
     assert not [op for op in backward if op.startswith("triton.") and op != "triton._add_ln_bwd_kernel"]
     assert "aten.copy_" not in backward
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1], ids=["no-dropout", "dropout"])
+def test_an_attention_call_is_its_kernels_alone(dropout_p):
+    """With key padding (a fully padded sequence included) and a causal mask, the forward is one
+    Triton launch (and the seed's draw under dropout) and the backward two: the padding's extent,
+    the fully masked rows and delta = rowsum(dO * O) are found inside the kernels, and autograd
+    makes no zero gradients for the lse and the seed."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 16, requires_grad=True) for _ in range(3))
+    pad = torch.tensor([[False, False, True, False, True], [True] * 5])
+    grad_out = torch.randn(2, 2, 5, 16)
+    with launches.counting("cpu") as counter:
+        out = kernels.attention(q, k, v, key_padding_mask=pad, causal=True, dropout_p=dropout_p)
+        counter.phase = "backward"
+        torch.autograd.grad(out, (q, k, v), grad_out)  # the gradients as they are, not copied into .grad
+    seed = {"aten.randint": 1} if dropout_p else {}
+    assert ops(counter, "forward") == {"triton._attn_fwd_kernel": 1, **seed}
+    assert ops(counter, "backward") == {"triton._attn_bwd_dq_kernel": 1, "triton._attn_bwd_dkdv_kernel": 1}
 
 
 @pytest.mark.parametrize("provider", list(launches.PROVIDERS))
