@@ -164,6 +164,32 @@ def attention_cases(device, modes=("fwd", "fwd_bwd"), providers=ATTENTION_PROVID
 # ----------------------------------------------------------------------------------------------
 # FFN and add + LayerNorm
 # ----------------------------------------------------------------------------------------------
+def _run_and_check(fn, eager, inputs, dy, names, atol):
+    """run() and check() of a case timing fn(*inputs): run returns the output and, when the inputs
+    require grad, their gradients for the output gradient `dy`; check compares each (named by
+    `names`) with `eager` on fp32 copies of the inputs, to `atol` times its largest magnitude."""
+    grad = inputs[0].requires_grad
+
+    def run():
+        if not grad:
+            with torch.no_grad():
+                return (fn(*inputs),)
+        y = fn(*inputs)
+        return (y, *torch.autograd.grad(y, inputs, dy))
+
+    def check():
+        got = run()
+        leaves = [t.detach().float().requires_grad_(grad) for t in inputs]
+        with torch.enable_grad() if grad else torch.no_grad():
+            y32 = eager(*leaves)
+            expected = (y32, *torch.autograd.grad(y32, leaves, dy.float())) if grad else (y32,)
+        for name, a, e in zip(names, got, expected):
+            scale = e.abs().max().item() or 1.0
+            assert_close_to(name, a, e, atol * scale)
+
+    return run, check
+
+
 def _eager_ffn(x, w1, b1, w2, b2):
     return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
 
@@ -197,27 +223,7 @@ def ffn_case(mode, op, M, d, d_ff, provider, device, dtype="bf16"):
             weights += [torch.randn(d, d_ff, generator=g) / d_ff**0.5, torch.randn(d, generator=g) * 0.1]
         weights = [w.to(device, DTYPES[dtype]).requires_grad_(grad) for w in weights]
         dy = torch.randn(M, d if op == "feed_forward" else d_ff, generator=g).to(device, DTYPES[dtype])
-
-        def run():
-            if not grad:
-                with torch.no_grad():
-                    return (fn(x, *weights),)
-            y = fn(x, *weights)
-            return (y, *torch.autograd.grad(y, (x, *weights), dy))
-
-        def check():
-            got = run()
-            x32 = x.detach().float().requires_grad_(grad)
-            w32 = [w.detach().float().requires_grad_(grad) for w in weights]
-            with torch.enable_grad() if grad else torch.no_grad():
-                y32 = eager(x32, *w32)
-                expected = (y32, *torch.autograd.grad(y32, (x32, *w32), dy.float())) if grad else (y32,)
-            names = ("y", "dx", "dw1", "db1", "dw2", "db2")
-            for name, a, e in zip(names, got, expected):
-                scale = e.abs().max().item() or 1.0
-                assert_close_to(name, a, e, ATOL[dtype] * scale)
-
-        return run, check
+        return _run_and_check(fn, eager, (x, *weights), dy, ("y", "dx", "dw1", "db1", "dw2", "db2"), ATOL[dtype])
 
     case.setup = setup
     return case
@@ -248,25 +254,8 @@ def add_layer_norm_case(mode, M, d, provider, device, dtype="bf16"):
         w = (1 + 0.1 * torch.randn(d, generator=g)).to(device, DTYPES[dtype]).requires_grad_(grad)
         b = (0.1 * torch.randn(d, generator=g)).to(device, DTYPES[dtype]).requires_grad_(grad)
         dy = torch.randn(M, d, generator=g).to(device, DTYPES[dtype])
-
-        def run():
-            if not grad:
-                with torch.no_grad():
-                    return (fn(x, r, w, b),)
-            y = fn(x, r, w, b)
-            return (y, *torch.autograd.grad(y, (x, r, w, b), dy))
-
-        def check():
-            got = run()
-            leaves = [t.detach().float().requires_grad_(grad) for t in (x, r, w, b)]
-            with torch.enable_grad() if grad else torch.no_grad():
-                y32 = _eager_add_layer_norm(*leaves)
-                expected = (y32, *torch.autograd.grad(y32, leaves, dy.float())) if grad else (y32,)
-            for name, a, e in zip(("y", "dx", "dresidual", "dw", "db"), got, expected):
-                scale = e.abs().max().item() or 1.0
-                assert_close_to(name, a, e, ATOL[dtype] * scale)
-
-        return run, check
+        return _run_and_check(fn, _eager_add_layer_norm, (x, r, w, b), dy, ("y", "dx", "dresidual", "dw", "db"),
+                              ATOL[dtype])
 
     case.setup = setup
     return case

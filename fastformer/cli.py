@@ -1,4 +1,5 @@
-"""The `fastformer` command.
+"""The `fastformer` command: each subcommand parses its arguments and calls its job in
+fastformer.job (`train` with one fastformer.options.TrainOptions built from them).
 
 Imports nothing heavy at the top, so `fastformer --help` and `--version` answer at once; torch and
 Triton load when a command runs. Errors are one line on stderr: exit 2 for bad input (nothing is
@@ -8,7 +9,6 @@ runs the same command, which is how torchrun starts it: `torchrun --nproc_per_no
 import argparse
 import os
 import sys
-import time
 import warnings
 
 from fastformer.version import __version__
@@ -35,71 +35,18 @@ def _n_output(text):
 
 
 def _demo(args):
-    """Build the tutorial's MovieClassification, run one forward and backward, and say what happened."""
-    import torch
+    from fastformer import job
 
-    from fastformer import Config, MovieClassification, backend
-    from fastformer.job import check_positive, resolve_amp, resolve_device
-    from fastformer.training import autocast
-
-    check_positive(batch_size=args.batch_size, seq_len=args.seq_len)
-    device = resolve_device(args.device)
-    backend.set_backend(args.backend)
-    torch.manual_seed(args.seed)
-    config = Config.tutorial()
-    model = MovieClassification(config).to(device)
-    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-    # Reviews of random lengths, padded to the batch maximum; the decoder reads [BOS] (id 2).
-    lengths = torch.randint(args.seq_len // 4, args.seq_len + 1, (args.batch_size,), device=device)
-    enc_inputs = torch.randint(4, config.n_enc_vocab, (args.batch_size, args.seq_len), device=device)
-    enc_inputs = enc_inputs.masked_fill(torch.arange(args.seq_len, device=device) >= lengths[:, None], config.i_pad)
-    dec_inputs = torch.full((args.batch_size, 1), 2, device=device)
-    labels = torch.randint(0, config.n_output, (args.batch_size,), device=device)
-
-    amp = resolve_amp("auto", device)  # bf16 on a CUDA GPU that has it, as `fastformer train`
-    with autocast(device, amp):
-        uses_triton = backend.uses_triton(enc_inputs)
-    print(f"fastformer {__version__}: tutorial MovieClassification, {n_params / 1e6:.2f} M trainable parameters")
-    print(
-        f"  config   n_layer={config.n_layer} d_hidn={config.d_hidn} n_head={config.n_head} "
-        f"d_head={config.d_head} d_ff={config.d_ff}"
-    )
-    print(
-        f"  device   {device}, amp {amp}, backend {backend.get_backend()!r} -> "
-        f"{'Triton kernels' if uses_triton else 'PyTorch reference'}"
-    )
-    print(
-        f"  batch    {args.batch_size} reviews, lengths {lengths.min().item()}..{lengths.max().item()} "
-        f"padded to {args.seq_len}"
-    )
-
-    model.train()
-    start = time.perf_counter()
-    with autocast(device, amp):
-        logits = model(enc_inputs, dec_inputs)[0]
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-    loss.backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - start
-    grad_norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None))
-    print(f"  forward  logits {tuple(logits.shape)}, loss {loss.item():.4f}")
-    print(f"  backward gradient norm {grad_norm.item():.4f} over {n_params / 1e6:.2f} M parameters")
-    print(f"  time     {elapsed * 1e3:.1f} ms for forward + backward")
+    job.demo(device=args.device, backend_name=args.backend_name, batch_size=args.batch_size, seq_len=args.seq_len,
+             seed=args.seed)
     return 0
 
 
 def _train(args):
     from fastformer import job
+    from fastformer.options import TrainOptions
 
-    job.train(
-        train=args.train, test=args.test, dataset=args.dataset, vocab=args.vocab, config=args.config,
-        n_output=args.n_output, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, device=args.device,
-        backend_name=args.backend, amp=args.amp, out=args.out, seed=args.seed, max_steps=args.max_steps,
-        resume=args.resume, vocab_size=args.vocab_size, warmup=args.warmup, weight_decay=args.weight_decay,
-        bucket=args.bucket, cuda_graphs=args.cuda_graphs, compile=args.compile, pad_to_buckets=args.pad_to_buckets,
-    )
+    job.train(TrainOptions.from_args(args))
     return 0
 
 
@@ -121,7 +68,7 @@ def _evaluate(args):
     from fastformer import job
 
     job.evaluate_run(
-        run=args.run, test=args.test, batch_size=args.batch_size, device=args.device, backend_name=args.backend,
+        run=args.run, test=args.test, batch_size=args.batch_size, device=args.device, backend_name=args.backend_name,
         amp=args.amp,
     )
     return 0
@@ -130,14 +77,14 @@ def _evaluate(args):
 def _predict(args):
     from fastformer import job
 
-    job.predict(run=args.run, texts=args.texts, device=args.device, backend_name=args.backend, amp=args.amp)
+    job.predict(run=args.run, texts=args.texts, device=args.device, backend_name=args.backend_name, amp=args.amp)
     return 0
 
 
 def _add_runtime_options(parser):
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     parser.add_argument(
-        "--backend", default="auto", choices=["auto", "triton", "reference"],
+        "--backend", dest="backend_name", default="auto", choices=["auto", "triton", "reference"],
         help="where the math runs (default auto: Triton kernels on CUDA, the PyTorch reference elsewhere)",
     )
     parser.add_argument(
@@ -158,7 +105,7 @@ def build_parser():
         "demo", help="build the tutorial model, run one forward and backward, and print what it did"
     )
     demo.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    demo.add_argument("--backend", default="auto", choices=["auto", "triton", "reference"])
+    demo.add_argument("--backend", dest="backend_name", default="auto", choices=["auto", "triton", "reference"])
     demo.add_argument("--batch-size", type=int, default=8)
     demo.add_argument("--seq-len", type=int, default=64)
     demo.add_argument("--seed", type=int, default=0)
@@ -265,7 +212,7 @@ def main(argv=None):
 
     import torch
 
-    from fastformer.job import cpu_threads
+    from fastformer.runtime import cpu_threads
 
     threads = torch.get_num_threads()
     torch.set_num_threads(cpu_threads())

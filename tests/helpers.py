@@ -1,5 +1,10 @@
-"""Comparison helpers shared by the tests."""
+"""Helpers shared by the tests: comparisons that print the worst element, a small config and a
+batch of padded token ids for the modules, and the tiny separable review set of the training jobs."""
+import random
+
 import torch
+
+from fastformer import Config
 
 
 def worst(actual, expected):
@@ -29,3 +34,73 @@ def assert_within_torch_error(name, actual, reference, torch_same_dtype, atol):
 def assert_max_diff(name, actual, expected, tol):
     err, where = worst(actual, expected)
     assert err <= tol, f"{name}: max abs difference {err:.3e} at {where} exceeds {tol:.1e}"
+
+
+# Modules
+
+
+def small_config(**overrides):
+    """The tutorial's shape of config, sized for a CPU test."""
+    return Config(
+        {
+            "n_enc_vocab": 50,
+            "n_dec_vocab": 40,
+            "n_enc_seq": 24,
+            "n_dec_seq": 16,
+            "n_layer": 2,
+            "d_hidn": 32,
+            "i_pad": 0,
+            "d_ff": 64,
+            "n_head": 4,
+            "d_head": 8,
+            "dropout": 0.1,
+            "layer_norm_epsilon": 1e-12,
+            "n_output": 3,
+            **overrides,
+        }
+    )
+
+
+def token_batch(config, bs=5, enc_len=13, dec_len=7, seed=0):
+    """Token ids with trailing padding of varied lengths, one review entirely padding-free."""
+    g = torch.Generator().manual_seed(seed)
+    enc = torch.randint(1, config.n_enc_vocab, (bs, enc_len), generator=g)
+    dec = torch.randint(1, config.n_dec_vocab, (bs, dec_len), generator=g)
+    enc_lens = torch.tensor([enc_len, 1, 5, 9, 12][:bs])
+    dec_lens = torch.tensor([dec_len, 3, 1, 6, 2][:bs])
+    enc = enc.masked_fill(torch.arange(enc_len) >= enc_lens[:, None], config.i_pad)
+    dec = dec.masked_fill(torch.arange(dec_len) >= dec_lens[:, None], config.i_pad)
+    return enc, dec
+
+
+# Training jobs
+
+
+POSITIVE = ["good", "great", "lovely", "fine", "superb", "nice"]
+NEGATIVE = ["bad", "awful", "dull", "poor", "boring", "ugly"]
+TINY = {
+    "n_enc_vocab": 120, "n_dec_vocab": 120, "n_enc_seq": 16, "n_dec_seq": 4, "n_layer": 1, "d_hidn": 32,
+    "i_pad": 0, "d_ff": 64, "n_head": 2, "d_head": 16, "dropout": 0.0, "layer_norm_epsilon": 1e-12, "n_output": 2,
+}
+
+
+def write_reviews(path, n, seed, labels=(0, 1)):
+    """Reviews of 2..6 words, all positive or all negative: a set any working model separates."""
+    rng = random.Random(seed)
+    lines = ["id\tdocument\tlabel"]
+    for i in range(n):
+        label = labels[i % len(labels)]
+        words = rng.choices(POSITIVE if label % 2 else NEGATIVE, k=rng.randint(2, 6))
+        lines.append(f"{i}\tthe film was {' '.join(words)}\t{label}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def train_args(files, out, *extra):
+    """`fastformer train` on the files of test_train_job's `files` fixture: 3 epochs at batch 16 on
+    the CPU into `out`, then `extra`."""
+    return [
+        "train", "--train", files["train"], "--test", files["test"], "--config", files["config"],
+        "--vocab-size", "60", "--epochs", "3", "--batch-size", "16", "--lr", "3e-3", "--device", "cpu",
+        "--out", str(out), *extra,
+    ]

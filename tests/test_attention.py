@@ -10,8 +10,7 @@ import torch
 
 import fastformer
 import kernels
-from tests.helpers import assert_max_diff, assert_within_torch_error
-from tests.test_drop_in import small_config, token_batch
+from tests.helpers import assert_max_diff, assert_within_torch_error, small_config, token_batch
 
 # dtype with its atol for the 2x-torch-error rule
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")

@@ -8,7 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import fastformer
 import kernels
 from fastformer import backend
-from tests.test_drop_in import small_config, token_batch
+from tests.helpers import small_config, token_batch
 
 
 def test_default_is_auto_and_set_backend_changes_it():

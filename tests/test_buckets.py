@@ -6,8 +6,7 @@ import torch.nn.functional as F
 
 import fastformer
 from fastformer.data.reviews import BUCKET_MULTIPLE, bucket_length, movie_collate_fn
-from tests.helpers import assert_max_diff, assert_within_torch_error
-from tests.test_drop_in import small_config, token_batch
+from tests.helpers import assert_max_diff, assert_within_torch_error, small_config, token_batch
 
 
 def test_bucket_length_rounds_up_to_a_multiple_of_16_within_n_enc_seq():
@@ -66,8 +65,9 @@ def test_padding_to_the_bucket_changes_logits_and_gradients_by_rounding_only(bac
 
 
 def test_the_jobs_loaders_pad_to_buckets_when_asked(tmp_path):
-    from fastformer import job
     from fastformer.data import Review, train_vocab
+    from fastformer.job_data import loaders as job_loaders
+    from fastformer.runtime import Launch
 
     words = "the film was good bad long short dull great fine and but not very".split()
     g = torch.Generator().manual_seed(0)
@@ -76,7 +76,7 @@ def test_the_jobs_loaders_pad_to_buckets_when_asked(tmp_path):
     vocab = train_vocab([r.doc for r in reviews], str(tmp_path / "vocab.model"), n_pieces=40)
     config = small_config(n_enc_seq=24, n_enc_vocab=vocab.get_piece_size(), n_dec_vocab=vocab.get_piece_size())
     for pad_to_buckets in (False, True):
-        loaders = job._loaders(config, vocab, reviews, reviews[:20], 8, True, 0, job.Launch(), pad_to_buckets)
+        loaders = job_loaders(config, vocab, reviews, reviews[:20], 8, True, 0, Launch(), pad_to_buckets)
         widths = set()
         for loader in loaders[:2]:
             for _, enc, _ in loader:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fastformer
-from fastformer.cli import main
+from fastformer.cli import build_parser, main
 
 
 def test_version(capsys):
@@ -26,6 +26,25 @@ def test_demo_runs_forward_and_backward(capsys):
     out = capsys.readouterr().out
     assert "PyTorch reference" in out
     assert "logits (2, 2)" in out and "gradient norm" in out
+
+
+def test_demo_runs_on_its_backend_and_leaves_the_process_on_the_previous_one(capsys):
+    with fastformer.use_backend("triton"):
+        assert main(["demo", "--device", "cpu", "--backend", "reference", "--batch-size", "2", "--seq-len", "8"]) == 0
+        assert fastformer.get_backend() == "triton"
+    assert "backend 'reference' -> PyTorch reference" in capsys.readouterr().out
+
+
+def test_train_arguments_become_one_train_options_with_the_apis_defaults():
+    from fastformer.options import TrainOptions
+
+    parser = build_parser()
+    assert TrainOptions.from_args(parser.parse_args(["train"])) == TrainOptions()
+    args = parser.parse_args(["train", "--backend", "reference", "--lr", "1e-3", "--no-bucket", "--cuda-graphs",
+                              "--n-output", "auto", "--max-steps", "7"])
+    assert TrainOptions.from_args(args) == TrainOptions(
+        backend_name="reference", lr=1e-3, bucket=False, cuda_graphs=True, n_output="auto", max_steps=7
+    )
 
 
 def test_module_entry_point_runs():

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 import fastformer
-from fastformer import job
+from fastformer import job, runtime
 from fastformer.cli import main
 from fastformer.graphs import GraphedSteps, make_capturable
 from fastformer.training import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
-from tests.test_drop_in import small_config
-from tests.test_train_job import TINY, train_args, write_reviews
+from tests.helpers import TINY, small_config, train_args, write_reviews
 
 CUDA = torch.device("cuda")
 CPU = torch.device("cpu")
@@ -37,10 +36,10 @@ def files(tmp_path_factory):
     (CPU, "off", "reference", True, dict(compile=True), "--compile is not supported under torchrun"),
 ])
 def test_step_options_that_cannot_run_are_refused(device, amp, kernels, distributed, options, message):
-    launch = job.Launch(0, 2, 0, True) if distributed else job.Launch()
+    launch = runtime.Launch(0, 2, 0, True) if distributed else runtime.Launch()
     options = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None), **options)
     with pytest.raises(ValueError, match=message):
-        job.check_step_options(device, amp, kernels, launch, **options)
+        runtime.check_step_options(device, amp, kernels, launch, **options)
 
 
 @pytest.mark.parametrize("device, amp, kernels, options, pad_to_buckets", [
@@ -54,7 +53,7 @@ def test_step_options_that_cannot_run_are_refused(device, amp, kernels, distribu
 ])
 def test_step_options_that_run_and_the_padding_they_get(device, amp, kernels, options, pad_to_buckets):
     options = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None), **options)
-    assert job.check_step_options(device, amp, kernels, job.Launch(), **options) is pad_to_buckets
+    assert runtime.check_step_options(device, amp, kernels, runtime.Launch(), **options) is pad_to_buckets
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from fastformer import job
+from fastformer import runtime
 from fastformer.cli import main
 from fastformer.data import LengthBucketSampler, ShardedBatchSampler, read_reviews, train_vocab
-from tests.test_train_job import TINY, write_reviews
+from tests.helpers import TINY, write_reviews
 
 BATCH, LR = 8, 3e-3
 # The weights of the two runs agree to this after 6 and 12 AdamW steps (measured: 1.2e-6 both
@@ -123,14 +123,14 @@ def test_sharded_batches_split_every_batch_evenly_in_order():
 
 
 def test_a_plain_run_starts_no_process_group(monkeypatch):
-    for name in job.TORCHRUN_ENV:
+    for name in runtime.TORCHRUN_ENV:
         monkeypatch.delenv(name, raising=False)
-    assert job.torchrun_launch() == job.Launch(0, 1, None, False)
+    assert runtime.torchrun_launch() == runtime.Launch(0, 1, None, False)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert job.torchrun_launch() == job.Launch(1, 2, 1, True)
-    assert job.resolve_device("cpu", local_rank=1) == torch.device("cpu")
+    assert runtime.torchrun_launch() == runtime.Launch(1, 2, 1, True)
+    assert runtime.resolve_device("cpu", local_rank=1) == torch.device("cpu")
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ValueError, match="RANK 1 is outside 0..WORLD_SIZE-1"):
-        job.torchrun_launch()
+        runtime.torchrun_launch()

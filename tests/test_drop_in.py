@@ -7,7 +7,7 @@ import torch
 import fastformer
 from fastformer import Config
 from tests import tutorial
-from tests.helpers import assert_max_diff
+from tests.helpers import assert_max_diff, small_config, token_batch
 
 PUBLIC_MODULES = [
     "ScaledDotProductAttention",
@@ -20,40 +20,6 @@ PUBLIC_MODULES = [
     "Transformer",
     "MovieClassification",
 ]
-
-
-def small_config(**overrides):
-    """The tutorial's shape of config, sized for a CPU test."""
-    return Config(
-        {
-            "n_enc_vocab": 50,
-            "n_dec_vocab": 40,
-            "n_enc_seq": 24,
-            "n_dec_seq": 16,
-            "n_layer": 2,
-            "d_hidn": 32,
-            "i_pad": 0,
-            "d_ff": 64,
-            "n_head": 4,
-            "d_head": 8,
-            "dropout": 0.1,
-            "layer_norm_epsilon": 1e-12,
-            "n_output": 3,
-            **overrides,
-        }
-    )
-
-
-def token_batch(config, bs=5, enc_len=13, dec_len=7, seed=0):
-    """Token ids with trailing padding of varied lengths, one review entirely padding-free."""
-    g = torch.Generator().manual_seed(seed)
-    enc = torch.randint(1, config.n_enc_vocab, (bs, enc_len), generator=g)
-    dec = torch.randint(1, config.n_dec_vocab, (bs, dec_len), generator=g)
-    enc_lens = torch.tensor([enc_len, 1, 5, 9, 12][:bs])
-    dec_lens = torch.tensor([dec_len, 3, 1, 6, 2][:bs])
-    enc = enc.masked_fill(torch.arange(enc_len) >= enc_lens[:, None], config.i_pad)
-    dec = dec.masked_fill(torch.arange(dec_len) >= dec_lens[:, None], config.i_pad)
-    return enc, dec
 
 
 def paired_models(config, cls_name="MovieClassification"):

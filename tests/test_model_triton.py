@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import fastformer
-from tests.helpers import assert_within_torch_error
-from tests.test_drop_in import small_config, token_batch
+from tests.helpers import assert_within_torch_error, small_config, token_batch
 
 BF16 = pytest.param(torch.bfloat16, 1e-2, "gelu", id="bf16", marks=pytest.mark.cuda)
 

@@ -13,7 +13,7 @@ import pytest
 
 from fastformer.cli import main
 from fastformer.data import read_reviews, rotten_tomatoes
-from tests.test_train_job import TINY
+from tests.helpers import TINY
 
 # (id, rating, sentence): ids 20, 21, 22 and 40 go to test (id mod 20 is 0, 1 or 2); 5 is rated 0 and dropped
 SNIPPETS = [

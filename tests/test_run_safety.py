@@ -17,7 +17,7 @@ import torch
 
 from fastformer.cli import main
 from fastformer.data import read_reviews, train_vocab
-from tests.test_train_job import TINY, write_reviews
+from tests.helpers import TINY, write_reviews
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "signal_at_save.py")
 

@@ -1,7 +1,6 @@
 """`fastformer train`, `evaluate` and `predict` end to end on a tiny separable set, on CPU."""
 import json
 import os
-import random
 import re
 import shutil
 
@@ -9,31 +8,13 @@ import pytest
 import torch
 
 from fastformer import Config, MovieClassification
-from fastformer import job
+from fastformer import job, runtime
 from fastformer.cli import main
 from fastformer.data import load_vocab
+from fastformer.options import TrainOptions
 from fastformer.training import predict_proba
 from tests import tutorial
-
-POSITIVE = ["good", "great", "lovely", "fine", "superb", "nice"]
-NEGATIVE = ["bad", "awful", "dull", "poor", "boring", "ugly"]
-TINY = {
-    "n_enc_vocab": 120, "n_dec_vocab": 120, "n_enc_seq": 16, "n_dec_seq": 4, "n_layer": 1, "d_hidn": 32,
-    "i_pad": 0, "d_ff": 64, "n_head": 2, "d_head": 16, "dropout": 0.0, "layer_norm_epsilon": 1e-12, "n_output": 2,
-}
-
-
-def write_reviews(path, n, seed, labels=(0, 1)):
-    """Reviews of 2..6 words, all positive or all negative: a set any working model separates."""
-    rng = random.Random(seed)
-    lines = ["id\tdocument\tlabel"]
-    for i in range(n):
-        label = labels[i % len(labels)]
-        words = rng.choices(POSITIVE if label % 2 else NEGATIVE, k=rng.randint(2, 6))
-        lines.append(f"{i}\tthe film was {' '.join(words)}\t{label}")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(path)
-
+from tests.helpers import TINY, train_args, write_reviews
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
@@ -46,14 +27,6 @@ def files(tmp_path_factory):
         "config": str(config),
         "root": root,
     }
-
-
-def train_args(files, out, *extra):
-    return [
-        "train", "--train", files["train"], "--test", files["test"], "--config", files["config"],
-        "--vocab-size", "60", "--epochs", "3", "--batch-size", "16", "--lr", "3e-3", "--device", "cpu",
-        "--out", str(out), *extra,
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +143,18 @@ def test_default_run_uses_the_embedded_demo_set(tmp_path, capsys):
     assert "4000 train / 1000 test reviews (the embedded demo set)" in stdout
     config = Config.load(out / "config.json")
     assert (config.n_layer, config.d_hidn, config.n_enc_vocab) == (3, 128, load_vocab(str(out / "vocab.model")).get_piece_size())
+
+
+@pytest.mark.parametrize("call", [
+    lambda: job.train(epochs=0),
+    lambda: job.train(TrainOptions(epochs=0)),
+    lambda: job.train(TrainOptions(epochs=3), epochs=0),  # keywords override the fields of the options
+], ids=["keywords", "options", "options-and-keywords"])
+def test_train_takes_train_options_or_their_fields_as_keywords(call):
+    with pytest.raises(ValueError, match="^--epochs must be positive, got 0$"):
+        call()
+    with pytest.raises(TypeError, match="epoch"):
+        job.train(TrainOptions(), epoch=3)
 
 
 def bad_input_cases(files, root):
@@ -398,7 +383,7 @@ def test_cpu_threads_take_the_cores_that_are_not_busy(monkeypatch, load, expecte
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0), raising=False)
-    assert job.cpu_threads() == expected
+    assert runtime.cpu_threads() == expected
 
 
 def test_compile_runs_the_model_through_torch_compile_fullgraph(files, tmp_path, monkeypatch):

@@ -1,0 +1,196 @@
+"""Where and how a job runs: CPU threads, the device, the autocast dtype, the torchrun process
+group, and how each training step runs.
+
+Under torchrun (`torchrun --nproc_per_node N -m fastformer train ...`) each process trains a
+DistributedDataParallel replica (replicated): the process group comes from the environment
+torchrun sets (process_group: nccl on CUDA, each process on the GPU of its LOCAL_RANK; gloo on a
+CPU), --batch-size is per process, and every batch of batch_size * N reviews is shared out by
+ShardedBatchSampler, so N processes at batch b train on the batches one process draws at N * b.
+Rank 0 trains the vocab and sends it to the others, and alone writes the run directory and shows
+progress; the metrics are summed over the processes. A checkpoint keeps every process's RNG state
+(rng_state), and --resume needs the same N.
+
+How each step runs (check_step_options): eagerly by default; with --cuda-graphs, as replays of
+CUDA graphs captured once per batch shape (fastformer.graphs), the loaders padding the encoder ids
+to bucket lengths (fastformer.data.reviews.bucket_length) so that there are few shapes; with
+--compile, through torch.compile(model, fullgraph=True). These, and --pad-to-buckets, change the
+speed and the rounding, not the math: a run may resume with other values of them.
+"""
+import contextlib
+import os
+from typing import NamedTuple, Optional
+
+import torch
+
+from fastformer import backend
+from fastformer.data.reviews import BUCKET_MULTIPLE
+from fastformer.training import autocast
+
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def cpu_threads():
+    """Threads for torch's CPU ops: $OMP_NUM_THREADS when set, else the cores this process may run
+    on that are not already busy (their count less the 1-minute load average, at least 1). Threads
+    that outnumber the free cores spin in OpenMP: on a 2-core machine shared with one other busy
+    process, the CPU job ran 3.6x slower on 2 threads than on 1; on the idle machine, 2 threads ran
+    it 2x faster than 1."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
+    return max(1, min(cores, cores - busy))
+
+
+def resolve_device(name, local_rank=None):
+    """The device `name` names (default: cuda if available, else cpu). In a torchrun job
+    (`local_rank` given) a CUDA device is the GPU of the process's local rank."""
+    if name is None:
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device: not a device: {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    if device.type == "cuda" and local_rank is not None:
+        if device.index is not None:
+            raise ValueError(f"--device {name}: under torchrun each process takes the GPU of its LOCAL_RANK; "
+                             "pass --device cuda")
+        device = torch.device("cuda", local_rank)
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def resolve_amp(amp, device):
+    """"auto" is bf16 autocast on a CUDA GPU that supports it, else off."""
+    if amp == "auto":
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "off"
+    return amp
+
+
+def kernels_in_use(device, amp):
+    """Where attention and the feed-forward run under this device, amp and backend: "triton" or
+    "reference" (the "auto" backend keeps fp32 off the kernels on CUDA, see fastformer.backend)."""
+    with autocast(device, amp):
+        return "triton" if backend.uses_triton(torch.empty(0, device=device)) else "reference"
+
+
+# torchrun
+
+
+class Launch(NamedTuple):
+    """Where this process stands: (rank, world_size, local_rank) in a torchrun job, and whether it
+    is one; a plain run is (0, 1, None, False) and starts no process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: Optional[int] = None
+    distributed: bool = False
+
+
+def torchrun_launch():
+    """The Launch torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE) describes, or a plain one."""
+    if not all(name in os.environ for name in TORCHRUN_ENV):
+        return Launch()
+    try:
+        rank, local_rank, world_size = (int(os.environ[name]) for name in TORCHRUN_ENV)
+    except ValueError:
+        values = ", ".join(f"{name}={os.environ[name]!r}" for name in TORCHRUN_ENV)
+        raise ValueError(f"torchrun's environment is not integers: {values}") from None
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK {rank} is outside 0..WORLD_SIZE-1 (WORLD_SIZE {world_size})")
+    return Launch(rank, world_size, local_rank, True)
+
+
+@contextlib.contextmanager
+def process_group(launch, device):
+    """Join the torchrun job's process group for the block (nccl on CUDA, gloo on a CPU, set up from
+    the environment) and leave it after; a plain run starts none."""
+    if not launch.distributed:
+        yield
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def barrier(launch):
+    if launch.distributed:
+        torch.distributed.barrier()
+
+
+def quiet(*args, **kwargs):
+    """The log of the processes other than rank 0."""
+
+
+def replicated(model, launch, device):
+    """`model` wrapped in DistributedDataParallel in a torchrun job (its construction broadcasts
+    rank 0's weights); the model itself in a plain run."""
+    if not launch.distributed:
+        return model
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+
+def rng_state(device, launch):
+    """This process's RNG states; in a torchrun job {"ranks": [every process's, by rank]} (a
+    collective: every process calls it)."""
+    state = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None}
+    if not launch.distributed:
+        return state
+    states = [None] * launch.world_size
+    torch.distributed.all_gather_object(states, state)
+    return {"ranks": states}
+
+
+def set_rng_state(state, device, launch):
+    """Restore this process's RNG states from what rng_state returned."""
+    if "ranks" in state:
+        state = state["ranks"][launch.rank]
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# How the steps run
+
+
+def check_step_options(device, amp, kernels, launch, *, cuda_graphs, compile, pad_to_buckets):
+    """Raise ValueError naming the option for a combination of --cuda-graphs, --compile and
+    --pad-to-buckets that cannot run on this device, autocast ("bf16", "fp16", "off"), kernels
+    ("triton" or "reference") and launch; return whether to pad to buckets (default: with
+    --cuda-graphs, which needs it, and not otherwise)."""
+    if cuda_graphs:
+        if device.type != "cuda":
+            raise ValueError(f"--cuda-graphs needs a CUDA device; the device is {device}")
+        if compile:
+            raise ValueError("--cuda-graphs and --compile are alternatives: pass one")
+        if amp == "fp16":
+            raise ValueError("--cuda-graphs does not take --amp fp16: its GradScaler reads the host at every step; "
+                             "use --amp bf16 (the default on CUDA) or off")
+        if pad_to_buckets is False:
+            raise ValueError("--cuda-graphs needs --pad-to-buckets: a graph is captured per batch shape, and without "
+                             "buckets every review length is a shape")
+        if launch.distributed:
+            raise ValueError("--cuda-graphs is not supported under torchrun")
+    if compile:
+        if device.type != "cuda" and kernels == "triton":
+            raise ValueError(f"--compile on {device} needs the reference kernels: torch.compile cannot trace the "
+                             "Triton kernels through Triton's CPU interpreter; pass --backend auto or reference")
+        if launch.distributed:
+            raise ValueError("--compile is not supported under torchrun")
+    return cuda_graphs if pad_to_buckets is None else pad_to_buckets
+
+
+def step_mode(cuda_graphs, compile, pad_to_buckets):
+    """How the steps run, for the header: "" for the default (eager, padded to the longest review)."""
+    parts = ["CUDA graphs"] if cuda_graphs else ["torch.compile"] if compile else []
+    if pad_to_buckets:
+        parts.append(f"padded to multiples of {BUCKET_MULTIPLE}")
+    return "".join(f", {part}" for part in parts)
