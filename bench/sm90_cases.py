@@ -26,7 +26,7 @@ MASKS = {
     "none": (False, False, False),
     "dense": (False, False, True),
 }
-HEAD_DIMS = (16, 32, 64, 80, 128)  # 80 is padded to a block of 128 inside the kernels
+HEAD_DIMS = (16, 32, 64, 72, 80, 128)  # 72 and 80 are padded to a block of 128 inside the kernels
 TUTORIAL = {"B": 8, "H": 4, "L": 256, "D": 64, "d_hidn": 256, "d_ff": 1024}
 LARGE = {"d_hidn": 1024, "d_ff": 4096, "M": 8192}
 
@@ -150,6 +150,7 @@ def ci_cases():
                 cases.append(attention_case("fp16", D, mask, dropout))
     cases.append(attention_case("bf16", 64, "pad", False, layout="cross", L=97, Lk=61))  # odd, Lq != Lk
     cases.append(attention_case("fp16", 64, "causal", False, layout="contiguous", L=4096))
+    cases.append(attention_case("fp16", 72, "pad", False, layout="contiguous"))  # rows 144 B apart: ROW_ALIGN
     return cases
 
 

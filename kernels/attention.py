@@ -32,9 +32,14 @@ code does about it; nothing here has been timed on a GPU:
   program in dK/dV (its key block is fixed), so no loop waits on them.
 - Autotune lists are pruned per launch to configs that compile without spills or shared-memory
   overflow, and to tiles no longer than the sequence (see _fits_lengths).
-- Not done: a head dim that is not a multiple of 16 (72) in a contiguous tensor has row strides
-  Triton cannot prove 16-byte aligned, so its loads are not vectorized or pipelined; and D = 80
-  or 96 run the D = 128 binary (tl.arange needs a power of two), paying its full cost.
+- The head dim is a constexpr (HEAD_DIM), so the column mask of a head dim below its power-of-two
+  block is known when compiling; and where every row stride is a multiple of 16 bytes but not of
+  16 elements (head dim 72: rows 144 B apart), the launcher says so (ROW_ALIGN) and the kernels
+  hint it (tl.multiple_of). Before, head dim 72 compiled to scalar loads: all 36 of its rows in a
+  contiguous and a fused-QKV layout broke a rule (26 spilled, up to 480 B; no dot loop
+  pipelined); now none does, as head dim 80 (fp16, padding, sm_90a, Triton 3.9).
+- Not done: D = 72, 80 or 96 run a 128-wide head block (tl.arange needs a power of two), so their
+  dots pay for 128 columns.
 """
 import math
 from typing import NamedTuple, Optional, Tuple
@@ -91,10 +96,19 @@ def _query_block(Lq, H, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(base, offs, stride, n, offs_d, D):
-    """(len(offs), BLOCK_D) rows `offs` of an (n, D) matrix with row stride `stride` and unit column
-    stride; zeros past n rows or D columns."""
-    return tl.load(base + offs[:, None] * stride + offs_d[None, :], mask=(offs[:, None] < n) & (offs_d[None, :] < D), other=0.0)
+def _head_slice(T, b, h, stride_b, stride_h, ROW_ALIGN: tl.constexpr):
+    """The base pointer of T's (batch, head) slice. ROW_ALIGN: every stride of the tensors the
+    kernel reads row by row is a multiple of it (_row_align), which Triton cannot see when one is
+    not a multiple of 16 (head dim 72): with the hint its loads stay 16-byte vectors."""
+    return T + tl.multiple_of(b * stride_b + h * stride_h, ROW_ALIGN)
+
+
+@triton.jit
+def _load_rows(base, offs, stride, n, offs_d, D, ROW_ALIGN: tl.constexpr = 1):
+    """(len(offs), BLOCK_D) rows `offs` of an (n, D) matrix with row stride `stride` (a multiple of
+    ROW_ALIGN) and unit column stride; zeros past n rows or D columns."""
+    rows = tl.multiple_of(offs * stride, ROW_ALIGN)
+    return tl.load(base + rows[:, None] + offs_d[None, :], mask=(offs[:, None] < n) & (offs_d[None, :] < D), other=0.0)
 
 
 @triton.jit
@@ -194,7 +208,7 @@ def _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD: tl.constexpr, IS_CAU
 @triton.jit
 def _masked_rows_value(
     v_bh, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
-    HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """The tutorial's output for a row whose keys are all masked: uniform 1/Lk over every key
@@ -205,7 +219,7 @@ def _masked_rows_value(
         p = tl.where(offs_n[None, :] < Lk, 1.0 / Lk, 0.0) + tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if HAS_DROPOUT:
             p = tl.where(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N), p / (1.0 - dropout_p), 0.0)
-        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, D)
+        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, D, ROW_ALIGN)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     return acc
 
@@ -257,7 +271,7 @@ def _fwd_fits(meta, num_warps, num_stages, launch):
     return True
 
 
-_KEY = ["BLOCK_D", "LQ_BUCKET", "LK_BUCKET", "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION"]
+_KEY = ["HEAD_DIM", "ROW_ALIGN", "BLOCK_D", "LQ_BUCKET", "LK_BUCKET", "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION"]
 
 
 @triton.autotune(
@@ -270,20 +284,20 @@ def _attn_fwd_kernel(
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
-    H, Lq, Lk, D, qk_scale, dropout_p,
+    H, Lq, Lk, qk_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,  # autotune keys only
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
-    k_bh = K + b * stride_kb + h * stride_kh
-    v_bh = V + b * stride_vb + h * stride_vh
+    k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
+    v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
     pad_b = PAD + b * stride_pb
     mask_bh = MASK + b * stride_mb + h * stride_mh
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     # (BLOCK_M, BLOCK_D)
-    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, Lq, offs_d, D)
+    q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
@@ -300,7 +314,7 @@ def _attn_fwd_kernel(
         pad = pad_next
         if HAS_PAD:
             pad_next = _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk)
-        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, D)
+        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         # (BLOCK_M, BLOCK_N)
         s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
         s = tl.where(valid, s, float("-inf"))
@@ -312,7 +326,7 @@ def _attn_fwd_kernel(
         if HAS_DROPOUT:
             keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
-        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, D)
+        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         # rescale first, then let the dot accumulate in place (wgmma keeps acc in registers)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -325,11 +339,11 @@ def _attn_fwd_kernel(
     if HAS_PAD or HAS_MASK:
         if tl.max((masked_row & (offs_m < Lq)).to(tl.int32), 0) > 0:
             uniform = _masked_rows_value(
-                v_bh, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
-                HAS_DROPOUT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_D,
+                v_bh, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, HEAD_DIM, dropout_p,
+                HAS_DROPOUT, DOT_PRECISION, ROW_ALIGN, BLOCK_M, BLOCK_N, BLOCK_D,
             )
             out = tl.where(masked_row[:, None], uniform, out)
-    _store_rows(_interleaved(O, b, h, Lq, H, D), offs_m, H * D, Lq, offs_d, D, out)
+    _store_rows(_interleaved(O, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, out)
     tl.store(LSE + bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
@@ -372,23 +386,23 @@ def _attn_bwd_dq_kernel(
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
-    H, Lq, Lk, D, qk_scale, sm_scale, dropout_p,
+    H, Lq, Lk, qk_scale, sm_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ of one query block, looping over the key blocks it can see. It also writes its rows'
     delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV kernel, launched next."""
     bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
-    k_bh = K + b * stride_kb + h * stride_kh
-    v_bh = V + b * stride_vb + h * stride_vh
+    k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
+    v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
     pad_b = PAD + b * stride_pb
     mask_bh = MASK + b * stride_mb + h * stride_mh
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, Lq, offs_d, D)
-    do = _load_rows(DO + b * stride_dob + h * stride_doh, offs_m, stride_dom, Lq, offs_d, D)
-    o = _load_rows(_interleaved(O, b, h, Lq, H, D), offs_m, H * D, Lq, offs_d, D)
+    q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+    do = _load_rows(_head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN), offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+    o = _load_rows(_interleaved(O, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
     delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
     tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
     lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
@@ -408,8 +422,8 @@ def _attn_bwd_dq_kernel(
             pad_next = _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk)
         if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m bench.sm90_report)
             keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
-        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, D)
-        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, D)
+        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
         p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -417,7 +431,7 @@ def _attn_bwd_dq_kernel(
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-    _store_rows(_interleaved(DQ, b, h, Lq, H, D), offs_m, H * D, Lq, offs_d, D, dq * sm_scale)
+    _store_rows(_interleaved(DQ, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, dq * sm_scale)
 
 
 @triton.autotune(
@@ -431,10 +445,10 @@ def _attn_bwd_dkdv_kernel(
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
-    H, Lq, Lk, D, qk_scale, sm_scale, dropout_p,
+    H, Lq, Lk, qk_scale, sm_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
     the dQ kernel wrote."""
@@ -444,15 +458,15 @@ def _attn_bwd_dkdv_kernel(
     start_n = (pid % n_n_blocks) * BLOCK_N
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    q_bh = Q + b * stride_qb + h * stride_qh
-    do_bh = DO + b * stride_dob + h * stride_doh
+    q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
+    do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
     pad_b = PAD + b * stride_pb
     mask_bh = MASK + b * stride_mb + h * stride_mh
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     # (BLOCK_N, BLOCK_D)
-    k = _load_rows(K + b * stride_kb + h * stride_kh, offs_n, stride_kn, Lk, offs_d, D)
-    v = _load_rows(V + b * stride_vb + h * stride_vh, offs_n, stride_vn, Lk, offs_d, D)
+    k = _load_rows(_head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN), offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+    v = _load_rows(_head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN), offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
@@ -475,8 +489,8 @@ def _attn_bwd_dkdv_kernel(
         offs_m = m + tl.arange(0, BLOCK_M)
         if HAS_DROPOUT:
             keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))  # (BLOCK_N, BLOCK_M)
-        q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, D)
-        do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, D)
+        q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+        do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
         lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
         delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
         # (BLOCK_N, BLOCK_M)
@@ -505,11 +519,11 @@ def _attn_bwd_dkdv_kernel(
                 if HAS_DROPOUT:
                     keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))
                     pt = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
-                do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, D)
+                do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
                 dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
-    _store_rows(_interleaved(DK, b, h, Lk, H, D), offs_n, H * D, Lk, offs_d, D, dk * sm_scale)
-    _store_rows(_interleaved(DV, b, h, Lk, H, D), offs_n, H * D, Lk, offs_d, D, dv)
+    _store_rows(_interleaved(DK, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dk * sm_scale)
+    _store_rows(_interleaved(DV, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dv)
 
 
 @triton.jit
@@ -518,9 +532,9 @@ def _attn_probs_kernel(
     PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
-    H, Lq, Lk, D, qk_scale, dropout_p,
+    H, Lq, Lk, qk_scale, dropout_p,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) tile of the probabilities, exactly exp2(s - lse), into (B, H, Lq, Lk)."""
     n_m_blocks = tl.cdiv(Lq, BLOCK_M)
@@ -535,8 +549,8 @@ def _attn_probs_kernel(
     h = (bh % H).to(tl.int64)
     pad_b = PAD + b * stride_pb
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(Q + b * stride_qb + h * stride_qh, offs_m, stride_qm, Lq, offs_d, D)
-    k = _load_rows(K + b * stride_kb + h * stride_kh, offs_n, stride_kn, Lk, offs_d, D)
+    q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+    k = _load_rows(_head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN), offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
     lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
     pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
     if HAS_PAD:
@@ -608,9 +622,18 @@ def _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale):
         "HAS_MASK": attn_mask is not None,
         "HAS_DROPOUT": dropout_p > 0.0,
         "DOT_PRECISION": dot_precision(q.dtype),
+        "HEAD_DIM": q.shape[-1],
         "BLOCK_D": _head_block(q.shape[-1]),
     }
     return _Masking(pad + dense, flags, dropout_p, softmax_scale)
+
+
+def _row_align(*tensors):
+    """ROW_ALIGN for kernels reading `tensors` row by row: the elements in 16 bytes when every
+    pointer is 16-byte aligned and every (batch, head, row) stride a multiple of them, else 1."""
+    elements = 16 // tensors[0].element_size()
+    aligned = all(t.data_ptr() % 16 == 0 and all(s % elements == 0 for s in t.stride()[:3]) for t in tensors)
+    return elements if aligned else 1
 
 
 def _buckets(Lq, Lk):
@@ -635,7 +658,8 @@ def _attn_forward(q, k, v, masking):
     seed = draw_seed(q.device) if masking.dropout_p > 0.0 else None
     _launch(_attn_fwd_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, o, lse, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k, v),
-        H, Lq, Lk, D, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), **masking.flags,
+        H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), **masking.flags,
+        ROW_ALIGN=_row_align(q, k, v),
     )
     return o, lse, seed
 
@@ -651,14 +675,15 @@ def _attn_backward(do, q, k, v, o, lse, seed, masking):
     delta = torch.empty_like(lse)
     dq, dk, dv = (_interleaved_empty(B, H, t.shape[2], D, t) for t in (q, k, v))
     seed = q if seed is None else seed
-    scalars = (H, Lq, Lk, D, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
+    align = _row_align(q, k, v, do)
+    scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
     _launch(_attn_bwd_dq_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, o, do, lse, delta, dq, seed, *masking.mask_args, *_row_strides(q, k, v, do),
-        *scalars, **masking.flags,
+        *scalars, **masking.flags, ROW_ALIGN=align,
     )
     _launch(_attn_bwd_dkdv_kernel)[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
         q, k, v, do, lse, delta, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
-        *scalars, **masking.flags,
+        *scalars, **masking.flags, ROW_ALIGN=align,
     )
     return dq, dk, dv
 
@@ -674,7 +699,8 @@ def _attn_probs(q, k, lse, seed, masking):
     grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
     _launch(_attn_probs_kernel)[grid](
         q, k, lse, probs, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k),
-        H, Lq, Lk, D, masking.scale * LOG2E, masking.dropout_p, **masking.flags, BLOCK_M=_TILE, BLOCK_N=_TILE,
+        H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, **masking.flags, ROW_ALIGN=_row_align(q, k),
+        BLOCK_M=_TILE, BLOCK_N=_TILE,
     )
     return probs
 

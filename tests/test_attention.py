@@ -72,6 +72,7 @@ def padding(B, Lk, where, device):
         (2, 2, 100, 17, 16),
         (1, 3, 33, 33, 24),  # head dim padded inside the kernel
         (1, 2, 20, 20, 80),
+        (2, 3, 21, 21, 72),  # a multiple of 8, not of 16: rows aligned by the ROW_ALIGN hint
     ],
 )
 def test_parity_shapes(B, H, Lq, Lk, D, dtype, atol, device):
@@ -273,3 +274,19 @@ def test_registered_op_fake_tensors_and_aot_dispatch(case):
     """Fake-tensor and AOT checks: the interpreter cannot run kernels on fake tensors, so GPU only."""
     args = _opcheck_args(torch.device("cuda"))[case]
     torch.library.opcheck(torch.ops.fastformer.attention_forward.default, args)
+
+
+def test_row_align_hints_only_what_holds():
+    """The ROW_ALIGN hint (attention._row_align) promises 16-byte aligned pointers and strides that
+    are multiples of 16 bytes; on a GPU a false promise reads the wrong memory, so check each way
+    it can fail."""
+    from kernels.attention import _row_align
+
+    half = torch.zeros(2, 3, 5, 72, dtype=torch.float16)
+    assert _row_align(half) == 8  # 144-byte rows
+    assert _row_align(half.float()) == 4  # 288-byte rows
+    assert _row_align(torch.zeros(2, 3, 5, 76, dtype=torch.float16)) == 1  # 152-byte rows
+    assert _row_align(torch.zeros(2, 3, 5, 80, dtype=torch.float16)[..., 1:73]) == 1  # pointer 2 bytes in
+    fused = torch.zeros(2, 5, 3, 3, 72, dtype=torch.float16).unbind(2)[1].transpose(1, 2)  # a QKV view
+    assert _row_align(fused) == 8 and _row_align(half, fused) == 8
+    assert _row_align(half, torch.zeros(2, 3, 5, 76, dtype=torch.float16)) == 1  # one tensor is enough
