@@ -11,7 +11,7 @@ from kernels.add_layer_norm import (
 )
 from kernels.attention import attention, attention_dropout_mask, attention_reference
 from kernels.feed_forward import feed_forward, feed_forward_fused, feed_forward_reference
-from kernels.linear_gelu import linear_gelu, linear_gelu_reference
+from kernels.linear_gelu import linear_act, linear_act_reference, linear_gelu, linear_gelu_reference
 
 __all__ = [
     "HAS_TRITON",
@@ -25,6 +25,8 @@ __all__ = [
     "feed_forward",
     "feed_forward_fused",
     "feed_forward_reference",
+    "linear_act",
+    "linear_act_reference",
     "linear_gelu",
     "linear_gelu_reference",
 ]

@@ -3,7 +3,9 @@
 The forward reads x and residual once, applies dropout (Philox, in the kernel), adds, normalizes
 with fp32 statistics and writes y, keeping only each row's mean and 1/std. The backward regenerates
 the dropout mask from its seed instead of storing it, and reduces dW/db through per-program partial
-sums added in a fixed order (no atomics), so gradients are bitwise reproducible.
+sums that a second small kernel (`sum_partials`) adds in a fixed order (no atomics), so gradients are
+bitwise reproducible. The backward takes BLOCK_M rows at a time, so a narrow row (the tutorial's d = 256)
+still gives each program several warps and several rows' loads in flight.
 """
 import math
 from typing import Optional, Tuple
@@ -24,6 +26,7 @@ from kernels._common import (
     dropout_mask,
     require_launchable,
     rows_view,
+    sum_partials,
     tl,
     triton,
     vector_stride,
@@ -70,45 +73,56 @@ def _add_ln_fwd_kernel(
 
 @triton.jit
 def _add_ln_bwd_kernel(
-    X, R, W, DY, DX, DR, DW_PARTIAL, DB_PARTIAL, MEAN, RSTD, SEED,
+    X, R, W, DY, DX, DR, PARTIAL, MEAN, RSTD, SEED,
     stride_x, stride_r, stride_w, stride_dy, stride_dx, stride_dr,
     n_rows, n_cols, rows_per_program, dropout_p,
-    HAS_WEIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, PARAM_GRADS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    """dx, dresidual for a run of rows, and this program's partial sums of dW and db."""
+    """dx, dresidual for a run of rows, BLOCK_M rows at a time, and (PARAM_GRADS) this program's
+    partial sums of dW and db: PARTIAL[pid] = (sum of dy * xhat, sum of dy) over its rows.
+    NUM_STAGES > 1 has Triton load x, residual and dy NUM_STAGES - 1 steps ahead (async copies into
+    shared memory on sm_80+): a loop without a dot is pipelined only when asked."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
-    ok = cols < n_cols
+    col_ok = cols < n_cols
     w = tl.full([BLOCK_N], 1.0, tl.float32)
     if HAS_WEIGHT:
-        w = tl.load(W + cols * stride_w, mask=ok, other=0.0).to(tl.float32)
+        w = tl.load(W + cols * stride_w, mask=col_ok, other=0.0).to(tl.float32)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
-    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid.to(tl.int64) * rows_per_program
-    for i in range(0, tl.minimum(rows_per_program, n_rows - first)):
-        row = first + i
-        x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    n_mine = tl.minimum(rows_per_program, n_rows - first)
+    for i in tl.range(0, n_mine, BLOCK_M, num_stages=NUM_STAGES):
+        rows = first + i + tl.arange(0, BLOCK_M)
+        row_ok = i + tl.arange(0, BLOCK_M) < n_mine
+        ok = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         if HAS_DROPOUT:
-            keep = _row_keep(seed, row, dropout_p, BLOCK_N)
+            keep = dropout_keep(seed, rows, 0, dropout_p, BLOCK_N)
             x = tl.where(keep, x / (1.0 - dropout_p), 0.0)
-        h = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32) + x
-        xhat = tl.where(ok, (h - tl.load(MEAN + row)) * tl.load(RSTD + row), 0.0)
-        dy = tl.load(DY + row * stride_dy + cols, mask=ok, other=0.0).to(tl.float32)
-        wdy = w * dy
-        c1 = tl.sum(xhat * wdy, 0) / n_cols
-        c2 = tl.sum(wdy, 0) / n_cols
-        dh = tl.where(ok, (wdy - (xhat * c1 + c2)) * tl.load(RSTD + row), 0.0)
-        tl.store(DR + row * stride_dr + cols, dh.to(DR.dtype.element_ty), mask=ok)
+        h = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=ok, other=0.0).to(tl.float32) + x
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        xhat = tl.where(ok, (h - mean[:, None]) * rstd[:, None], 0.0)
+        wdy = w[None, :] * dy
+        c1 = tl.sum(xhat * wdy, 1) / n_cols
+        c2 = tl.sum(wdy, 1) / n_cols
+        dh = tl.where(ok, (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None], 0.0)
+        tl.store(DR + rows[:, None] * stride_dr + cols[None, :], dh.to(DR.dtype.element_ty), mask=ok)
         if HAS_DROPOUT:
             dh = tl.where(keep, dh / (1.0 - dropout_p), 0.0)
-        tl.store(DX + row * stride_dx + cols, dh.to(DX.dtype.element_ty), mask=ok)
-        dw += dy * xhat
-        db += dy
-    tl.store(DW_PARTIAL + pid * n_cols + cols, dw, mask=ok)
-    tl.store(DB_PARTIAL + pid * n_cols + cols, db, mask=ok)
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dh.to(DX.dtype.element_ty), mask=ok)
+        if PARAM_GRADS:
+            dw += dy * xhat
+            db += dy
+    if PARAM_GRADS:
+        tl.store(PARTIAL + pid * 2 * n_cols + cols, tl.sum(dw, 0), mask=col_ok)
+        tl.store(PARTIAL + pid * 2 * n_cols + n_cols + cols, tl.sum(db, 0), mask=col_ok)
 
 
 def _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype):
@@ -130,7 +144,7 @@ def _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype):
 
 
 def _row_block(n_cols):
-    """One row per program, padded to a power of two of at least 4 (dropout decides 4 columns at once)."""
+    """A whole row, padded to a power of two of at least 4 (dropout decides 4 columns at once)."""
     return max(4, triton.next_power_of_2(n_cols))
 
 
@@ -138,11 +152,25 @@ def _warps(n_cols):
     return min(16, max(1, triton.next_power_of_2(n_cols) // 256))
 
 
-def _programs(n_rows, device):
-    """How many programs share the backward's rows: enough to fill the GPU, few partial sums."""
+def _bwd_tile(n_cols):
+    """(BLOCK_M, num_warps, NUM_STAGES) of the backward. BLOCK_M rows (at most 16) make a tile of
+    1024 elements, 8 to a thread over 4 warps (d = 256: 4 rows a step), loaded two steps ahead
+    (24 KiB of shared memory in fp32). Rows wider than 1024 go one at a time, 8 to 32 elements to a
+    thread, unpipelined (pipelined, d = 2048 spills on sm_90a in fp32 with dropout)."""
+    block_n = _row_block(n_cols)
+    block_m = max(1, min(16, 1024 // block_n))
+    return block_m, min(16, max(4, block_n // 256)), 3 if block_n <= 1024 else 1
+
+
+def _bwd_grid(n_rows, block_m, device):
+    """(programs, rows per program, a multiple of BLOCK_M) of the backward: enough programs to fill
+    the GPU, few partial sums."""
     if INTERPRET or device.type != "cuda":
-        return min(n_rows, 4)
-    return min(n_rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count)
+        target = 4
+    else:
+        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    rows_per_program = block_m * max(1, triton.cdiv(n_rows, target * block_m))
+    return triton.cdiv(n_rows, rows_per_program), rows_per_program
 
 
 @torch.library.triton_op("fastformer::add_layer_norm_forward", mutates_args=())
@@ -168,41 +196,53 @@ def _add_layer_norm_backward_op(
     rstd: torch.Tensor,
     seed: torch.Tensor,
     dropout_p: float,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    param_grads: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dx, dresidual and, when param_grads, dweight and dbias stacked as one (2, d) fp32 tensor
+    (else (0, d)): two launches, the rows and the reduction of their partial sums."""
     n_cols = x.shape[-1]
     x2, r2, dy2 = rows_view(x), rows_view(residual), rows_view(dy)
     n_rows = x2.shape[0]
     dx = torch.empty(n_rows, n_cols, dtype=x.dtype, device=x.device)
     dr = torch.empty(n_rows, n_cols, dtype=residual.dtype, device=x.device)
-    programs = _programs(n_rows, x.device)
-    dw_partial = torch.empty(programs, n_cols, dtype=torch.float32, device=x.device)
-    db_partial = torch.empty_like(dw_partial)
+    block_m, num_warps, num_stages = _bwd_tile(n_cols)
+    programs, rows_per_program = _bwd_grid(n_rows, block_m, x.device)
+    partial = torch.empty(programs if param_grads else 0, 2 * n_cols, dtype=torch.float32, device=x.device)
     torch.library.wrap_triton(_add_ln_bwd_kernel)[(programs,)](
-        x2, r2, x2 if weight is None else weight, dy2, dx, dr, dw_partial, db_partial, mean, rstd, seed,
+        x2, r2, x2 if weight is None else weight, dy2, dx, dr, partial, mean, rstd, seed,
         x2.stride(0), r2.stride(0), vector_stride(weight), dy2.stride(0), dx.stride(0), dr.stride(0),
-        n_rows, n_cols, triton.cdiv(n_rows, programs), dropout_p,
-        HAS_WEIGHT=weight is not None, HAS_DROPOUT=dropout_p > 0.0,
-        BLOCK_N=_row_block(n_cols), num_warps=_warps(n_cols),
+        n_rows, n_cols, rows_per_program, dropout_p,
+        HAS_WEIGHT=weight is not None, HAS_DROPOUT=dropout_p > 0.0, PARAM_GRADS=param_grads,
+        BLOCK_M=block_m, BLOCK_N=_row_block(n_cols), NUM_STAGES=num_stages, num_warps=num_warps,
     )
-    # partial sums added in a fixed order: deterministic
-    return dx.view(x.shape), dr.view(residual.shape), dw_partial.sum(0), db_partial.sum(0)
+    dparams = torch.empty(2 if param_grads else 0, n_cols, dtype=torch.float32, device=x.device)
+    if param_grads:
+        sum_partials(partial, dparams.view(2 * n_cols))
+    return dx.view(x.shape), dr.view(residual.shape), dparams
 
 
 def _setup_context(ctx, inputs, output):
     x, residual, weight, bias, eps, dropout_p, out_dtype = inputs
     _, mean, rstd, seed = output
     ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
+    # the statistics and the seed take no gradient: autograd neither tracks them nor fills zeros for them
+    ctx.mark_non_differentiable(mean, rstd, seed)
+    ctx.set_materialize_grads(False)
     ctx.dropout_p = dropout_p
-    ctx.has_bias = bias is not None
     ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
 
 
 def _backward(ctx, dy, _dmean, _drstd, _dseed):
+    if dy is None:  # y took no part in what is differentiated
+        return None, None, None, None, None, None, None
     x, residual, weight, mean, rstd, seed = ctx.saved_tensors
-    dx, dr, dw, db = _add_layer_norm_backward_op(dy, x, residual, weight, mean, rstd, seed, ctx.dropout_p)
+    needs_dw, needs_db = ctx.needs_input_grad[2:4]
+    dx, dr, dparams = _add_layer_norm_backward_op(
+        dy, x, residual, weight, mean, rstd, seed, ctx.dropout_p, needs_dw or needs_db
+    )
     w_dtype, b_dtype = ctx.param_dtypes
-    dw = None if weight is None else dw.to(w_dtype)
-    db = db.to(b_dtype) if ctx.has_bias else None
+    dw = dparams[0].to(w_dtype) if needs_dw else None
+    db = dparams[1].to(b_dtype) if needs_db else None
     return dx, dr, dw, db, None, None, None
 
 

@@ -1,15 +1,18 @@
 """The position-wise feed-forward block, linear(act(linear(x))), act GELU or ReLU: public ops and PyTorch reference.
 
 Two Triton paths:
-- `feed_forward`: `linear_gelu` (GEMM with bias + activation in its epilogue) then a GEMM with
+- `feed_forward`: `linear_act` (GEMM with bias + activation in its epilogue) then a GEMM with
   bias; it has a backward and serves training.
 - `feed_forward_fused`: inference only. Each program owns a (BLOCK_M, BLOCK_N) tile of the output
   and streams over d_ff in chunks: it computes act(x @ W1[chunk].T + b1[chunk]) on chip and
   accumulates its product with W2[:, chunk].T, so the (M, d_ff) activation never goes to memory.
   When d > BLOCK_N the chunk's activation is recomputed once per output tile.
-  Limits on Hopper (sm_90a compile check): the inner loop over d (x and W1 tiles) is software-
-  pipelined; the loop over d_ff chunks is not (Triton pipelines innermost loops only), so each
-  chunk's W2 tile is loaded synchronously while its activation is computed.
+  On Hopper (sm_90a compile check): in fp16/bf16 with d <= 256 (a multiple of 16; the tutorial's
+  256) x's rows are read once into shared memory and the loop over d_ff chunks is the only loop, so
+  Triton pipelines its W1 and W2 loads (async copies, num_stages deep) and b1 is loaded a chunk ahead.
+  For wider d the chunk's product with W1 is a loop over d inside the loop over chunks: the inner
+  loop is pipelined, the outer one is not (Triton pipelines innermost loops only), so each chunk's
+  W2 tile is loaded synchronously after the inner loop.
 """
 from typing import Optional
 
@@ -18,6 +21,7 @@ import torch.nn.functional as F
 
 from kernels._common import (
     FLOAT_DTYPES,
+    INTERPRET,
     REFERENCE_DTYPES,
     autocast_inputs,
     autotune_configs,
@@ -32,11 +36,11 @@ from kernels._common import (
     vector_stride,
 )
 from kernels.linear_gelu import (
-    _activation,
+    TORCH_ACTIVATIONS,
+    apply_activation,
     check_activation,
     check_linear_args,
-    linear_gelu,
-    linear_gelu_reference,
+    run_linear_act,
 )
 
 
@@ -62,6 +66,43 @@ def _fused_configs():
     )
 
 
+# d up to which the fused FFN keeps x's rows in one block, in fp16/bf16 for d a multiple of 16: its
+# loop over d_ff is then pipelined on sm_90a, and every config fits in shared memory (229,376 B at
+# most). Other widths compile unpipelined that way and spill, and fp32's FMA dots spill at any
+# width, so those run the two loops. The interpreter's bound is lower so that the tests run both.
+MAX_ONE_BLOCK_D = 32 if INTERPRET else 256
+
+
+def _one_block_d(x2):
+    """BLOCK_D of the fused FFN: d padded to a power of two where x's rows fit in one block, else 0."""
+    D = x2.shape[1]
+    return triton.next_power_of_2(D) if x2.element_size() == 2 and D <= MAX_ONE_BLOCK_D and D % 16 == 0 else 0
+
+
+@triton.jit
+def _load_b1(B1, offs_f, stride_b1, F, HAS_B1: tl.constexpr):
+    """b1[offs_f] in fp32 (0 past F, or without b1), loaded into registers ahead of its use."""
+    if HAS_B1:
+        return tl.load(B1 + offs_f * stride_b1, mask=offs_f < F, other=0.0).to(tl.float32)
+    return tl.zeros(offs_f.shape, dtype=tl.float32)
+
+
+@triton.jit
+def _chunk_into_output(
+    h, b1, acc, offs_f, offs_n, W2, stride_w2n, stride_w2f, D, F,
+    ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr, H_DTYPE: tl.constexpr,
+):
+    """acc + act(h + b1) @ W2[:, offs_f].T for one chunk of d_ff: h (BLOCK_M, BLOCK_F) fp32, b1 (BLOCK_F,)."""
+    # rounded to the input dtype, as the two-GEMM path stores it; columns past F are act(0) = 0
+    h = apply_activation(h + b1[None, :], ACTIVATION).to(H_DTYPE)
+    w2 = tl.load(
+        W2 + offs_n[None, :] * stride_w2n + offs_f[:, None] * stride_w2f,
+        mask=(offs_n[None, :] < D) & (offs_f[:, None] < F),
+        other=0.0,
+    )
+    return tl.dot(h, w2, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+
+
 @triton.autotune(configs=_fused_configs(), key=["M_BUCKET", "D", "F", "ACTIVATION", "DOT_PRECISION"])
 @triton.jit
 def _ffn_fused_fwd_kernel(
@@ -70,39 +111,56 @@ def _ffn_fused_fwd_kernel(
     M, D, F,
     M_BUCKET,  # autotune key only
     HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # next_power_of_2(D) when x's rows fit in one block (_one_block_d), else 0
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for f0 in range(0, F, BLOCK_F):
-        offs_f = f0 + tl.arange(0, BLOCK_F)
-        # (BLOCK_M, BLOCK_F) of the hidden activation, on chip only
-        h = tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32)
-        for k0 in range(0, D, BLOCK_K):
-            ks = k0 + offs_k
-            x = tl.load(
-                X + offs_m[:, None] * stride_xm + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < D), other=0.0
-            )
+    if BLOCK_D > 0:
+        # x's (BLOCK_M, d) rows stay on chip and the loop over d_ff chunks is the innermost loop:
+        # Triton pipelines its W1 and W2 loads; b1 is loaded one chunk ahead
+        ks = tl.arange(0, BLOCK_D)
+        x = tl.load(X + offs_m[:, None] * stride_xm + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < D), other=0.0)
+        b1_next = _load_b1(B1, tl.arange(0, BLOCK_F), stride_b1, F, HAS_B1)
+        for f0 in range(0, F, BLOCK_F):
+            offs_f = f0 + tl.arange(0, BLOCK_F)
+            b1 = b1_next
+            b1_next = _load_b1(B1, offs_f + BLOCK_F, stride_b1, F, HAS_B1)
             w1 = tl.load(
                 W1 + offs_f[None, :] * stride_w1f + ks[:, None] * stride_w1k,
                 mask=(offs_f[None, :] < F) & (ks[:, None] < D),
                 other=0.0,
             )
-            h = tl.dot(x, w1, h, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        if HAS_B1:
-            h += tl.load(B1 + offs_f * stride_b1, mask=offs_f < F, other=0.0).to(tl.float32)[None, :]
-        # rounded to the input dtype, as the two-GEMM path stores it; columns past F are act(0) = 0
-        h = _activation(h, ACTIVATION).to(X.dtype.element_ty)
-        w2 = tl.load(
-            W2 + offs_n[None, :] * stride_w2n + offs_f[:, None] * stride_w2f,
-            mask=(offs_n[None, :] < D) & (offs_f[:, None] < F),
-            other=0.0,
-        )
-        acc = tl.dot(h, w2, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            h = tl.dot(x, w1, tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            acc = _chunk_into_output(
+                h, b1, acc, offs_f, offs_n, W2, stride_w2n, stride_w2f, D, F, ACTIVATION, DOT_PRECISION, X.dtype.element_ty
+            )
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        for f0 in range(0, F, BLOCK_F):
+            offs_f = f0 + tl.arange(0, BLOCK_F)
+            b1 = _load_b1(B1, offs_f, stride_b1, F, HAS_B1)  # in registers while the loop over d runs
+            # (BLOCK_M, BLOCK_F) of the hidden activation, on chip only
+            h = tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32)
+            for k0 in range(0, D, BLOCK_K):
+                ks = k0 + offs_k
+                x = tl.load(
+                    X + offs_m[:, None] * stride_xm + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < D), other=0.0
+                )
+                w1 = tl.load(
+                    W1 + offs_f[None, :] * stride_w1f + ks[:, None] * stride_w1k,
+                    mask=(offs_f[None, :] < F) & (ks[:, None] < D),
+                    other=0.0,
+                )
+                h = tl.dot(x, w1, h, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            # W2's tile is loaded after the loop: loaded before it, Triton would store it to shared
+            # memory (for the dot) right after the load, waiting for it there all the same
+            acc = _chunk_into_output(
+                h, b1, acc, offs_f, offs_n, W2, stride_w2n, stride_w2f, D, F, ACTIVATION, DOT_PRECISION, X.dtype.element_ty
+            )
     if HAS_B2:
         acc += tl.load(B2 + offs_n * stride_b2, mask=offs_n < D, other=0.0).to(tl.float32)[None, :]
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < D)
@@ -120,6 +178,7 @@ def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
         w2.stride(0), w2.stride(1), vector_stride(b2), y.stride(0),
         M, D, F_, triton.next_power_of_2(M),
         HAS_B1=b1 is not None, HAS_B2=b2 is not None, ACTIVATION=activation, DOT_PRECISION=dot_precision(x2.dtype),
+        BLOCK_D=_one_block_d(x2),
     )
     return y
 
@@ -132,7 +191,7 @@ def _feed_forward_fused_op(
     return _ffn_fused_forward(x2, w1, b1, w2, b2, activation)
 
 
-def check_feed_forward_args(x, w1, b1, w2, b2, dtypes=FLOAT_DTYPES):
+def check_feed_forward_args(x, w1, b1, w2, b2, activation, dtypes=FLOAT_DTYPES):
     """Validate the FFN's arguments; returns (d, d_ff)."""
     d, d_ff = check_linear_args(x, w1, b1, weight_name="w1", bias_name="b1", dtypes=dtypes)
     check_tensor("w2", w2, ndim=2, dtypes=dtypes)
@@ -144,19 +203,20 @@ def check_feed_forward_args(x, w1, b1, w2, b2, dtypes=FLOAT_DTYPES):
             raise ValueError(f"b2 must have shape ({d},), got {tuple(b2.shape)}")
     check_same_dtype(x=x, w2=w2, **({} if b2 is None else {"b2": b2}))
     check_same_device(x=x, w2=w2, b2=b2)
+    check_activation(activation)
     return d, d_ff
 
 
 def feed_forward_reference(x, w1, b1, w2, b2, *, activation="gelu"):
     """linear(gelu(linear(x, w1, b1)), w2, b2) (or relu) in PyTorch (fp64 too, for tests)."""
-    check_feed_forward_args(x, w1, b1, w2, b2, dtypes=REFERENCE_DTYPES)
-    return F.linear(linear_gelu_reference(x, w1, b1, activation=activation), w2, b2)
+    check_feed_forward_args(x, w1, b1, w2, b2, activation, dtypes=REFERENCE_DTYPES)
+    return F.linear(TORCH_ACTIVATIONS[activation](F.linear(x, w1, b1)), w2, b2)
 
 
 def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
     """The tutorial's FFN: linear(gelu(linear(x, w1, b1)), w2, b2), exact erf GELU.
 
-    The first GEMM runs in Triton with the bias and GELU fused into its epilogue (`linear_gelu`);
+    The first GEMM runs in Triton with the bias and GELU fused into its epilogue (`linear_act`);
     the second is a cuBLAS GEMM with bias. This is also the no-grad path: the fully fused
     `feed_forward_fused` is kept beside it, and becomes the no-grad path only for the shapes where
     the GPU benchmark (bench/, ffn_fwd, provider fastformer_fused) shows it wins, which has not
@@ -169,16 +229,16 @@ def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
     Returns:
         (..., d) in x's dtype.
     """
-    check_feed_forward_args(x, w1, b1, w2, b2)
-    return F.linear(linear_gelu(x, w1, b1, activation=activation), w2, b2)
+    check_feed_forward_args(x, w1, b1, w2, b2, activation)
+    # launch errors name the first GEMM's op by its first name, as tests/test_layouts_and_edges.py expects
+    return F.linear(run_linear_act(x, w1, b1, activation, "linear_gelu"), w2, b2)
 
 
 def feed_forward_fused(x, w1, b1, w2, b2, *, activation="gelu"):
     """linear(act(linear(x, w1, b1)), w2, b2) in one Triton kernel, for inference: the (M, d_ff)
     activation stays on chip (see the module docstring). Same arguments and result as
     `feed_forward`, but no backward: inputs that require grad under grad mode raise ValueError."""
-    check_feed_forward_args(x, w1, b1, w2, b2)
-    check_activation(activation)
+    check_feed_forward_args(x, w1, b1, w2, b2, activation)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w1, b1, w2, b2)):
         raise ValueError("feed_forward_fused has no backward: call it under torch.no_grad(), or use feed_forward")
     x, w1, b1, w2, b2 = autocast_inputs(x, w1, b1, w2, b2)

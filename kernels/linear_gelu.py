@@ -1,11 +1,17 @@
-"""Linear layer with the exact (erf) GELU, or ReLU, in Triton, and its PyTorch reference.
+"""Linear layer with its activation fused into the GEMM, the exact (erf) GELU or ReLU, in Triton, and
+its PyTorch reference: `linear_act`, first named `linear_gelu` (kept as an alias: it also does ReLU).
 
 The forward is a GEMM whose epilogue adds the bias and applies the activation to the fp32
 accumulator, so the pre-activation never makes a round trip through memory before it. (cuBLASLt,
 Apex and TransformerEngine epilogues offer only the tanh GELU, which is not the tutorial's.) For
 training it also writes the pre-activation; the backward turns dY into dPre = dY * act'(pre) in one
-fused elementwise kernel, then dX, dW and db come from tensor-core GEMMs and a column sum.
+fused elementwise kernel, which also sums dPre's columns over its slab of rows for db (a second small
+kernel adds the slabs in a fixed order), then dX and dW come from tensor-core GEMMs.
 ReLU serves the seed models that use it (002, 004) through the same kernels.
+
+The file, kernel and launcher keep the first name (`_linear_gelu_fwd_kernel`, `_linear_gelu_forward`:
+bench/sm90_cases.py, tests/test_sm90_compile.py and the committed sm_90a table name them), as does
+the registered op `fastformer::linear_gelu_forward`.
 """
 from typing import Optional, Tuple
 
@@ -14,6 +20,7 @@ import torch.nn.functional as F
 
 from kernels._common import (
     FLOAT_DTYPES,
+    INTERPRET,
     REFERENCE_DTYPES,
     autocast_inputs,
     autotune_configs,
@@ -21,8 +28,10 @@ from kernels._common import (
     check_same_dtype,
     check_tensor,
     dot_precision,
+    last_dim_contiguous,
     require_launchable,
     rows_view,
+    sum_partials,
     tl,
     triton,
     vector_stride,
@@ -31,7 +40,11 @@ from kernels._common import (
 # tl.constexpr: jit code may read module globals only when they are constexprs (see kernels/_common.py)
 SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 * pi)
-ACTIVATIONS = ("gelu", "relu")
+TORCH_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # the references' activations, by name
+ACTIVATIONS = tuple(TORCH_ACTIVATIONS)
+# rows per program of the activation-gradient kernel (a multiple of its BLOCK_M): a constant, so
+# db's summation order does not depend on the GPU
+GRAD_ROWS_PER_PROGRAM = 64 if INTERPRET else 256
 
 
 def _gemm_configs():
@@ -54,7 +67,8 @@ def _gemm_configs():
 
 
 @triton.jit
-def _activation(a, ACTIVATION: tl.constexpr):
+def apply_activation(a, ACTIVATION: tl.constexpr):
+    """act(a) for ACTIVATION "gelu" (exact erf) or "relu"; shared with the fused FFN."""
     if ACTIVATION == "relu":
         return tl.maximum(a, 0.0)
     return 0.5 * a * (1.0 + tl.erf(a * SQRT1_2))
@@ -99,22 +113,42 @@ def _linear_gelu_fwd_kernel(
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if STORE_PRE:
         tl.store(PRE + offs_m[:, None] * stride_pm + offs_n[None, :], acc.to(PRE.dtype.element_ty), mask=out_mask)
-    y = _activation(acc, ACTIVATION)
+    y = apply_activation(acc, ACTIVATION)
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y.to(Y.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
-def _activation_grad_kernel(DY, PRE, DPRE, n_elements, ACTIVATION: tl.constexpr, BLOCK: tl.constexpr):
-    """dPre = dY * act'(pre) in fp32: GELU'(a) = Phi(a) + a * phi(a); ReLU'(a) = [a > 0]."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n_elements
-    dy = tl.load(DY + offs, mask=ok, other=0.0).to(tl.float32)
-    a = tl.load(PRE + offs, mask=ok, other=0.0).to(tl.float32)
-    if ACTIVATION == "relu":
-        grad = tl.where(a > 0.0, 1.0, 0.0)
-    else:
-        grad = 0.5 * (1.0 + tl.erf(a * SQRT1_2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
-    tl.store(DPRE + offs, (dy * grad).to(DPRE.dtype.element_ty), mask=ok)
+def _activation_grad_kernel(
+    DY, PRE, DPRE, DB_PARTIAL,
+    stride_dy, stride_pre, stride_dpre,
+    M, N, rows_per_program,
+    ACTIVATION: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dPre = dY * act'(pre) in fp32 over a slab of rows_per_program rows and BLOCK_N columns, and
+    (BIAS_GRAD) the slab's column sums of dPre as stored: DB_PARTIAL[pid_m]. The slab's rows are
+    loaded two steps ahead (a loop without a dot is pipelined only when asked).
+    GELU'(a) = Phi(a) + a * phi(a); ReLU'(a) = [a > 0]."""
+    pid_m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    first = pid_m.to(tl.int64) * rows_per_program
+    n_mine = tl.minimum(rows_per_program, M - first)
+    db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for i in tl.range(0, n_mine, BLOCK_M, num_stages=3):
+        rows = first + i + tl.arange(0, BLOCK_M)
+        ok = (i + tl.arange(0, BLOCK_M) < n_mine)[:, None] & col_ok[None, :]
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        a = tl.load(PRE + rows[:, None] * stride_pre + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        if ACTIVATION == "relu":
+            grad = tl.where(a > 0.0, 1.0, 0.0)
+        else:
+            grad = 0.5 * (1.0 + tl.erf(a * SQRT1_2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
+        dpre = (dy * grad).to(DPRE.dtype.element_ty)
+        tl.store(DPRE + rows[:, None] * stride_dpre + cols[None, :], dpre, mask=ok)
+        if BIAS_GRAD:
+            db += dpre.to(tl.float32)  # masked elements are 0
+    if BIAS_GRAD:
+        tl.store(DB_PARTIAL + pid_m * N + cols, tl.sum(db, 0), mask=col_ok)
 
 
 def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
@@ -141,33 +175,49 @@ def _linear_gelu_forward_op(
 
 
 @torch.library.triton_op("fastformer::activation_backward", mutates_args=())
-def _activation_backward_op(dy: torch.Tensor, pre: torch.Tensor, activation: str) -> torch.Tensor:
-    dy = dy.contiguous() if not dy.is_contiguous() else dy
+def _activation_backward_op(
+    dy: torch.Tensor, pre: torch.Tensor, activation: str, bias_grad: bool = True
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """dPre = dY * act'(pre) for (M, N) dy and pre, and (bias_grad) db = dPre summed over rows, in
+    pre's dtype (else an empty (0,) tensor): two launches, the slabs and the sum of their partials."""
+    dy = last_dim_contiguous(dy)
+    M, N = pre.shape
     dpre = torch.empty_like(pre)
-    block = 1024
-    torch.library.wrap_triton(_activation_grad_kernel)[(triton.cdiv(pre.numel(), block),)](
-        dy, pre, dpre, pre.numel(), ACTIVATION=activation, BLOCK=block
+    block_m = 16
+    block_n = 16 if INTERPRET else 128
+    programs_m = triton.cdiv(M, GRAD_ROWS_PER_PROGRAM)
+    partial = torch.empty(programs_m if bias_grad else 0, N, dtype=torch.float32, device=pre.device)
+    torch.library.wrap_triton(_activation_grad_kernel)[(programs_m, triton.cdiv(N, block_n))](
+        dy, pre, dpre, partial, dy.stride(0), pre.stride(0), dpre.stride(0), M, N, GRAD_ROWS_PER_PROGRAM,
+        ACTIVATION=activation, BIAS_GRAD=bias_grad, BLOCK_M=block_m, BLOCK_N=block_n,
     )
-    return dpre
+    db = torch.empty(N if bias_grad else 0, dtype=pre.dtype, device=pre.device)
+    if bias_grad:
+        sum_partials(partial, db)
+    return dpre, db
 
 
 def _setup_context(ctx, inputs, output):
     x2, weight, bias, activation, _ = inputs
     _, pre = output
     ctx.save_for_backward(x2, weight, pre)
-    ctx.has_bias = bias is not None
+    # pre is saved for the backward, never differentiated: no zeros filled in for its gradient
+    ctx.mark_non_differentiable(pre)
+    ctx.set_materialize_grads(False)
     ctx.activation = activation
 
 
 def _backward(ctx, dy, _dpre):
+    if dy is None:  # y took no part in what is differentiated
+        return None, None, None, None, None
     x2, weight, pre = ctx.saved_tensors
     if pre.numel() == 0 and x2.numel() != 0:
-        raise RuntimeError("linear_gelu: backward through a forward run without gradients (no pre-activation saved)")
-    dpre = _activation_backward_op(dy, pre, ctx.activation)
-    dx = dpre @ weight
-    dw = dpre.t() @ x2
-    db = dpre.sum(0, dtype=torch.float32).to(dpre.dtype) if ctx.has_bias else None
-    return dx, dw, db, None, None
+        raise RuntimeError("linear_act: backward through a forward run without gradients (no pre-activation saved)")
+    needs_dx, needs_dw, needs_db = ctx.needs_input_grad[:3]
+    dpre, db = _activation_backward_op(dy, pre, ctx.activation, needs_db)
+    dx = dpre @ weight if needs_dx else None
+    dw = dpre.t() @ x2 if needs_dw else None
+    return dx, dw, db if needs_db else None, None, None
 
 
 torch.library.register_autograd(_linear_gelu_forward_op, _backward, setup_context=_setup_context)
@@ -204,8 +254,18 @@ def check_activation(activation):
         raise ValueError(f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, got {activation!r}")
 
 
-def linear_gelu(x, weight, bias, *, activation="gelu"):
-    """Exact (erf) GELU of x @ weight.T + bias, with the bias and GELU fused into the GEMM.
+def run_linear_act(x, weight, bias, activation, op):
+    """`linear_act` on arguments its caller has checked (check_linear_args, check_activation): the
+    autocast casts, the launch check (its errors name `op`) and the launch."""
+    x, weight, bias = autocast_inputs(x, weight, bias)
+    require_launchable(op, x, weight, bias)
+    store_pre = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    y, _ = _linear_gelu_forward_op(rows_view(x), weight, bias, activation, store_pre)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def linear_act(x, weight, bias, *, activation="gelu"):
+    """act(x @ weight.T + bias), the exact (erf) GELU or ReLU, with the bias and activation fused into the GEMM.
 
     Args:
         x: (..., K); weight: (N, K) (nn.Linear layout; any strides, so Conv1d weight views work);
@@ -218,17 +278,22 @@ def linear_gelu(x, weight, bias, *, activation="gelu"):
     """
     check_linear_args(x, weight, bias)
     check_activation(activation)
-    x, weight, bias = autocast_inputs(x, weight, bias)
-    require_launchable("linear_gelu", x, weight, bias)
-    x2 = rows_view(x)
-    store_pre = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    y, _ = _linear_gelu_forward_op(x2, weight, bias, activation, store_pre)
-    return y.view(*x.shape[:-1], weight.shape[0])
+    return run_linear_act(x, weight, bias, activation, "linear_act")
 
 
-def linear_gelu_reference(x, weight, bias, *, activation="gelu"):
-    """gelu(x @ weight.T + bias) with the exact erf GELU (or relu), in PyTorch (fp64 too, for tests)."""
+def linear_gelu(x, weight, bias, *, activation="gelu"):
+    """`linear_act` under its first name, kept for existing callers: the same arguments and result
+    (GELU by default, ReLU with activation="relu"); its errors name linear_gelu."""
+    check_linear_args(x, weight, bias)
+    check_activation(activation)
+    return run_linear_act(x, weight, bias, activation, "linear_gelu")
+
+
+def linear_act_reference(x, weight, bias, *, activation="gelu"):
+    """act(x @ weight.T + bias) with the exact erf GELU or relu, in PyTorch (fp64 too, for tests)."""
     check_linear_args(x, weight, bias, dtypes=REFERENCE_DTYPES)
     check_activation(activation)
-    act = F.relu if activation == "relu" else F.gelu
-    return act(F.linear(x, weight, bias))
+    return TORCH_ACTIVATIONS[activation](F.linear(x, weight, bias))
+
+
+linear_gelu_reference = linear_act_reference  # the reference under the op's first name

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 import kernels
+from bench import launches
+from kernels.add_layer_norm import sum_partials
 from tests.helpers import assert_within_torch_error
 
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
@@ -46,6 +48,7 @@ def check_parity(inputs, dtype, atol, **kwargs):
         (33, 256),  # the tutorial's d_hidn
         (1000, 32),  # many rows per backward program
         (3, 5, 40),  # 3-D input
+        (5, 2500),  # wider than 2048: the backward takes one row at a time
     ],
 )
 def test_parity(shape, dtype, atol, device):
@@ -148,3 +151,65 @@ def test_registered_op_fake_tensors_and_aot_dispatch():
     torch.library.opcheck(
         torch.ops.fastformer.add_layer_norm_forward.default, (x, residual, weight, bias, 1e-5, 0.0, torch.float32)
     )
+
+
+def kernels_of(fn):
+    """{op: count} of the kernels `fn` launches (bench.launches' counter): Triton launches and aten ops."""
+    with launches.counting("cpu") as counter:
+        fn()
+    counts = {}
+    for (_, _, op), n in counter.kernels.items():
+        counts[op] = counts.get(op, 0) + n
+    return counts
+
+
+def test_backward_is_two_kernels_with_no_zero_filled_gradients(device):
+    """The backward launches the rows' kernel and the reduction of their dW/db partial sums, and
+    nothing else: no zeros for the statistics' and seed's gradients, no aten sums or casts."""
+    x, residual, weight, bias, dy = (t.float() for t in make_inputs((9, 64), device))
+    x, weight, bias = (t.requires_grad_() for t in (x, weight, bias))
+    y = kernels.add_layer_norm(x, residual, weight, bias, 1e-5, dropout_p=0.1)
+    assert kernels_of(lambda: y.backward(dy)) == {"triton._add_ln_bwd_kernel": 1, "triton._sum_partials_kernel": 1}
+    _, mean, rstd, seed = torch.ops.fastformer.add_layer_norm_forward(x, residual, weight, bias, 1e-5, 0.1, torch.float32)
+    assert not (mean.requires_grad or rstd.requires_grad or seed.requires_grad)
+
+
+@pytest.mark.parametrize("trained", ["none", "weight", "bias"])
+def test_frozen_parameters_get_no_gradient_and_no_reduction(trained, device):
+    """Parameters that take no gradient get none, and with neither the reduction is not launched;
+    the gradients that are taken match those with every parameter trained."""
+    inputs = [t.float() for t in make_inputs((13, 48), device, seed=4)]
+    full = run(kernels.add_layer_norm, *inputs, torch.float32)
+    x, residual, weight, bias = (t.clone().requires_grad_(name in ("x", trained)) for name, t in
+                                 zip(("x", "residual", "weight", "bias"), inputs[:4]))
+    y = kernels.add_layer_norm(x, residual, weight, bias, 1e-5)
+    counts = kernels_of(lambda: y.backward(inputs[4]))
+    assert counts.get("triton._sum_partials_kernel", 0) == (trained != "none")
+    assert residual.grad is None and (weight.grad is None) == (trained != "weight") and (bias.grad is None) == (trained != "bias")
+    for name, got, expected in zip(NAMES[1:], (x.grad, None, weight.grad, bias.grad), full[1:]):
+        if got is not None:
+            assert torch.equal(got, expected), name
+
+
+def test_no_rows(device):
+    x, residual, weight, bias = (torch.randn(*shape, device=device, requires_grad=True) for shape in ((0, 16), (0, 16), (16,), (16,)))
+    kernels.add_layer_norm(x, residual, weight, bias, 1e-5).sum().backward()
+    assert x.grad.shape == (0, 16) and torch.equal(weight.grad, torch.zeros(16, device=device))
+    assert torch.equal(bias.grad, torch.zeros(16, device=device))
+
+
+@pytest.mark.parametrize("n_partials, n_cols", [(37, 70), (1, 3), (0, 5)])  # not multiples of the blocks; none
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sum_partials(n_partials, n_cols, dtype, device):
+    """The column sums of fp32 partials within fp32 accumulation's error bound (plus the final
+    rounding to dtype), and the same bits twice."""
+    partial = torch.randn(n_partials, n_cols, generator=torch.Generator().manual_seed(0)).to(device)
+    out = sum_partials(partial, torch.empty(n_cols, dtype=dtype, device=device))
+    expected = partial.double().sum(0)
+    bound = n_partials * 2.0**-24 * partial.double().abs().sum(0)
+    if dtype == torch.float16:
+        bound += 2.0**-11 * expected.abs()
+    assert out.dtype == dtype
+    err = (out.double() - expected).abs()
+    assert (err <= bound).all(), f"sum_partials: error {err.max().item():.3e} over the bound at column {err.sub(bound).argmax().item()}"
+    assert torch.equal(out, sum_partials(partial, torch.empty(n_cols, dtype=dtype, device=device)))

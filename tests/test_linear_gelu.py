@@ -1,11 +1,15 @@
-"""The Triton linear + exact GELU kernel and the FFN built on it, against fp64 references."""
+"""The Triton linear + activation kernel (`linear_act`, first named `linear_gelu`) and the FFN built
+on it, against fp64 references."""
 import functools
+import importlib
 
 import pytest
 import torch
 
 import kernels
+from kernels._common import INTERPRET
 from tests.helpers import assert_within_torch_error
+from tests.test_add_layer_norm import kernels_of
 
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
 FP16 = pytest.param(torch.float16, 1e-3, id="fp16")
@@ -117,6 +121,39 @@ def test_feed_forward_fused_without_biases_non_contiguous_and_refusing_grad(devi
         kernels.feed_forward_fused(x, w1, None, w2[:, :-1], None)
 
 
+# fp16, d = 32: x's rows in one block and the loop over d_ff alone; d = 48: past that bound under
+# the interpreter, and fp32 at any d: the two loops
+@pytest.mark.parametrize("d", [32, 48])
+@pytest.mark.parametrize("dtype, atol", [FP32, FP16])
+def test_feed_forward_fused_without_biases(d, dtype, atol, device):
+    x, w1, _, w2, _ = make_inputs((7, d), [d, 64, d], device)
+
+    def run(op, dtype):
+        with torch.no_grad():
+            return op(x.to(dtype), w1.to(dtype), None, w2.to(dtype), None, activation="relu")
+
+    reference = kernels.feed_forward_reference
+    assert_within_torch_error("y", run(kernels.feed_forward_fused, dtype), run(reference, torch.float64), run(reference, dtype), atol)
+
+
+@pytest.mark.parametrize("d", [32, 48])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("layout", ["strided", "padded_rows", "expanded"])
+def test_feed_forward_fused_reads_every_argument_as_laid_out(d, dtype, layout, device):
+    """Each argument as a view gives the result of its contiguous copy, bit for bit, in both kernels."""
+    from tests.test_layouts_and_edges import LAYOUTS
+
+    args = [t.to(dtype) for t in make_inputs((7, d), [d, 64, d], device)]
+    with torch.no_grad():
+        for i, arg in enumerate(args):
+            if arg.dim() == 1 and layout == "padded_rows":
+                continue
+            view = LAYOUTS[layout](arg)
+            got = kernels.feed_forward_fused(*args[:i], view, *args[i + 1:])
+            expected = kernels.feed_forward_fused(*args[:i], view.contiguous(), *args[i + 1:])
+            torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=lambda m: f"argument {i} {layout}: {m}")
+
+
 def test_relu_really_is_relu(device):
     """The relu path is not the gelu path: negative pre-activations give exactly 0."""
     x, w, b = (t.float() for t in make_inputs((9, 32), [32, 16], device))
@@ -185,3 +222,74 @@ def test_registered_op_fake_tensors_and_aot_dispatch():
     torch.library.opcheck(torch.ops.fastformer.linear_gelu_forward.default, (x, w, b, "relu", True))
     x, w1, b1, w2, b2 = (t.float() for t in make_inputs((6, 32), [32, 16, 32], torch.device("cuda")))
     torch.library.opcheck(torch.ops.fastformer.feed_forward_fused.default, (x, w1, b1, w2, b2, "gelu"))
+
+
+def test_linear_act_is_the_op_and_linear_gelu_its_first_name(device):
+    """linear_gelu gives linear_act's results bit for bit, either activation; each one's launch
+    errors name the function called."""
+    x, w, b = (t.float() for t in make_inputs((7, 32), [32, 24], device))
+    for activation in ("gelu", "relu"):
+        expected = kernels.linear_act(x, w, b, activation=activation)
+        assert torch.equal(kernels.linear_gelu(x, w, b, activation=activation), expected)
+        reference = kernels.linear_act_reference(x, w, b, activation=activation)
+        assert torch.equal(kernels.linear_gelu_reference(x, w, b, activation=activation), reference)
+    # refused: bf16 under the interpreter, CPU tensors on a GPU machine
+    x, w, b = (t.cpu().to(torch.bfloat16) if INTERPRET else t.cpu() for t in (x, w, b))
+    for name in ("linear_act", "linear_gelu"):
+        with pytest.raises((TypeError, RuntimeError), match=rf"^{name}: "):
+            getattr(kernels, name)(x, w, b)
+
+
+@pytest.mark.parametrize("trained", ["all", "no bias", "x only"])
+def test_backward_launches_the_activation_gradient_its_bias_sum_and_the_gemms(trained, device):
+    """dPre and db's partial column sums come from one kernel and db from their reduction, in the
+    inputs' dtype: no zeros for the pre-activation's gradient, no aten sum or cast. A frozen bias
+    gets no reduction, frozen weights no GEMM."""
+    x, w, b = (t.half() for t in make_inputs((37, 32), [32, 48], device))
+    x.requires_grad_()
+    w.requires_grad_(trained != "x only")
+    b.requires_grad_(trained == "all")
+    y = kernels.linear_act(x, w, b)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y)
+    expected = {"triton._activation_grad_kernel": 1, "aten.mm": 1 if trained == "x only" else 2}
+    if trained == "all":
+        expected["triton._sum_partials_kernel"] = 1
+    assert kernels_of(lambda: y.backward(dy)) == expected
+    assert (b.grad is None) == (trained != "all") and (w.grad is None) == (trained == "x only")
+    if trained == "all":
+        assert b.grad.dtype == torch.float16
+
+
+@pytest.mark.parametrize("layout", ["padded_rows", "expanded"])
+def test_activation_gradient_reads_dy_rows_as_they_are_laid_out(layout, device):
+    """dY with rows further apart than their length, or one row repeated by a stride-0 view, gives
+    the result of its contiguous copy."""
+    g = torch.Generator().manual_seed(2)
+    pre = torch.randn(70, 24, generator=g).to(device)
+    if layout == "padded_rows":
+        dy = torch.randn(70, 27, generator=g).to(device)[:, :24]
+    else:
+        dy = torch.randn(1, 24, generator=g).to(device).expand(70, 24)
+    got = torch.ops.fastformer.activation_backward(dy, pre, "gelu", True)
+    expected = torch.ops.fastformer.activation_backward(dy.contiguous(), pre, "gelu", True)
+    for name, a, e in zip(("dpre", "db"), got, expected):
+        assert torch.equal(a, e), name
+
+
+def test_feed_forward_checks_its_arguments_once(monkeypatch, device):
+    """feed_forward validates its arguments, then runs linear_act without validating them again."""
+    feed_forward_module, linear_module = (importlib.import_module(f"kernels.{m}") for m in ("feed_forward", "linear_gelu"))
+    check, calls = linear_module.check_linear_args, []
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("weight_name", "weight"))
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(feed_forward_module, "check_linear_args", counted)
+    monkeypatch.setattr(linear_module, "check_linear_args", counted)
+    x, w1, b1, w2, b2 = (t.float() for t in make_inputs((5, 32), [32, 48, 32], device))
+    kernels.feed_forward(x, w1, b1, w2, b2)
+    assert calls == ["w1"]
+    for op in (kernels.feed_forward, kernels.feed_forward_fused):
+        with pytest.raises(ValueError, match="activation must be one of"):
+            op(x, w1, b1, w2, b2, activation="tanh")

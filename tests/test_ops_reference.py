@@ -125,26 +125,37 @@ def test_attention_rejects_bad_arguments(op, kwargs, error, message):
         getattr(kernels, op)(args.pop("q"), args.pop("k"), args.pop("v"), **args)
 
 
-def test_linear_gelu_and_feed_forward_references():
+def test_linear_act_and_feed_forward_references():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 8, generator=g)
     w1, b1 = torch.randn(16, 8, generator=g), torch.randn(16, generator=g)
     w2, b2 = torch.randn(8, 16, generator=g), torch.randn(8, generator=g)
-    hidden = kernels.linear_gelu_reference(x, w1, b1)
+    hidden = kernels.linear_act_reference(x, w1, b1)
     exact = 0.5 * (x @ w1.T + b1) * (1 + torch.erf((x @ w1.T + b1) / 2**0.5))
-    assert_max_diff("linear_gelu", hidden, exact, 1e-5)
+    assert_max_diff("linear_act", hidden, exact, 1e-5)
+    assert_max_diff("linear_act relu", kernels.linear_act_reference(x, w1, b1, activation="relu"),
+                    (x @ w1.T + b1).clamp_min(0), 1e-5)
+    assert kernels.linear_gelu_reference is kernels.linear_act_reference
     assert_max_diff("feed_forward", kernels.feed_forward_reference(x, w1, b1, w2, b2), exact @ w2.T + b2, 1e-4)
     assert_max_diff("public feed_forward", kernels.feed_forward(x, w1, b1, w2, b2), exact @ w2.T + b2, 1e-4)
 
 
-def test_linear_and_ffn_reject_bad_arguments():
+@pytest.mark.parametrize("op", ["linear_act", "linear_gelu", "linear_act_reference"])
+def test_linear_rejects_bad_arguments(op):
     x, w, b = torch.randn(4, 8), torch.randn(16, 8), torch.randn(16)
+    linear = getattr(kernels, op)
     with pytest.raises(ValueError, match="x's last dimension must equal weight.shape"):
-        kernels.linear_gelu(torch.randn(4, 7), w, b)
+        linear(torch.randn(4, 7), w, b)
     with pytest.raises(ValueError, match=r"bias must have shape \(16,\)"):
-        kernels.linear_gelu(x, w, torch.randn(8))
+        linear(x, w, torch.randn(8))
     with pytest.raises(TypeError, match="share one dtype"):
-        kernels.linear_gelu(x.half(), w, b)
+        linear(x.half(), w, b)
+    with pytest.raises(ValueError, match="activation must be one of"):
+        linear(x, w, b, activation="swish")
+
+
+def test_ffn_rejects_bad_arguments():
+    x, w, b = torch.randn(4, 8), torch.randn(16, 8), torch.randn(16)
     with pytest.raises(ValueError, match=r"w2 must have shape \(d, d_ff\)"):
         kernels.feed_forward(x, w, b, torch.randn(8, 15), torch.randn(8))
     with pytest.raises(ValueError, match=r"b2 must have shape \(8,\)"):
