@@ -1,4 +1,6 @@
-"""Installs the two top-level packages: `kernels` (ops) and `fastformer` (the drop-in model, data, CLI)."""
+"""Installs one top-level package, `fastformer` (the drop-in model, data, CLI), with the ops of the
+repository's kernels/ folder as its subpackage `fastformer.kernels`: the top-level name `kernels`
+belongs to another project on PyPI, which can be installed beside fastformer."""
 import re
 from pathlib import Path
 
@@ -13,7 +15,8 @@ setup(
     description="A drop-in, Triton-accelerated version of the classic tutorial Transformer",
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["kernels", "kernels.*", "fastformer", "fastformer.*"]),
+    packages=find_packages(include=["fastformer", "fastformer.*"]) + ["fastformer.kernels"],
+    package_dir={"fastformer.kernels": "kernels"},
     package_data={"fastformer.data": ["*.tsv"]},
     python_requires=">=3.10",
     install_requires=[

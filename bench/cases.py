@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
-import kernels
+from fastformer import kernels
 from bench.common import Case, Skip, assert_close_to, attention_flops, ffn_flops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

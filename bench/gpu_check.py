@@ -110,12 +110,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-# Triton reads this when a kernel is decorated, so it must be set before `kernels` is imported.
+# Triton reads this when a kernel is decorated, so it must be set before `fastformer.kernels` is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import fastformer  # noqa: E402  (after TRITON_INTERPRET on purpose)
-import kernels  # noqa: E402
+from fastformer import kernels  # noqa: E402
 from bench import cases as suite  # noqa: E402
 from bench import report as bench_report  # noqa: E402
 from bench.common import Case, Skip, assert_close_to, environment, gemm_tflops, synchronize, time_ms  # noqa: E402

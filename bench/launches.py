@@ -42,7 +42,7 @@ it adds no ops). The loss, the optimizer and the gradient seed of `loss.backward
 rows; "other" is whatever matches none (none does in the tutorial's steps: a test checks).
 
 Without a GPU the steps run on the CPU, the Triton kernels through Triton's interpreter
-(TRITON_INTERPRET=1, set here before `kernels` is imported). The CPU dispatches every op as CUDA
+(TRITON_INTERPRET=1, set here before `fastformer.kernels` is imported). The CPU dispatches every op as CUDA
 does, except where listed; the counter makes up for each:
 - dropout: CUDA's `aten::dropout` is one `native_dropout`; a CPU's is bernoulli_, div_ and mul.
   While counting, F.dropout takes CUDA's branch (cuda_dropout).
@@ -72,7 +72,7 @@ import sys
 import torch
 
 if not torch.cuda.is_available():
-    # Triton reads this when a kernel is decorated: before `kernels` is imported
+    # Triton reads this when a kernel is decorated: before `fastformer.kernels` is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch.nn.functional as F  # noqa: E402
@@ -82,7 +82,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import fastformer  # noqa: E402
 import fastformer.model  # noqa: E402
-import kernels  # noqa: E402
+from fastformer import kernels  # noqa: E402
 from bench.common import environment  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "launches.json")

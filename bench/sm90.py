@@ -338,7 +338,7 @@ def _reset_jit_caches(module_names):
                 fn = getattr(fn, "fn", None)
 
 
-def run_cases(cases: List[Case], modules=("kernels",)) -> List[Record]:
+def run_cases(cases: List[Case], modules=("fastformer.kernels",)) -> List[Record]:
     """Compile what each case launches for sm_90a, in this process (which must not have imported
     the kernels under TRITON_INTERPRET). Returns one Record per (case, kernel, config); a case that
     fails outside compilation gives a Record with kernel "<launch>"."""
@@ -416,7 +416,7 @@ def _worker(argv=None):
     args = parser.parse_args(argv)
     wanted = set(args.cases)
     cases = [case for case in _load(args.worker)() if case.name in wanted]
-    records = run_cases(cases, modules=("kernels", args.worker.split(":")[0]))
+    records = run_cases(cases, modules=("fastformer.kernels", args.worker.split(":")[0]))
     Path(args.out).write_text(json.dumps([dataclasses.asdict(r) for r in records]))
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown: Triton's bindings report spurious leaks there

@@ -54,7 +54,7 @@ def _qkv(B, H, Lq, Lk, D, dtype, layout):
 
 
 def attention_case(dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, H=4, probs=False):
-    attention = _module("kernels.attention")
+    attention = _module("fastformer.kernels.attention")
     pad, causal, dense = MASKS[mask]
     Lk = L if Lk is None else Lk
     p = 0.1 if dropout else 0.0
@@ -77,8 +77,8 @@ def attention_case(dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, 
 def ffn_case(dtype, activation, train, d, d_ff, M):
     """The model's FFN: Conv1d weights (out, in, 1) read as (out, in) views; training stores the
     pre-activation and runs the activation-gradient kernel; inference also runs the fused FFN."""
-    linear_gelu = _module("kernels.linear_gelu")
-    feed_forward = _module("kernels.feed_forward")
+    linear_gelu = _module("fastformer.kernels.linear_gelu")
+    feed_forward = _module("fastformer.kernels.feed_forward")
     name = f"ffn/{dtype}/{activation}/{'train' if train else 'inference'}/d{d}x{d_ff}/M{M}"
 
     def run():
@@ -97,7 +97,7 @@ def ffn_case(dtype, activation, train, d, d_ff, M):
 
 
 def layer_norm_case(dtype, d, dropout, rows=1024):
-    add_layer_norm = _module("kernels.add_layer_norm")
+    add_layer_norm = _module("fastformer.kernels.add_layer_norm")
     name = f"add_layer_norm/{dtype}/d{d}{'/dropout' if dropout else ''}"
 
     def run():
@@ -112,7 +112,7 @@ def layer_norm_case(dtype, d, dropout, rows=1024):
 
 
 def dropout_mask_case():
-    common = _module("kernels._common")
+    common = _module("fastformer.kernels._common")
 
     def run():
         common._dropout_mask(torch.empty(256, 256, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), 0.1)

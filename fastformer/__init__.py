@@ -6,8 +6,35 @@ The names below are imported on first use, so that `import fastformer.cli` (and 
 `fastformer --help`) does not load torch and Triton.
 """
 import importlib
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
 
 from fastformer.version import __version__
+
+
+class _CheckoutKernels(importlib.abc.MetaPathFinder):
+    """fastformer's ops live in the repository's top-level kernels/ folder and install as
+    `fastformer.kernels` (setup.py's package_dir), so that they never take the top-level name
+    `kernels`, which belongs to another project on PyPI. Run from a checkout, where fastformer/ has
+    no kernels/ inside, this finds `fastformer.kernels` in the folder beside it. It only locates
+    the package: nothing is imported until a module asks for it."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "fastformer.kernels":
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, self.folder / "__init__.py", submodule_search_locations=[str(self.folder)]
+        )
+
+
+_here = Path(__file__).resolve().parent
+if not (_here / "kernels").is_dir() and (_here.parent / "kernels" / "__init__.py").is_file():
+    sys.meta_path.append(_CheckoutKernels(_here.parent / "kernels"))
 
 _EXPORTS = {
     "AttentionMask": "fastformer.masks",

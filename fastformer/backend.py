@@ -12,7 +12,7 @@ registers on Hopper, or TF32, whose backward the sm_90a compile check shows unpi
 the better fp32 engine; for the kernels, run the model under
 `torch.autocast("cuda", dtype=torch.bfloat16)`, as `fastformer train` does. The add + LayerNorm
 kernel has no matrix product and takes fp32 as it is.
-"triton" always runs the kernels: on a CPU that needs TRITON_INTERPRET=1 set before `kernels` is
+"triton" always runs the kernels: on a CPU that needs TRITON_INTERPRET=1 set before `fastformer.kernels` is
 imported (Triton's interpreter; this is how the tests check the kernels without a GPU).
 Modules reach attention, the FFN and add + LayerNorm only through the functions below.
 """
@@ -21,8 +21,8 @@ from contextlib import contextmanager
 
 import torch
 
-import kernels
-from kernels._common import warn_once
+from fastformer import kernels
+from fastformer.kernels._common import warn_once
 
 BACKENDS = ("auto", "triton", "reference")
 ENV_VAR = "FASTFORMER_BACKEND"

@@ -2,16 +2,23 @@
 
 Every op `name` has its oracle `name_reference` with the same signature. This package knows
 nothing of nn.Module or Config; `fastformer` chooses which of the pair to call.
+
+This folder is the package `fastformer.kernels` (installed so by setup.py, found so from a
+checkout by fastformer/__init__.py): `from fastformer import kernels`.
 """
-from kernels._common import HAS_TRITON, INTERPRET
-from kernels.add_layer_norm import (
+if __name__ != "fastformer.kernels":
+    # a second copy would register the torch.library ops twice and patch the wrong module in tests
+    raise ImportError(f"fastformer's ops are the package fastformer.kernels, not {__name__!r}: use `from fastformer import kernels`")
+
+from ._common import HAS_TRITON, INTERPRET  # noqa: E402
+from .add_layer_norm import (
     add_layer_norm,
     add_layer_norm_dropout_mask,
     add_layer_norm_reference,
 )
-from kernels.attention import attention, attention_dropout_mask, attention_reference
-from kernels.feed_forward import feed_forward, feed_forward_fused, feed_forward_reference
-from kernels.linear_gelu import linear_act, linear_act_reference, linear_gelu, linear_gelu_reference
+from .attention import attention, attention_dropout_mask, attention_reference
+from .feed_forward import feed_forward, feed_forward_fused, feed_forward_reference
+from .linear_gelu import linear_act, linear_act_reference, linear_gelu, linear_gelu_reference
 
 __all__ = [
     "HAS_TRITON",

@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from kernels._common import (
+from ._common import (
     FLOAT_DTYPES,
     INTERPRET,
     REFERENCE_DTYPES,

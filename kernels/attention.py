@@ -47,7 +47,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from kernels._common import (
+from ._common import (
     FLOAT_DTYPES,
     INTERPRET,
     REFERENCE_DTYPES,

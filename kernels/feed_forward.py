@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from kernels._common import (
+from ._common import (
     FLOAT_DTYPES,
     INTERPRET,
     REFERENCE_DTYPES,
@@ -35,7 +35,7 @@ from kernels._common import (
     triton,
     vector_stride,
 )
-from kernels.linear_gelu import (
+from .linear_gelu import (
     TORCH_ACTIVATIONS,
     apply_activation,
     check_activation,

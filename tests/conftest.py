@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-# Triton reads this when a kernel is decorated, so it must be set before `kernels` is imported.
+# Triton reads this when a kernel is decorated, so it must be set before `fastformer.kernels` is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

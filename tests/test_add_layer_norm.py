@@ -4,9 +4,9 @@ import warnings
 import pytest
 import torch
 
-import kernels
+from fastformer import kernels
 from bench import launches
-from kernels.add_layer_norm import sum_partials
+from fastformer.kernels.add_layer_norm import sum_partials
 from tests.helpers import assert_within_torch_error
 
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fastformer
-import kernels
+from fastformer import kernels
 from tests.helpers import assert_max_diff, assert_within_torch_error, small_config, token_batch
 
 # dtype with its atol for the 2x-torch-error rule
@@ -280,7 +280,7 @@ def test_row_align_hints_only_what_holds():
     """The ROW_ALIGN hint (attention._row_align) promises 16-byte aligned pointers and strides that
     are multiples of 16 bytes; on a GPU a false promise reads the wrong memory, so check each way
     it can fail."""
-    from kernels.attention import _row_align
+    from fastformer.kernels.attention import _row_align
 
     half = torch.zeros(2, 3, 5, 72, dtype=torch.float16)
     assert _row_align(half) == 8  # 144-byte rows

@@ -10,9 +10,9 @@ import itertools
 import pytest
 import triton
 
-from kernels import _common
+from fastformer.kernels import _common
 
-attention_module = importlib.import_module("kernels.attention")  # the module; `kernels.attention` is the function
+attention_module = importlib.import_module("fastformer.kernels.attention")  # the module; `kernels.attention` is the function
 
 KERNELS = {
     "forward": (attention_module._FWD_TILES, attention_module._fwd_fits),

@@ -6,7 +6,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fastformer
-import kernels
+from fastformer import kernels
 from fastformer import backend
 from tests.helpers import small_config, token_batch
 

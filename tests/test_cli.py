@@ -61,7 +61,7 @@ def test_help_and_version_do_not_import_torch_or_triton():
         "        main(argv)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "print(sorted(m for m in ('torch', 'triton', 'kernels', 'sentencepiece') if m in sys.modules))\n"
+        "print(sorted(m for m in ('torch', 'triton', 'fastformer.kernels', 'sentencepiece') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import _common
+from fastformer.kernels import _common
 
 MASK32 = np.uint64(0xFFFFFFFF)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fastformer
-import kernels
+from fastformer import kernels
 from bench import launches
 from tests.helpers import small_config, token_batch
 

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-import kernels
-from kernels._common import INTERPRET
+from fastformer import kernels
+from fastformer.kernels._common import INTERPRET
 
 
 def strided(t):

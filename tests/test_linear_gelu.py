@@ -6,8 +6,8 @@ import importlib
 import pytest
 import torch
 
-import kernels
-from kernels._common import INTERPRET
+from fastformer import kernels
+from fastformer.kernels._common import INTERPRET
 from tests.helpers import assert_within_torch_error
 from tests.test_add_layer_norm import kernels_of
 
@@ -278,7 +278,7 @@ def test_activation_gradient_reads_dy_rows_as_they_are_laid_out(layout, device):
 
 def test_feed_forward_checks_its_arguments_once(monkeypatch, device):
     """feed_forward validates its arguments, then runs linear_act without validating them again."""
-    feed_forward_module, linear_module = (importlib.import_module(f"kernels.{m}") for m in ("feed_forward", "linear_gelu"))
+    feed_forward_module, linear_module = (importlib.import_module(f"fastformer.kernels.{m}") for m in ("feed_forward", "linear_gelu"))
     check, calls = linear_module.check_linear_args, []
 
     def counted(*args, **kwargs):

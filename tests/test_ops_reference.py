@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+from fastformer import kernels
 from tests.helpers import assert_max_diff
 
 

@@ -1,0 +1,77 @@
+"""fastformer installs one top-level package: its ops are `fastformer.kernels`, never a top-level
+`kernels`, which is another project's name on PyPI (the kernel-hub client used with Hugging Face
+transformers). Installed side by side in one environment, each keeps its own files.
+
+The install test needs the package index (pip downloads `kernels`, its dependencies and
+setuptools), so it is marked `network` and deselected by default: `pytest -m network`.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import fastformer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_checkout_imports_the_ops_as_fastformer_kernels_only():
+    """From a checkout the ops load as fastformer.kernels (the finder in fastformer/__init__.py),
+    and nothing of fastformer's imports a top-level `kernels`."""
+    from fastformer import kernels
+
+    assert kernels.__name__ == "fastformer.kernels"
+    assert Path(kernels.__file__).resolve() == REPO / "kernels" / "__init__.py"
+    assert "kernels" not in sys.modules or not Path(sys.modules["kernels"].__file__).resolve().is_relative_to(REPO)
+
+
+def test_setup_ships_the_kernels_folder_inside_fastformer():
+    setup = (REPO / "setup.py").read_text()
+    assert 'package_dir={"fastformer.kernels": "kernels"}' in setup
+    assert '"kernels.*"' not in setup and 'include=["kernels"' not in setup
+
+
+def _run(python, *args, cwd):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the checkout on the path
+    result = subprocess.run([str(python), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"{' '.join(map(str, args))}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+@pytest.mark.network
+def test_installs_beside_the_pypi_kernels_project(tmp_path):
+    """A fresh venv (reusing this one's torch and Triton through a .pth) with fastformer installed
+    from this checkout (not editable) and `pip install kernels`: `import kernels` is the other
+    project, fastformer.kernels is ours, and fastformer's tests pass there, run from a copy of
+    tests/ so that the checkout is not on the path."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=tmp_path).strip())
+    (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # installed from a copy: building writes build/ and an egg-info next to setup.py
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "runs", "__pycache__"))
+    _run(python, "-m", "pip", "install", "-q", "--no-deps", str(source), cwd=tmp_path)
+    _run(python, "-m", "pip", "install", "-q", "kernels", cwd=tmp_path)
+
+    check = (
+        "import importlib.metadata as md, pathlib, kernels, fastformer.kernels as ops\n"
+        "own = {str(f) for f in md.files('kernels')}\n"
+        "assert 'kernels/__init__.py' in own, sorted(own)[:5]\n"
+        "assert not any(f.startswith('kernels/') for f in map(str, md.files('fastformer'))), 'fastformer wrote into kernels/'\n"
+        "assert pathlib.Path(kernels.__file__).parent.name == 'kernels' and hasattr(kernels, 'get_kernel')\n"
+        "assert ops.__name__ == 'fastformer.kernels' and hasattr(ops, 'attention')\n"
+    )
+    _run(python, "-c", check, cwd=tmp_path)
+
+    shutil.copytree(REPO / "tests", tmp_path / "tests")
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    out = _run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not network", "tests/test_backend.py",
+               "tests/test_dropout_bits.py", "tests/test_drop_in.py", cwd=tmp_path)
+    assert " passed" in out and "failed" not in out
+    assert fastformer.__version__ in _run(python, "-m", "pip", "show", "fastformer", cwd=tmp_path)
