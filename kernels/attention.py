@@ -26,8 +26,9 @@ code does about it; nothing here has been timed on a GPU:
   per call, the forward at head dim 64 no longer spills in 128 x 64 (40 B before) or 64 x 64
   (32 B), and 128 x 128 spills 52 B instead of 952 B. The four words are interleaved into the
   tile through shared memory, and since then ptxas notes wgmma serialization (C7515) in every dQ
-  config with dropout and in dK/dV with dropout and no padding: 83 rows of the CI table's 790
-  instead of 10 of 714. Which costs more on a GPU is for the benchmarks to say.
+  config with dropout and in dK/dV with dropout and no padding: 81 rows of the CI table's 850
+  (69 dQ, 12 dK/dV) instead of 10 of 714 before. Which costs more on a GPU is for the benchmarks
+  to say.
 - The key-padding flags are loaded one key block ahead in the forward and dQ loops, and once per
   program in dK/dV (its key block is fixed), so no loop waits on them.
 - Autotune lists are pruned per launch to configs that compile without spills or shared-memory
