@@ -631,10 +631,17 @@ def _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale):
 
 def _row_align(*tensors):
     """ROW_ALIGN for kernels reading `tensors` row by row: the elements in 16 bytes when every
-    pointer is 16-byte aligned and every (batch, head, row) stride a multiple of them, else 1."""
+    pointer is 16-byte aligned and every (batch, head, row) stride a multiple of them, else 1.
+    While torch.compile traces, tensors have no data pointer: the storage offsets stand in for it
+    (storages are allocated 16-byte aligned), and a symbolic size gives no hint."""
     elements = 16 // tensors[0].element_size()
-    aligned = all(t.data_ptr() % 16 == 0 and all(s % elements == 0 for s in t.stride()[:3]) for t in tensors)
-    return elements if aligned else 1
+    for t in tensors:
+        offsets = (t.storage_offset(), *t.stride()[:3])
+        if not all(isinstance(n, int) and n % elements == 0 for n in offsets):
+            return 1
+        if not torch.compiler.is_compiling() and t.data_ptr() % 16:
+            return 1
+    return elements
 
 
 def _buckets(Lq, Lk):

@@ -290,3 +290,18 @@ def test_row_align_hints_only_what_holds():
     fused = torch.zeros(2, 5, 3, 3, 72, dtype=torch.float16).unbind(2)[1].transpose(1, 2)  # a QKV view
     assert _row_align(fused) == 8 and _row_align(half, fused) == 8
     assert _row_align(half, torch.zeros(2, 3, 5, 76, dtype=torch.float16)) == 1  # one tensor is enough
+
+
+def test_row_align_reads_no_data_pointer_while_compiling(monkeypatch):
+    """torch.compile traces the launchers with fake and functional tensors, whose data_ptr()
+    raises: while compiling the storage offset stands in for it."""
+    from fastformer.kernels.attention import _row_align
+
+    def no_pointer(self):
+        raise RuntimeError("Cannot access data pointer of Tensor (e.g. FakeTensor, FunctionalTensor)")
+
+    half = torch.empty(2, 3, 5, 80, dtype=torch.float16)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "data_ptr", no_pointer)
+    assert _row_align(half[..., :72]) == 8
+    assert _row_align(half[..., 1:73]) == 1  # storage offset 1: 2 bytes in
