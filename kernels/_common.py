@@ -56,6 +56,14 @@ def warn_once(key, message):
         warnings.warn(message, stacklevel=3)
 
 
+def launch(kernel):
+    """How every op file launches a kernel: `launch(kernel)[grid](...)`, through
+    torch.library.wrap_triton, so that torch.compile traces the launch in place of a graph break.
+    (An absent optional tensor argument is passed as the op's first input, never read, since its
+    flag constexpr is off; its strides as 0.)"""
+    return torch.library.wrap_triton(kernel)
+
+
 def can_launch(*tensors):
     """Whether Triton can run on these tensors: CUDA tensors, or any tensors under the interpreter."""
     if not HAS_TRITON:
@@ -247,7 +255,7 @@ def _dropout_mask(keep, seed, dropout_p):
     n_rows, n_cols = keep.shape
     block = 16 if INTERPRET else 64
     grid = (triton.cdiv(n_rows, block) * triton.cdiv(n_cols, block),)
-    torch.library.wrap_triton(_dropout_mask_kernel)[grid](keep, seed, n_rows, n_cols, dropout_p, BLOCK_M=block, BLOCK_N=block)
+    launch(_dropout_mask_kernel)[grid](keep, seed, n_rows, n_cols, dropout_p, BLOCK_M=block, BLOCK_N=block)
     return keep
 
 
@@ -277,7 +285,7 @@ def sum_partials(partial, out):
     out's dtype. One launch; P may be 0 (out is then zeros). Returns out."""
     n_partials, n_cols = partial.shape
     block_n = 16
-    torch.library.wrap_triton(_sum_partials_kernel)[(triton.cdiv(n_cols, block_n),)](
+    launch(_sum_partials_kernel)[(triton.cdiv(n_cols, block_n),)](
         partial, out, n_partials, n_cols, BLOCK_P=16 if INTERPRET else 64, BLOCK_N=block_n
     )
     return out

@@ -24,6 +24,7 @@ from ._common import (
     draw_seed,
     dropout_keep,
     dropout_mask,
+    launch,
     require_launchable,
     rows_view,
     sum_partials,
@@ -133,7 +134,7 @@ def _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype):
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
     seed = draw_seed(x.device) if dropout_p > 0.0 else torch.empty(0, dtype=torch.int64, device=x.device)
-    torch.library.wrap_triton(_add_ln_fwd_kernel)[(n_rows,)](
+    launch(_add_ln_fwd_kernel)[(n_rows,)](
         x2, r2, x2 if weight is None else weight, x2 if bias is None else bias, y, mean, rstd, seed,
         x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(bias), y.stride(0),
         n_cols, eps, dropout_p,
@@ -208,7 +209,7 @@ def _add_layer_norm_backward_op(
     block_m, num_warps, num_stages = _bwd_tile(n_cols)
     programs, rows_per_program = _bwd_grid(n_rows, block_m, x.device)
     partial = torch.empty(programs if param_grads else 0, 2 * n_cols, dtype=torch.float32, device=x.device)
-    torch.library.wrap_triton(_add_ln_bwd_kernel)[(programs,)](
+    launch(_add_ln_bwd_kernel)[(programs,)](
         x2, r2, x2 if weight is None else weight, dy2, dx, dr, partial, mean, rstd, seed,
         x2.stride(0), r2.stride(0), vector_stride(weight), dy2.stride(0), dx.stride(0), dr.stride(0),
         n_rows, n_cols, rows_per_program, dropout_p,

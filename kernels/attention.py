@@ -64,6 +64,7 @@ from ._common import (
     draw_seed,
     dropout_keep,
     dropout_mask,
+    launch,
     last_dim_contiguous,
     require_launchable,
     tl,
@@ -577,11 +578,6 @@ def _attn_probs_kernel(
 # axis so B * H may exceed 65535. Strides reach the kernels as scalars, (batch, head, row) per
 # tensor: torch.compile rejects tuple arguments on direct launches.
 # ----------------------------------------------------------------------------------------------
-def _launch(kernel):
-    """Kernels launch through torch.library.wrap_triton, so torch.compile traces them in place."""
-    return torch.library.wrap_triton(kernel)
-
-
 def _head_block(D):
     """Head dims are padded (masked) up to a power of two of at least 16, tl.dot's minimum: D = 80
     or 96 computes as D = 128 (see the module docstring)."""
@@ -664,7 +660,7 @@ def _attn_forward(q, k, v, masking):
     o = _interleaved_empty(B, H, Lq, D, q)
     lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
     seed = draw_seed(q.device) if masking.dropout_p > 0.0 else None
-    _launch(_attn_fwd_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+    launch(_attn_fwd_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, o, lse, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k, v),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), **masking.flags,
         ROW_ALIGN=_row_align(q, k, v),
@@ -685,11 +681,11 @@ def _attn_backward(do, q, k, v, o, lse, seed, masking):
     seed = q if seed is None else seed
     align = _row_align(q, k, v, do)
     scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
-    _launch(_attn_bwd_dq_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+    launch(_attn_bwd_dq_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, o, do, lse, delta, dq, seed, *masking.mask_args, *_row_strides(q, k, v, do),
         *scalars, **masking.flags, ROW_ALIGN=align,
     )
-    _launch(_attn_bwd_dkdv_kernel)[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
+    launch(_attn_bwd_dkdv_kernel)[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
         q, k, v, do, lse, delta, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
         *scalars, **masking.flags, ROW_ALIGN=align,
     )
@@ -705,7 +701,7 @@ def _attn_probs(q, k, lse, seed, masking):
     Lk = k.shape[2]
     probs = torch.empty(B, H, Lq, Lk, dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
-    _launch(_attn_probs_kernel)[grid](
+    launch(_attn_probs_kernel)[grid](
         q, k, lse, probs, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, **masking.flags, ROW_ALIGN=_row_align(q, k),
         BLOCK_M=_TILE, BLOCK_N=_TILE,

@@ -29,6 +29,7 @@ from ._common import (
     check_same_dtype,
     check_tensor,
     dot_precision,
+    launch,
     require_launchable,
     rows_view,
     tl,
@@ -172,7 +173,7 @@ def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
     F_ = w1.shape[0]
     y = torch.empty(M, D, dtype=x2.dtype, device=x2.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_N"]))  # noqa: E731
-    torch.library.wrap_triton(_ffn_fused_fwd_kernel)[grid](
+    launch(_ffn_fused_fwd_kernel)[grid](
         x2, w1, x2 if b1 is None else b1, w2, x2 if b2 is None else b2, y,
         x2.stride(0), w1.stride(0), w1.stride(1), vector_stride(b1),
         w2.stride(0), w2.stride(1), vector_stride(b2), y.stride(0),

@@ -28,6 +28,7 @@ from ._common import (
     check_same_dtype,
     check_tensor,
     dot_precision,
+    launch,
     last_dim_contiguous,
     require_launchable,
     rows_view,
@@ -157,7 +158,7 @@ def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
     pre = torch.empty(M if store_pre else 0, N, dtype=x2.dtype, device=x2.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    torch.library.wrap_triton(_linear_gelu_fwd_kernel)[grid](
+    launch(_linear_gelu_fwd_kernel)[grid](
         x2, weight, x2 if bias is None else bias, y, pre if store_pre else y,
         x2.stride(0), weight.stride(0), weight.stride(1), vector_stride(bias),
         y.stride(0), pre.stride(0) if store_pre else 0,
@@ -187,7 +188,7 @@ def _activation_backward_op(
     block_n = 16 if INTERPRET else 128
     programs_m = triton.cdiv(M, GRAD_ROWS_PER_PROGRAM)
     partial = torch.empty(programs_m if bias_grad else 0, N, dtype=torch.float32, device=pre.device)
-    torch.library.wrap_triton(_activation_grad_kernel)[(programs_m, triton.cdiv(N, block_n))](
+    launch(_activation_grad_kernel)[(programs_m, triton.cdiv(N, block_n))](
         dy, pre, dpre, partial, dy.stride(0), pre.stride(0), dpre.stride(0), M, N, GRAD_ROWS_PER_PROGRAM,
         ACTIVATION=activation, BIAS_GRAD=bias_grad, BLOCK_M=block_m, BLOCK_N=block_n,
     )
