@@ -231,8 +231,7 @@ def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
         (..., d) in x's dtype.
     """
     check_feed_forward_args(x, w1, b1, w2, b2, activation)
-    # launch errors name the first GEMM's op by its first name, as tests/test_layouts_and_edges.py expects
-    return F.linear(run_linear_act(x, w1, b1, activation, "linear_gelu"), w2, b2)
+    return F.linear(run_linear_act(x, w1, b1, activation, "feed_forward"), w2, b2)
 
 
 def feed_forward_fused(x, w1, b1, w2, b2, *, activation="gelu"):
