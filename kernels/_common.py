@@ -195,7 +195,29 @@ MAX_DROPOUT_ROWS = 2**32  # rows are a 32-bit Philox counter word
 def draw_seed(device):
     """A dropout seed drawn on the device from torch's generator: no host sync, and reproducible
     under torch.manual_seed."""
-    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
+    return draw_seeds(1, device)
+
+
+def draw_seeds(n, device):
+    """n dropout seeds in one launch, for a model forward to hand one to each dropout site (an op's
+    `seed` argument takes a one-element view, `seeds[i:i + 1]`, which costs no kernel)."""
+    return torch.randint(0, 2**62, (n,), device=device, dtype=torch.int64)
+
+
+def check_seed(seed, device):
+    """Validate an op's `seed` argument: None (the op draws its own) or a one-element int64 tensor
+    on the op's device, as `draw_seed` and `draw_seeds` make."""
+    if seed is None:
+        return
+    if not isinstance(seed, torch.Tensor):
+        raise TypeError(f"seed must be a torch.Tensor or None, got {type(seed).__name__}")
+    if seed.dtype != torch.int64 or seed.numel() != 1:
+        raise ValueError(
+            f"seed must be a one-element int64 tensor (such as draw_seeds(n, device)[i:i + 1]), "
+            f"got {seed.dtype} of shape {tuple(seed.shape)}"
+        )
+    if seed.device != device:
+        raise ValueError(f"seed must be on the op's device {device}, got {seed.device}")
 
 
 def check_dropout_rows(op, n_rows):
