@@ -128,6 +128,13 @@ def autotune_configs(candidates, interpreter_config, keep=lambda meta, num_warps
     return [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in candidates if keep(meta, w, s)]
 
 
+def gemm_tile_warps(meta):
+    """The GEMM tile rule of every matrix-product kernel here: an output tile of 128 x 128 or more
+    takes 8 warps (two warp groups, each a 64-row wgmma), a smaller one 4 (one warp group). Fewer
+    warps for a large tile spill its fp32 accumulator on sm_90a; more for a small one idle."""
+    return 8 if meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128 else 4
+
+
 def config_pruner(kernel, fits):
     """`prune_configs_by={"early_config_prune": config_pruner(name, fits)}` for triton.autotune: of
     the kernel's configs, a launch tries those `fits(meta, num_warps, num_stages, launch)` accepts,

@@ -29,6 +29,7 @@ from ._common import (
     check_same_dtype,
     check_tensor,
     dot_precision,
+    gemm_tile_warps,
     launch,
     require_launchable,
     rows_view,
@@ -59,7 +60,7 @@ def _fused_configs():
         candidates,
         # a 128-row tile with 64-wide hidden chunks spills on sm_90a beside a 64 or 256 wide output
         # tile (python -m bench.sm90_report)
-        keep=lambda meta, w, s: (w == 8) == (meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128)
+        keep=lambda meta, w, s: w == gemm_tile_warps(meta)
         and meta["BLOCK_M"] * meta["BLOCK_N"] <= 128 * 256
         and meta["BLOCK_F"] == meta["BLOCK_K"]
         and not (meta["BLOCK_M"] == 128 and meta["BLOCK_F"] == 64 and meta["BLOCK_N"] != 128),

@@ -28,6 +28,7 @@ from ._common import (
     check_same_dtype,
     check_tensor,
     dot_precision,
+    gemm_tile_warps,
     launch,
     last_dim_contiguous,
     require_launchable,
@@ -60,7 +61,7 @@ def _gemm_configs():
     return autotune_configs(
         candidates,
         # 128 x 256 tiles spill with the GELU epilogue on sm_90a (python -m bench.sm90_report)
-        keep=lambda meta, w, s: (w == 8) == (meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128)
+        keep=lambda meta, w, s: w == gemm_tile_warps(meta)
         and meta["BLOCK_M"] * meta["BLOCK_N"] < 128 * 256
         and (s == 3 or meta["BLOCK_K"] == 32),
         interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
