@@ -65,7 +65,8 @@ def attention_case(dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, 
         key_padding_mask = torch.zeros(B, Lk, dtype=torch.bool) if pad else None
         attn_mask = torch.zeros(B, L, Lk, dtype=torch.bool) if dense else None
         masking = attention._masking(q, key_padding_mask, attn_mask, causal, p, D**-0.5)
-        o, lse, seed = attention._attn_forward(q, k, v, masking)
+        seed = torch.zeros(1, dtype=torch.int64) if dropout else None
+        o, lse = attention._attn_forward(q, k, v, masking, seed)
         do = torch.zeros_like(o)
         attention._attn_backward(do, q, k, v, o, lse, seed, masking)
         if probs:

@@ -202,13 +202,15 @@ MAX_DROPOUT_ROWS = 2**32  # rows are a 32-bit Philox counter word
 def draw_seed(device):
     """A dropout seed drawn on the device from torch's generator: no host sync, and reproducible
     under torch.manual_seed."""
-    return draw_seeds(1, device)
+    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
 
 
 def draw_seeds(n, device):
     """n dropout seeds in one launch, for a model forward to hand one to each dropout site (an op's
-    `seed` argument takes a one-element view, `seeds[i:i + 1]`, which costs no kernel)."""
-    return torch.randint(0, 2**62, (n,), device=device, dtype=torch.int64)
+    `seed` argument takes a one-element view, `seeds[i:i + 1]`, which costs no kernel). The seeds
+    lie 16 bytes apart (stride 2), so every view is 16-byte aligned like a seed of its own: Triton
+    specializes a pointer argument on that alignment and would otherwise compile each kernel twice."""
+    return torch.randint(0, 2**62, (n, 2), device=device, dtype=torch.int64)[:, 0]
 
 
 def check_seed(seed, device):

@@ -13,8 +13,13 @@ A call is its kernels and nothing else on the device (the train step is launch-b
 the dQ kernel computes delta = rowsum(dO * O) for its rows and hands it to dK/dV; each program
 finds where its batch's padding starts by scanning the key-padding flags itself, and dK/dV finds
 whether a (batch, head) has fully masked rows by scanning its lse, so no per-call bookkeeping runs
-as separate ops; the lse and the seed are marked non-differentiable, so autograd makes no zero
-gradients for them. The outputs o, dq, dk and dv are laid out as (B, L, H, D).
+as separate ops; the lse is marked non-differentiable, so autograd makes no zero gradient for it.
+The outputs o, dq, dk and dv are laid out as (B, L, H, D).
+
+Dropout is Philox keyed by a seed, a one-element int64 tensor on the device, which the backward
+and the probabilities regenerate the mask from. It is an input of the op: the model draws the
+seeds of a whole forward in one launch (`_common.draw_seeds`) and hands each call a view
+`seeds[i:i + 1]`; without one, `attention` draws its own (`draw_seed`, one launch) before the op.
 
 File order: kernels and their jit helpers, launchers (with `_Masking`, how a call masks, drops
 out and scales, built once per op call), the torch.library ops, the public `attention`, and the
@@ -58,6 +63,7 @@ from ._common import (
     check_dropout_rows,
     check_same_device,
     check_same_dtype,
+    check_seed,
     check_tensor,
     config_pruner,
     dot_precision,
@@ -652,20 +658,22 @@ def _interleaved_empty(B, H, L, D, like):
     return torch.empty(B, L, H, D, dtype=like.dtype, device=like.device).transpose(1, 2)
 
 
-def _attn_forward(q, k, v, masking):
-    """Returns o (B, H, Lq, D) stored head-interleaved as (B, Lq, H, D), lse (B, H, Lq) in base 2
-    (+inf for rows whose keys are all masked), and the dropout seed (or None)."""
+def _attn_forward(q, k, v, masking, seed):
+    """Returns o (B, H, Lq, D) stored head-interleaved as (B, Lq, H, D) and lse (B, H, Lq) in base
+    2 (+inf for rows whose keys are all masked). `seed`: the one-element int64 dropout seed, None
+    without dropout."""
+    if masking.dropout_p > 0.0 and seed is None:
+        raise ValueError("attention: dropout needs a seed (`attention` draws one when none is given)")
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     o = _interleaved_empty(B, H, Lq, D, q)
     lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
-    seed = draw_seed(q.device) if masking.dropout_p > 0.0 else None
     launch(_attn_fwd_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, o, lse, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k, v),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), **masking.flags,
         ROW_ALIGN=_row_align(q, k, v),
     )
-    return o, lse, seed
+    return o, lse
 
 
 def _attn_backward(do, q, k, v, o, lse, seed, masking):
@@ -722,11 +730,12 @@ def _attention_forward_op(
     causal: bool,
     dropout_p: float,
     softmax_scale: float,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    seed: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """o and lse. `seed` is an input, never an output (an op may not return one of its inputs):
+    the caller draws it, and it is None without dropout."""
     masking = _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale)
-    o, lse, seed = _attn_forward(q, k, v, masking)
-    # an op returns tensors only: no dropout -> an empty seed
-    return o, lse, torch.empty(0, dtype=torch.int64, device=q.device) if seed is None else seed
+    return _attn_forward(q, k, v, masking, seed)
 
 
 @torch.library.triton_op("fastformer::attention_backward", mutates_args=())
@@ -737,7 +746,7 @@ def _attention_backward_op(
     v: torch.Tensor,
     o: torch.Tensor,
     lse: torch.Tensor,
-    seed: torch.Tensor,
+    seed: Optional[torch.Tensor],
     key_padding_mask: Optional[torch.Tensor],
     attn_mask: Optional[torch.Tensor],
     causal: bool,
@@ -745,31 +754,31 @@ def _attention_backward_op(
     softmax_scale: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     masking = _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale)
-    return _attn_backward(do, q, k, v, o, lse, seed if seed.numel() else None, masking)
+    return _attn_backward(do, q, k, v, o, lse, seed, masking)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale = inputs
-    o, lse, seed = output
+    q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed = inputs
+    o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, seed, key_padding_mask, attn_mask)
     ctx.causal, ctx.dropout_p, ctx.softmax_scale = causal, dropout_p, softmax_scale
-    # lse and the seed carry no gradient: none is made for them (autograd would fill zeros)
-    ctx.mark_non_differentiable(lse, seed)
+    # lse carries no gradient: none is made for it (autograd would fill zeros)
+    ctx.mark_non_differentiable(lse)
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, do, _dlse, _dseed):
+def _backward(ctx, do, _dlse):
     q, k, v, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
     dq, dk, dv = _attention_backward_op(
         do, q, k, v, o, lse, seed, key_padding_mask, attn_mask, ctx.causal, ctx.dropout_p, ctx.softmax_scale
     )
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 torch.library.register_autograd(_attention_forward_op, _backward, setup_context=_setup_context)
 
 
-def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, dtypes=FLOAT_DTYPES):
+def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed=None, dtypes=FLOAT_DTYPES):
     """Validate the arguments of `attention`; returns (B, H, Lq, Lk, D)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, ndim=4, dtypes=dtypes)
@@ -808,6 +817,7 @@ def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softma
     scale_is_number = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
     if softmax_scale is not None and not (scale_is_number and 0 < softmax_scale < math.inf):
         raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
+    check_seed(seed, q.device)
     return B, H, Lq, Lk, D
 
 
@@ -831,6 +841,7 @@ def attention(
     dropout_p=0.0,
     softmax_scale=None,
     return_probs=False,
+    seed=None,
 ):
     """Masked scaled-dot-product attention, softmax(q k^T * scale + mask) v, in Triton.
 
@@ -843,11 +854,17 @@ def attention(
             above the diagonal are skipped.
         attn_mask: (B, Lq, Lk) or (B, H, Lq, Lk) bool, True = masked: the general, slower path.
             All masks combine by OR.
-        dropout_p: dropout on the probabilities, drawn in the kernel (Philox) from a seed taken
-            from torch's generator, so torch.manual_seed reproduces it (pass 0.0 in eval).
+        dropout_p: dropout on the probabilities, drawn in the kernel (Philox) from `seed` (pass
+            0.0 in eval).
         softmax_scale: defaults to D ** -0.5.
         return_probs: also return the (B, H, Lq, Lk) probabilities that multiplied V (after
-            dropout), computed exactly from the saved log-sum-exp; they carry no gradient.
+            dropout, from the same seed), computed exactly from the saved log-sum-exp; they carry
+            no gradient.
+        seed: the dropout seed, a one-element int64 tensor on q's device, such as a view
+            `draw_seeds(n, device)[i:i + 1]` of the seeds a model draws once per forward; the
+            mask is a function of it alone (same seed, same mask). None: with dropout, one is
+            drawn from torch's generator (one more launch), so torch.manual_seed reproduces it.
+            Without dropout it is checked and not read.
 
     Returns:
         (B, H, Lq, D) in q's dtype, laid out as (B, Lq, H, D) in memory, or (out, probs). A row
@@ -856,9 +873,9 @@ def attention(
         larger ones run the reference with a one-time warning. Under torch.autocast, fp32 inputs
         are cast to the autocast dtype.
     """
-    check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale)
+    check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed)
     q, k, v = autocast_inputs(q, k, v)
-    kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
+    kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p, seed=seed)
     if q.shape[-1] > MAX_HEAD_DIM:
         warn_once(
             ("attention", "head_dim"),
@@ -871,10 +888,13 @@ def attention(
         check_dropout_rows("attention", q.shape[0] * q.shape[1] * q.shape[2])
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    out, lse, seed = _attention_forward_op(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale)
+    if dropout_p == 0.0:
+        seed = None  # not read: the op and its kernels see a call without one
+    elif seed is None:
+        seed = draw_seed(q.device)
+    out, lse = _attention_forward_op(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
     if not return_probs:
         return out
-    seed = seed if seed.numel() else None
     probs = _attn_probs(q, k, lse, seed, _masking(q, key_padding_mask, attn_mask, causal, dropout_p, scale))
     return out, probs
 
@@ -905,15 +925,19 @@ def attention_reference(
     dropout_p=0.0,
     softmax_scale=None,
     return_probs=False,
+    seed=None,
 ):
     """The tutorial's attention in plain PyTorch: the oracle for the Triton kernel.
 
     Same signature and semantics as `attention`; also takes fp64, to serve as the tests' oracle.
     Scores are masked with -1e9 and the softmax runs in at least fp32 (the -1e9 fill would overflow
     fp16); the probabilities are cast back to v's dtype for the product with V, as a kernel does.
+    Dropout is torch's (F.dropout, torch's generator): `seed` is checked as `attention` checks it,
+    then ignored, so the reference's mask is not the kernel's for the same seed (tests build the
+    kernel's mask with `attention_dropout_mask`).
     """
     B, H, Lq, Lk, D = check_attention_args(
-        q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, dtypes=REFERENCE_DTYPES
+        q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed, dtypes=REFERENCE_DTYPES
     )
     scale = D**-0.5 if softmax_scale is None else softmax_scale
     # (B, H, Lq, Lk)

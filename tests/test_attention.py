@@ -10,6 +10,7 @@ import torch
 
 import fastformer
 from fastformer import kernels
+from fastformer.kernels import _common
 from tests.helpers import assert_max_diff, assert_within_torch_error, small_config, token_batch
 
 # dtype with its atol for the 2x-torch-error rule
@@ -256,10 +257,18 @@ def _opcheck_args(device):
     q, k, v, _ = make_inputs(2, 3, 17, 17, 16, device)
     q, k, v = (t.float().requires_grad_() for t in (q, k, v))
     pad = padding(2, 17, "end", device)
-    return [(q, k, v, None, None, False, 0.0, 0.25), (q, k, v, pad, None, True, 0.0, 0.25)]
+    seed = _common.draw_seeds(3, device)[1:2]  # an input the op must not return or alias
+    return [
+        (q, k, v, None, None, False, 0.0, 0.25, None),
+        (q, k, v, pad, None, True, 0.0, 0.25, None),
+        (q, k, v, pad, None, True, 0.1, 0.25, seed),
+    ]
 
 
-@pytest.mark.parametrize("case", [0, 1], ids=["no mask", "padding+causal"])
+CASES = pytest.mark.parametrize("case", [0, 1, 2], ids=["no mask", "padding+causal", "padding+causal+dropout"])
+
+
+@CASES
 def test_registered_op_schema_and_autograd(case, device):
     """torch.library's own checks of the op registration that run under the interpreter."""
     args = _opcheck_args(device)[case]
@@ -269,7 +278,7 @@ def test_registered_op_schema_and_autograd(case, device):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("case", [0, 1], ids=["no mask", "padding+causal"])
+@CASES
 def test_registered_op_fake_tensors_and_aot_dispatch(case):
     """Fake-tensor and AOT checks: the interpreter cannot run kernels on fake tensors, so GPU only."""
     args = _opcheck_args(torch.device("cuda"))[case]

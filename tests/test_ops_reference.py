@@ -115,6 +115,10 @@ def test_attention_reference_takes_non_contiguous_views():
         ({"attn_mask": torch.zeros(2, 5, 7, dtype=torch.long)}, TypeError, "attn_mask must be one of"),
         ({"dropout_p": 1.0}, ValueError, "dropout_p"),
         ({"softmax_scale": -1.0}, ValueError, "softmax_scale"),
+        ({"seed": torch.zeros(1)}, ValueError, r"seed must be a one-element int64 tensor .* got torch.float32"),
+        ({"seed": torch.zeros(1, dtype=torch.int32)}, ValueError, r"seed must be a one-element int64 tensor .* got torch.int32"),
+        ({"seed": torch.zeros(2, dtype=torch.int64)}, ValueError, r"seed must be a one-element int64 tensor .* shape \(2,\)"),
+        ({"seed": 1234}, TypeError, "seed must be a torch.Tensor or None, got int"),
     ],
 )
 @pytest.mark.parametrize("op", ["attention", "attention_reference"])
