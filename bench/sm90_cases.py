@@ -97,17 +97,29 @@ def ffn_case(dtype, activation, train, d, d_ff, M):
     return Case(name, run, _name(dtype))
 
 
-def layer_norm_case(dtype, d, dropout, rows=1024):
+def layer_norm_case(dtype, d, dropout, rows=1024, fused=False):
+    """add + LayerNorm in one dtype, or (fused) as the model calls it under autocast: x in dtype, the
+    residual stream, the parameters and x_bias in fp32, dropout, y in fp32 and its copy in dtype,
+    the backward adding both gradients and reducing d(x_bias) with dW and db."""
     add_layer_norm = _module("fastformer.kernels.add_layer_norm")
-    name = f"add_layer_norm/{dtype}/d{d}{'/dropout' if dropout else ''}"
+    name = f"add_layer_norm/{dtype}/d{d}" + ("/x_bias+lowp+dropout" if fused else "/dropout" if dropout else "")
 
     def run():
         t = DTYPES[dtype]
-        x, residual = torch.zeros(rows, d, dtype=t), torch.zeros(rows, d, dtype=t)
-        weight, bias = torch.ones(d, dtype=t), torch.zeros(d, dtype=t)
-        p = 0.1 if dropout else 0.0
-        y, mean, rstd, seed = add_layer_norm._add_ln_forward(x, residual, weight, bias, 1e-12, p, t)
-        add_layer_norm._add_layer_norm_backward_op(torch.zeros_like(y), x, residual, weight, mean, rstd, seed, p)
+        stream = torch.float32 if fused else t
+        x, residual = torch.zeros(rows, d, dtype=t), torch.zeros(rows, d, dtype=stream)
+        weight, bias = torch.ones(d, dtype=stream), torch.zeros(d, dtype=stream)
+        x_bias = torch.zeros(d, dtype=stream) if fused else None
+        p = 0.1 if dropout or fused else 0.0
+        seed = torch.zeros(1, dtype=torch.int64) if p else None
+        lowp = t if fused else None
+        y, y_low, mean, rstd = add_layer_norm._add_ln_forward(
+            x, residual, weight, bias, x_bias, seed, 1e-12, p, stream, lowp
+        )
+        add_layer_norm._add_layer_norm_backward_op(
+            torch.zeros_like(y), torch.zeros_like(y_low) if fused else None, x, residual, weight, x_bias,
+            mean, rstd, seed, p, True, fused, torch.float32,
+        )
 
     return Case(name, run, _name(dtype))
 
@@ -129,6 +141,7 @@ def _common_cases(dtypes):
             cases.append(ffn_case(dtype, activation, train, LARGE["d_hidn"], LARGE["d_ff"], LARGE["M"]))
         for d, dropout in itertools.product((TUTORIAL["d_hidn"], LARGE["d_hidn"]), (False, True)):
             cases.append(layer_norm_case(dtype, d, dropout))
+        cases += [layer_norm_case(dtype, d, True, fused=True) for d in (TUTORIAL["d_hidn"], LARGE["d_hidn"])]
     return cases
 
 
@@ -141,6 +154,7 @@ def ci_cases():
     cases += [layer_norm_case("fp32", TUTORIAL["d_hidn"], dropout) for dropout in (False, True)]
     cases += [ffn_case("bf16", "gelu", train, TUTORIAL["d_hidn"], TUTORIAL["d_ff"], 8 * 256) for train in (True, False)]
     cases += [layer_norm_case("bf16", TUTORIAL["d_hidn"], dropout) for dropout in (False, True)]
+    cases.append(layer_norm_case("bf16", TUTORIAL["d_hidn"], True, fused=True))
     for mask, dropout in itertools.product(MASKS, (False, True)):
         cases.append(attention_case("fp16", TUTORIAL["D"], mask, dropout, probs=(mask == "pad" and not dropout)))
     for mask, dropout in itertools.product(("pad", "pad+causal"), (False, True)):

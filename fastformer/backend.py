@@ -107,6 +107,6 @@ def feed_forward(x, w1, b1, w2, b2, activation="gelu"):
     return op(x, w1, b1, w2, b2, activation=activation)
 
 
-def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0):
+def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None, seed=None, lowp_dtype=None):
     op = kernels.add_layer_norm if uses_triton(x, matmul=False) else kernels.add_layer_norm_reference
-    return op(x, residual, weight, bias, eps, dropout_p)
+    return op(x, residual, weight, bias, eps, dropout_p, x_bias=x_bias, seed=seed, lowp_dtype=lowp_dtype)

@@ -1,11 +1,15 @@
-"""layer_norm(residual + dropout(x)) in one pass, in Triton, and its PyTorch reference.
+"""layer_norm(residual + dropout(x + x_bias)) in one pass, in Triton, and its PyTorch reference.
 
-The forward reads x and residual once, applies dropout (Philox, in the kernel), adds, normalizes
-with fp32 statistics and writes y, keeping only each row's mean and 1/std. The backward regenerates
-the dropout mask from its seed instead of storing it, and reduces dW/db through per-program partial
-sums that a second small kernel (`sum_partials`) adds in a fixed order (no atomics), so gradients are
-bitwise reproducible. The backward takes BLOCK_M rows at a time, so a narrow row (the tutorial's d = 256)
-still gives each program several warps and several rows' loads in flight.
+The forward reads x and residual once, adds the optional x_bias (the bias of the linear layer that
+made x, in fp32), applies dropout (Philox, in the kernel, from a seed the caller may pass), adds,
+normalizes with fp32 statistics and writes y, and optionally y cast to fp16/bf16 (`lowp_dtype`:
+under autocast y is the fp32 residual stream and the cast is what the next matrix product reads),
+keeping only each row's mean and 1/std. The backward adds the gradients of y and of its cast
+itself, regenerates the dropout mask from its seed instead of storing it, and reduces dW, db and
+d(x_bias) through per-program partial sums that a second small kernel (`sum_partials`) adds in a
+fixed order (no atomics), so gradients are bitwise reproducible. The backward takes BLOCK_M rows at
+a time, so a narrow row (the tutorial's d = 256) still gives each program several warps and several
+rows' loads in flight.
 """
 import math
 from typing import Optional, Tuple
@@ -20,6 +24,7 @@ from ._common import (
     check_dropout_p,
     check_dropout_rows,
     check_same_device,
+    check_seed,
     check_tensor,
     draw_seed,
     dropout_keep,
@@ -46,15 +51,20 @@ def _row_keep(seed, row, dropout_p, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _add_ln_fwd_kernel(
-    X, R, W, B, Y, MEAN, RSTD, SEED,
-    stride_x, stride_r, stride_w, stride_b, stride_y,
+    X, R, W, B, XB, Y, Y_LOW, MEAN, RSTD, SEED,
+    stride_x, stride_r, stride_w, stride_b, stride_xb, stride_y, stride_y_low,
     n_cols, eps, dropout_p,
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_X_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    WRITE_LOW: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    """One row: y = layer_norm(residual + dropout(x + x_bias)), and (WRITE_LOW) y cast once more,
+    from y's own dtype, to Y_LOW's."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     ok = cols < n_cols
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_X_BIAS:
+        x = x + tl.load(XB + cols * stride_xb, mask=ok, other=0.0).to(tl.float32)
     if HAS_DROPOUT:
         keep = _row_keep(tl.load(SEED), row, dropout_p, BLOCK_N)
         x = tl.where(keep, x / (1.0 - dropout_p), 0.0)
@@ -67,34 +77,44 @@ def _add_ln_fwd_kernel(
         y = y * tl.load(W + cols * stride_w, mask=ok, other=0.0).to(tl.float32)
     if HAS_BIAS:
         y = y + tl.load(B + cols * stride_b, mask=ok, other=0.0).to(tl.float32)
-    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=ok)
+    y = y.to(Y.dtype.element_ty)
+    tl.store(Y + row * stride_y + cols, y, mask=ok)
+    if WRITE_LOW:
+        tl.store(Y_LOW + row * stride_y_low + cols, y.to(Y_LOW.dtype.element_ty), mask=ok)
     tl.store(MEAN + row, mean)
     tl.store(RSTD + row, rstd)
 
 
 @triton.jit
 def _add_ln_bwd_kernel(
-    X, R, W, DY, DX, DR, PARTIAL, MEAN, RSTD, SEED,
-    stride_x, stride_r, stride_w, stride_dy, stride_dx, stride_dr,
+    X, R, W, XB, DY, DY_LOW, DX, DR, PARTIAL, MEAN, RSTD, SEED,
+    stride_x, stride_r, stride_w, stride_xb, stride_dy, stride_dy_low, stride_dx, stride_dr, stride_partial,
     n_rows, n_cols, rows_per_program, dropout_p,
-    HAS_WEIGHT: tl.constexpr, HAS_DROPOUT: tl.constexpr, PARAM_GRADS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_X_BIAS: tl.constexpr, HAS_DY_LOW: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    PARAM_GRADS: tl.constexpr, X_BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    """dx, dresidual for a run of rows, BLOCK_M rows at a time, and (PARAM_GRADS) this program's
-    partial sums of dW and db: PARTIAL[pid] = (sum of dy * xhat, sum of dy) over its rows.
-    NUM_STAGES > 1 has Triton load x, residual and dy NUM_STAGES - 1 steps ahead (async copies into
-    shared memory on sm_80+): a loop without a dot is pipelined only when asked."""
+    """dx, dresidual for a run of rows, BLOCK_M rows at a time, from dy + dy_low (HAS_DY_LOW: the
+    gradient of y's cast, added in fp32), and this program's partial sums, one row of PARTIAL:
+    (PARAM_GRADS) the sum of dy * xhat (dW) and of dy (db), then (X_BIAS_GRAD) the sum of the
+    gradient of x + x_bias, in the row's last n_cols columns.
+    NUM_STAGES > 1 has Triton load x, residual, dy (and dy_low) NUM_STAGES - 1 steps ahead (async
+    copies into shared memory on sm_80+): a loop without a dot is pipelined only when asked."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
     w = tl.full([BLOCK_N], 1.0, tl.float32)
     if HAS_WEIGHT:
         w = tl.load(W + cols * stride_w, mask=col_ok, other=0.0).to(tl.float32)
+    x_bias = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if HAS_X_BIAS:
+        x_bias = tl.load(XB + cols * stride_xb, mask=col_ok, other=0.0).to(tl.float32)
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)
     dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    dxb = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     first = pid.to(tl.int64) * rows_per_program
     n_mine = tl.minimum(rows_per_program, n_rows - first)
     for i in tl.range(0, n_mine, BLOCK_M, num_stages=NUM_STAGES):
@@ -102,11 +122,15 @@ def _add_ln_bwd_kernel(
         row_ok = i + tl.arange(0, BLOCK_M) < n_mine
         ok = row_ok[:, None] & col_ok[None, :]
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        if HAS_X_BIAS:
+            x = x + x_bias[None, :]
         if HAS_DROPOUT:
             keep = dropout_keep(seed, rows, 0, dropout_p, BLOCK_N)
             x = tl.where(keep, x / (1.0 - dropout_p), 0.0)
         h = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=ok, other=0.0).to(tl.float32) + x
         dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        if HAS_DY_LOW:
+            dy = dy + tl.load(DY_LOW + rows[:, None] * stride_dy_low + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
         rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
         xhat = tl.where(ok, (h - mean[:, None]) * rstd[:, None], 0.0)
@@ -121,27 +145,39 @@ def _add_ln_bwd_kernel(
         if PARAM_GRADS:
             dw += dy * xhat
             db += dy
+        if X_BIAS_GRAD:
+            dxb += dh
     if PARAM_GRADS:
-        tl.store(PARTIAL + pid * 2 * n_cols + cols, tl.sum(dw, 0), mask=col_ok)
-        tl.store(PARTIAL + pid * 2 * n_cols + n_cols + cols, tl.sum(db, 0), mask=col_ok)
+        tl.store(PARTIAL + pid * stride_partial + cols, tl.sum(dw, 0), mask=col_ok)
+        tl.store(PARTIAL + pid * stride_partial + n_cols + cols, tl.sum(db, 0), mask=col_ok)
+    if X_BIAS_GRAD:
+        tl.store(PARTIAL + pid * stride_partial + (stride_partial - n_cols) + cols, tl.sum(dxb, 0), mask=col_ok)
 
 
-def _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype):
+def _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype):
+    """(y, y_low, mean, rstd): y_low is empty when lowp_dtype is None. One launch."""
     n_cols = x.shape[-1]
     x2, r2 = rows_view(x), rows_view(residual)
     n_rows = x2.shape[0]
     y = torch.empty(n_rows, n_cols, dtype=out_dtype, device=x.device)
+    if lowp_dtype is None:
+        y_low = torch.empty(0, dtype=out_dtype, device=x.device)
+    else:
+        y_low = torch.empty(n_rows, n_cols, dtype=lowp_dtype, device=x.device)
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
-    seed = draw_seed(x.device) if dropout_p > 0.0 else torch.empty(0, dtype=torch.int64, device=x.device)
+    # absent inputs are x (never read); an absent y_low is y (an output of this op, never written)
     launch(_add_ln_fwd_kernel)[(n_rows,)](
-        x2, r2, x2 if weight is None else weight, x2 if bias is None else bias, y, mean, rstd, seed,
-        x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(bias), y.stride(0),
+        x2, r2, x2 if weight is None else weight, x2 if bias is None else bias, x2 if x_bias is None else x_bias,
+        y, y if lowp_dtype is None else y_low, mean, rstd, x2 if seed is None else seed,
+        x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(bias), vector_stride(x_bias), y.stride(0),
+        0 if lowp_dtype is None else y_low.stride(0),
         n_cols, eps, dropout_p,
-        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, HAS_DROPOUT=dropout_p > 0.0,
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, HAS_X_BIAS=x_bias is not None,
+        HAS_DROPOUT=dropout_p > 0.0, WRITE_LOW=lowp_dtype is not None,
         BLOCK_N=_row_block(n_cols), num_warps=_warps(n_cols),
     )
-    return y.view(x.shape), mean, rstd, seed
+    return y.view(x.shape), y_low if lowp_dtype is None else y_low.view(x.shape), mean, rstd
 
 
 def _row_block(n_cols):
@@ -156,8 +192,9 @@ def _warps(n_cols):
 def _bwd_tile(n_cols):
     """(BLOCK_M, num_warps, NUM_STAGES) of the backward. BLOCK_M rows (at most 16) make a tile of
     1024 elements, 8 to a thread over 4 warps (d = 256: 4 rows a step), loaded two steps ahead
-    (24 KiB of shared memory in fp32). Rows wider than 1024 go one at a time, 8 to 32 elements to a
-    thread, unpipelined (pipelined, d = 2048 spills on sm_90a in fp32 with dropout)."""
+    (24 KiB of shared memory in fp32; 28 KiB under autocast, with y_low's gradient). Rows wider
+    than 1024 go one at a time, 8 to 32 elements to a thread, unpipelined (pipelined, d = 2048
+    spills on sm_90a in fp32 with dropout)."""
     block_n = _row_block(n_cols)
     block_m = max(1, min(16, 1024 // block_n))
     return block_m, min(16, max(4, block_n // 256)), 3 if block_n <= 1024 else 1
@@ -180,71 +217,98 @@ def _add_layer_norm_forward_op(
     residual: torch.Tensor,
     weight: Optional[torch.Tensor],
     bias: Optional[torch.Tensor],
+    x_bias: Optional[torch.Tensor],
+    seed: Optional[torch.Tensor],
     eps: float,
     dropout_p: float,
     out_dtype: torch.dtype,
+    lowp_dtype: Optional[torch.dtype],
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _add_ln_forward(x, residual, weight, bias, eps, dropout_p, out_dtype)
+    """y, y_low (empty when lowp_dtype is None), and each row's mean and 1/std. The seed is an
+    input (an op may not return one of its inputs): `add_layer_norm` draws one when dropout needs it."""
+    if dropout_p > 0.0 and seed is None:
+        raise ValueError("add_layer_norm_forward: dropout_p > 0 needs a seed tensor")
+    return _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype)
 
 
 @torch.library.triton_op("fastformer::add_layer_norm_backward", mutates_args=())
 def _add_layer_norm_backward_op(
     dy: torch.Tensor,
+    dy_low: Optional[torch.Tensor],
     x: torch.Tensor,
     residual: torch.Tensor,
     weight: Optional[torch.Tensor],
+    x_bias: Optional[torch.Tensor],
     mean: torch.Tensor,
     rstd: torch.Tensor,
-    seed: torch.Tensor,
+    seed: Optional[torch.Tensor],
     dropout_p: float,
-    param_grads: bool = True,
+    param_grads: bool,
+    x_bias_grad: bool,
+    sums_dtype: torch.dtype,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dx, dresidual and, when param_grads, dweight and dbias stacked as one (2, d) fp32 tensor
-    (else (0, d)): two launches, the rows and the reduction of their partial sums."""
+    """dx, dresidual, and the column sums as one (k, d) tensor in sums_dtype: dweight and dbias
+    when param_grads, then dx_bias when x_bias_grad (k = 0 when neither). The gradient of y is
+    dy + dy_low (dy_low: of y's cast, or None). Two launches, the rows and the reduction of their
+    partial sums (one, the rows, when k = 0)."""
     n_cols = x.shape[-1]
     x2, r2, dy2 = rows_view(x), rows_view(residual), rows_view(dy)
+    dy_low2 = None if dy_low is None else rows_view(dy_low)
     n_rows = x2.shape[0]
     dx = torch.empty(n_rows, n_cols, dtype=x.dtype, device=x.device)
     dr = torch.empty(n_rows, n_cols, dtype=residual.dtype, device=x.device)
     block_m, num_warps, num_stages = _bwd_tile(n_cols)
     programs, rows_per_program = _bwd_grid(n_rows, block_m, x.device)
-    partial = torch.empty(programs if param_grads else 0, 2 * n_cols, dtype=torch.float32, device=x.device)
+    n_sums = 2 * param_grads + x_bias_grad
+    partial = torch.empty(programs if n_sums else 0, n_sums * n_cols, dtype=torch.float32, device=x.device)
     launch(_add_ln_bwd_kernel)[(programs,)](
-        x2, r2, x2 if weight is None else weight, dy2, dx, dr, partial, mean, rstd, seed,
-        x2.stride(0), r2.stride(0), vector_stride(weight), dy2.stride(0), dx.stride(0), dr.stride(0),
+        x2, r2, x2 if weight is None else weight, x2 if x_bias is None else x_bias,
+        dy2, dy2 if dy_low2 is None else dy_low2, dx, dr, partial, mean, rstd, x2 if seed is None else seed,
+        x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(x_bias),
+        dy2.stride(0), 0 if dy_low2 is None else dy_low2.stride(0), dx.stride(0), dr.stride(0), partial.stride(0),
         n_rows, n_cols, rows_per_program, dropout_p,
-        HAS_WEIGHT=weight is not None, HAS_DROPOUT=dropout_p > 0.0, PARAM_GRADS=param_grads,
+        HAS_WEIGHT=weight is not None, HAS_X_BIAS=x_bias is not None, HAS_DY_LOW=dy_low2 is not None,
+        HAS_DROPOUT=dropout_p > 0.0, PARAM_GRADS=param_grads, X_BIAS_GRAD=x_bias_grad,
         BLOCK_M=block_m, BLOCK_N=_row_block(n_cols), NUM_STAGES=num_stages, num_warps=num_warps,
     )
-    dparams = torch.empty(2 if param_grads else 0, n_cols, dtype=torch.float32, device=x.device)
-    if param_grads:
-        sum_partials(partial, dparams.view(2 * n_cols))
-    return dx.view(x.shape), dr.view(residual.shape), dparams
+    sums = torch.empty(n_sums, n_cols, dtype=sums_dtype, device=x.device)
+    if n_sums:
+        sum_partials(partial, sums.view(n_sums * n_cols))
+    return dx.view(x.shape), dr.view(residual.shape), sums
 
 
 def _setup_context(ctx, inputs, output):
-    x, residual, weight, bias, eps, dropout_p, out_dtype = inputs
-    _, mean, rstd, seed = output
-    ctx.save_for_backward(x, residual, weight, mean, rstd, seed)
-    # the statistics and the seed take no gradient: autograd neither tracks them nor fills zeros for them
-    ctx.mark_non_differentiable(mean, rstd, seed)
+    x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype = inputs
+    _, y_low, mean, rstd = output
+    ctx.save_for_backward(x, residual, weight, x_bias, mean, rstd, seed)
+    # the statistics (and y_low when none is asked for) take no gradient: autograd neither tracks
+    # them nor fills zeros for them
+    ctx.mark_non_differentiable(mean, rstd, *([y_low] if lowp_dtype is None else []))
     ctx.set_materialize_grads(False)
     ctx.dropout_p = dropout_p
-    ctx.param_dtypes = (None if weight is None else weight.dtype, None if bias is None else bias.dtype)
+    ctx.sum_dtypes = tuple(None if t is None else t.dtype for t in (weight, bias, x_bias))
 
 
-def _backward(ctx, dy, _dmean, _drstd, _dseed):
-    if dy is None:  # y took no part in what is differentiated
-        return None, None, None, None, None, None, None
-    x, residual, weight, mean, rstd, seed = ctx.saved_tensors
-    needs_dw, needs_db = ctx.needs_input_grad[2:4]
-    dx, dr, dparams = _add_layer_norm_backward_op(
-        dy, x, residual, weight, mean, rstd, seed, ctx.dropout_p, needs_dw or needs_db
+def _backward(ctx, dy, dy_low, _dmean, _drstd):
+    no_grads = (None,) * 10
+    if dy is None and dy_low is None:  # neither y nor y_low took part in what is differentiated
+        return no_grads
+    if dy is None:  # y_low alone did: its gradient is all of y's
+        dy, dy_low = dy_low, None
+    x, residual, weight, x_bias, mean, rstd, seed = ctx.saved_tensors
+    needs_dw, needs_db, needs_dxb = ctx.needs_input_grad[2:5]
+    param_grads = needs_dw or needs_db
+    # the sums come out in the dtype of the parameters they are for when those share one (no casts)
+    wanted = {dtype for dtype, needed in zip(ctx.sum_dtypes, (needs_dw, needs_db, needs_dxb)) if needed}
+    sums_dtype = wanted.pop() if len(wanted) == 1 else torch.float32
+    dx, dr, sums = _add_layer_norm_backward_op(
+        dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed, ctx.dropout_p, param_grads, needs_dxb, sums_dtype
     )
-    w_dtype, b_dtype = ctx.param_dtypes
-    dw = dparams[0].to(w_dtype) if needs_dw else None
-    db = dparams[1].to(b_dtype) if needs_db else None
-    return dx, dr, dw, db, None, None, None
+    w_dtype, b_dtype, xb_dtype = ctx.sum_dtypes
+    dw = sums[0].to(w_dtype) if needs_dw else None
+    db = sums[1].to(b_dtype) if needs_db else None
+    dxb = sums[-1].to(xb_dtype) if needs_dxb else None
+    return dx, dr, dw, db, dxb, None, None, None, None, None
 
 
 torch.library.register_autograd(_add_layer_norm_forward_op, _backward, setup_context=_setup_context)
@@ -252,7 +316,8 @@ torch.library.register_autograd(_add_layer_norm_forward_op, _backward, setup_con
 
 def add_layer_norm_dropout_mask(shape, dropout_p, device):
     """Testing hook: the bool keep-mask (of x's shape) that `add_layer_norm` applies to x when
-    called right after the same torch.manual_seed."""
+    called right after the same torch.manual_seed with no `seed` (for a given seed, the mask is
+    `_common._dropout_mask` of that seed)."""
     n_cols = shape[-1]
     n_rows = 1
     for size in shape[:-1]:
@@ -260,66 +325,104 @@ def add_layer_norm_dropout_mask(shape, dropout_p, device):
     return dropout_mask(n_rows, n_cols, dropout_p, device).view(shape)
 
 
-def _output_dtype(x, residual):
-    """What the reference returns: fp32 under autocast (layer_norm autocasts), else the promoted dtype."""
+def _output_dtype(x, residual, x_bias):
+    """What the reference returns: fp32 under autocast (layer_norm autocasts), else the promoted
+    dtype of x, x_bias and residual."""
     if torch.is_autocast_enabled(x.device.type):
         return torch.float32
-    return torch.promote_types(x.dtype, residual.dtype)
+    dtype = x.dtype if x_bias is None else torch.promote_types(x.dtype, x_bias.dtype)
+    return torch.promote_types(dtype, residual.dtype)
 
 
-def check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, dtypes=FLOAT_DTYPES):
+LOWP_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def check_add_layer_norm_args(
+    x, residual, weight, bias, eps, dropout_p, x_bias=None, seed=None, lowp_dtype=None, dtypes=FLOAT_DTYPES
+):
     check_tensor("x", x, dtypes=dtypes)
     check_tensor("residual", residual, dtypes=dtypes)
     if x.shape != residual.shape:
         raise ValueError(f"x and residual must have one shape, got x {tuple(x.shape)}, residual {tuple(residual.shape)}")
     d = x.shape[-1]
-    for name, t in (("weight", weight), ("bias", bias)):
+    for name, t in (("weight", weight), ("bias", bias), ("x_bias", x_bias)):
         if t is not None:
             check_tensor(name, t, ndim=1, dtypes=dtypes)
             if t.shape[0] != d:
                 raise ValueError(f"{name} must have shape ({d},) to match x {tuple(x.shape)}, got {tuple(t.shape)}")
-    check_same_device(x=x, residual=residual, weight=weight, bias=bias)
+    check_same_device(x=x, residual=residual, weight=weight, bias=bias, x_bias=x_bias)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
         raise ValueError(f"eps must be a positive finite number, got {eps!r}")
     check_dropout_p(dropout_p)
+    check_seed(seed, x.device)
+    if lowp_dtype is not None and lowp_dtype not in LOWP_DTYPES:
+        raise TypeError(f"lowp_dtype must be None, torch.float16 or torch.bfloat16, got {lowp_dtype!r}")
 
 
-def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0):
-    """Post-LayerNorm residual block in one Triton pass: layer_norm(residual + dropout(x)).
+def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None, seed=None, lowp_dtype=None):
+    """Post-LayerNorm residual block in one Triton pass: layer_norm(residual + dropout(x + x_bias)).
 
     Args:
         x: (..., d) the sublayer output; residual: same shape (its dtype may differ, as under
             autocast); weight, bias: (d,) or None. Any leading shape; unit last stride preferred.
-        eps: LayerNorm epsilon; dropout_p: dropout on x, drawn in the kernel and regenerated in the
-            backward (pass 0.0 in eval).
+        eps: LayerNorm epsilon; dropout_p: dropout on x + x_bias, drawn in the kernel and
+            regenerated in the backward (pass 0.0 in eval).
+        x_bias: (d,) or None, the bias of the linear layer that made x, added to x in fp32 before
+            dropout (its dtype may differ from x's: under autocast, the fp32 parameter). Its
+            gradient, the column sum of the gradient reaching x + x_bias, comes out of the
+            backward's reduction with dW and db, in x_bias's dtype.
+        seed: None (one is drawn from torch's generator when dropout_p > 0) or a one-element int64
+            tensor on x's device, such as `_common.draw_seeds(n, device)[i:i + 1]`: the dropout mask
+            is `_common._dropout_mask` of that seed, and no random number is drawn.
+        lowp_dtype: None, torch.float16 or torch.bfloat16: also return y cast to it (y_low), written
+            by the same kernel. Under autocast, y (fp32) is the residual stream and y_low what the
+            next matrix product reads; the backward adds the two gradients in fp32 itself.
 
     Returns:
-        (..., d) with fp32 statistics; in fp32 under autocast (as F.layer_norm), else in the
-        promoted dtype of x and residual. Widths above MAX_FEATURES run the reference with a
-        one-time warning.
+        y (..., d) with fp32 statistics; in fp32 under autocast (as F.layer_norm), else in the
+        promoted dtype of x, x_bias and residual. With lowp_dtype, the pair (y, y_low), y_low equal
+        to y.to(lowp_dtype). Widths above MAX_FEATURES run the reference (which ignores `seed`)
+        with a one-time warning.
     """
-    check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p)
+    check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dtype)
+    kwargs = dict(x_bias=x_bias, seed=seed, lowp_dtype=lowp_dtype)
     if x.shape[-1] == 0:  # nothing to normalize: the reference's empty result, no kernel to launch
-        return add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p)
+        return add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p, **kwargs)
     if x.shape[-1] > MAX_FEATURES:
         warn_once(
             ("add_layer_norm", "width"),
             f"kernels.add_layer_norm: width {x.shape[-1]} > {MAX_FEATURES} is not supported by the Triton kernel; "
             "running the PyTorch reference instead",
         )
-        return add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p)
-    require_launchable("add_layer_norm", x, residual, weight, bias)
+        return add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p, **kwargs)
+    require_launchable("add_layer_norm", x, residual, weight, bias, x_bias)
+    if INTERPRET and lowp_dtype == torch.bfloat16:
+        raise TypeError(
+            "add_layer_norm: lowp_dtype=torch.bfloat16 is not supported under Triton's interpreter "
+            "(TRITON_INTERPRET=1), which does not round fp32 to bf16 as PyTorch does; use torch.float16 there"
+        )
     if dropout_p > 0.0:
         check_dropout_rows("add_layer_norm", x.numel() // x.shape[-1])
-    y, _, _, _ = _add_layer_norm_forward_op(
-        x, residual, weight, bias, float(eps), float(dropout_p), _output_dtype(x, residual)
+        seed = draw_seed(x.device) if seed is None else seed
+    else:
+        seed = None
+    out_dtype = _output_dtype(x, residual, x_bias)
+    y, y_low, _, _ = _add_layer_norm_forward_op(
+        x, residual, weight, bias, x_bias, seed, float(eps), float(dropout_p), out_dtype, lowp_dtype
     )
-    return y
+    return y if lowp_dtype is None else (y, y_low)
 
 
-def add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p=0.0):
-    """layer_norm(residual + dropout(x)) over the last dimension, in PyTorch (fp64 too, for tests)."""
-    check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, dtypes=REFERENCE_DTYPES)
+def add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None, seed=None, lowp_dtype=None):
+    """layer_norm(residual + dropout(x + x_bias)) over the last dimension, in PyTorch (fp64 too, for
+    tests), and with lowp_dtype the pair (y, y.to(lowp_dtype)). `seed` is checked but not used:
+    dropout here is F.dropout's, drawn from torch's generator, not the kernel's Philox mask."""
+    check_add_layer_norm_args(
+        x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dtype, dtypes=REFERENCE_DTYPES
+    )
+    if x_bias is not None:
+        x = x + x_bias
     if dropout_p > 0.0:
         x = F.dropout(x, p=dropout_p, training=True)
-    return F.layer_norm(residual + x, (x.shape[-1],), weight, bias, eps)
+    y = F.layer_norm(residual + x, (x.shape[-1],), weight, bias, eps)
+    return y if lowp_dtype is None else (y, y.to(lowp_dtype))

@@ -140,7 +140,7 @@ def test_registered_op_schema_and_autograd(device):
     x, residual, weight, bias, _ = (t.float().requires_grad_() for t in make_inputs((5, 32), device))
     torch.library.opcheck(
         torch.ops.fastformer.add_layer_norm_forward.default,
-        (x, residual, weight, bias, 1e-5, 0.0, torch.float32),
+        (x, residual, weight, bias, None, None, 1e-5, 0.0, torch.float32, None),
         test_utils=("test_schema", "test_autograd_registration"),
     )
 
@@ -149,7 +149,8 @@ def test_registered_op_schema_and_autograd(device):
 def test_registered_op_fake_tensors_and_aot_dispatch():
     x, residual, weight, bias, _ = (t.float().requires_grad_() for t in make_inputs((5, 32), torch.device("cuda")))
     torch.library.opcheck(
-        torch.ops.fastformer.add_layer_norm_forward.default, (x, residual, weight, bias, 1e-5, 0.0, torch.float32)
+        torch.ops.fastformer.add_layer_norm_forward.default,
+        (x, residual, weight, bias, None, None, 1e-5, 0.0, torch.float32, None),
     )
 
 
@@ -165,13 +166,16 @@ def kernels_of(fn):
 
 def test_backward_is_two_kernels_with_no_zero_filled_gradients(device):
     """The backward launches the rows' kernel and the reduction of their dW/db partial sums, and
-    nothing else: no zeros for the statistics' and seed's gradients, no aten sums or casts."""
+    nothing else: no zeros for the statistics' and y_low's gradients, no aten sums or casts."""
     x, residual, weight, bias, dy = (t.float() for t in make_inputs((9, 64), device))
     x, weight, bias = (t.requires_grad_() for t in (x, weight, bias))
     y = kernels.add_layer_norm(x, residual, weight, bias, 1e-5, dropout_p=0.1)
     assert kernels_of(lambda: y.backward(dy)) == {"triton._add_ln_bwd_kernel": 1, "triton._sum_partials_kernel": 1}
-    _, mean, rstd, seed = torch.ops.fastformer.add_layer_norm_forward(x, residual, weight, bias, 1e-5, 0.1, torch.float32)
-    assert not (mean.requires_grad or rstd.requires_grad or seed.requires_grad)
+    seed = torch.zeros(1, dtype=torch.int64, device=device)
+    _, y_low, mean, rstd = torch.ops.fastformer.add_layer_norm_forward(
+        x, residual, weight, bias, None, seed, 1e-5, 0.1, torch.float32, None
+    )
+    assert not (mean.requires_grad or rstd.requires_grad or y_low.requires_grad)
 
 
 @pytest.mark.parametrize("trained", ["none", "weight", "bias"])
