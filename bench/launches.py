@@ -35,10 +35,10 @@ op (AdamW) launches one kernel per chunk of at most 36 to 110 tensors, `embeddin
 sort and segment sums (about ten kernels), `cat` one per 128 inputs, a cuBLAS GEMM may add a
 split-K reduction.
 
-Layer types: an op belongs to the innermost function or class of fastformer.model (LAYERS) on the
-Python stack that launched it; an op of the backward, to the one whose forward created the autograd
-node it runs in (anomaly mode records the forward's stack in every node; its NaN checks stay off, so
-it adds no ops). The loss, the optimizer and the gradient seed of `loss.backward()` are their own
+Layer types: an op belongs to the innermost function or class of the model's code (fastformer.model
+and fastformer.plan; LAYERS) on the Python stack that launched it; an op of the backward, to the one
+whose forward created the autograd node it runs in (anomaly mode records the forward's stack in
+every node; its NaN checks stay off, so it adds no ops). The loss, the optimizer and the gradient seed of `loss.backward()` are their own
 rows; "other" is whatever matches none (none does in the tutorial's steps: a test checks).
 
 Without a GPU the steps run on the CPU, the Triton kernels through Triton's interpreter
@@ -82,6 +82,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import fastformer  # noqa: E402
 import fastformer.model  # noqa: E402
+import fastformer.plan  # noqa: E402
 from fastformer import kernels  # noqa: E402
 from bench.common import environment  # noqa: E402
 
@@ -104,24 +105,25 @@ CUDA_FP32_AUTOCAST = {  # ops CUDA's autocast runs in fp32, casting half inputs,
     "reciprocal", "rsqrt", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "softplus", "logsumexp", "renorm",
     "dist", "_pdist_forward", "_cdist_forward",
 }
-LAYERS = [  # (name in fastformer.model, layer type): an op takes the innermost on its stack
-    ("check_token_ids", "token-id checks"),
-    ("position_ids", "embedding + masks"),
-    ("add_norm", "add + LayerNorm"),
-    ("layer_weights", "weight casts"),
-    ("ScaledDotProductAttention", "attention"),
-    ("MultiHeadAttention", "attention"),
-    ("PoswiseFeedForwardNet", "feed-forward"),
-    ("EncoderLayer", "other"),
-    ("DecoderLayer", "other"),
-    ("Encoder", "embedding + masks"),
-    ("Decoder", "embedding + masks"),
-    ("Transformer", "other"),
-    ("MovieClassification", "classifier head"),
+LAYERS = [  # (function or class of the model's code, layer type): an op takes the innermost on its stack
+    (fastformer.model.check_token_ids, "token-id checks"),
+    (fastformer.model.position_ids, "embedding + masks"),
+    (fastformer.plan.ForwardPlan.add_norm, "add + LayerNorm"),
+    (fastformer.plan.gather_weights, "weight cat + cast"),
+    (fastformer.plan.dropout_seeds, "dropout seeds"),
+    (fastformer.model.ScaledDotProductAttention, "attention"),
+    (fastformer.model.MultiHeadAttention, "attention"),
+    (fastformer.model.PoswiseFeedForwardNet, "feed-forward"),
+    (fastformer.model.EncoderLayer, "other"),
+    (fastformer.model.DecoderLayer, "other"),
+    (fastformer.model.Encoder, "embedding + masks"),
+    (fastformer.model.Decoder, "embedding + masks"),
+    (fastformer.model.Transformer, "other"),
+    (fastformer.model.MovieClassification, "classifier head"),
 ]
 LAYER_ORDER = (
-    "token-id checks", "embedding + masks", "weight casts", "attention", "feed-forward", "add + LayerNorm",
-    "classifier head", "loss", "optimizer", "other",
+    "token-id checks", "embedding + masks", "weight cat + cast", "dropout seeds", "attention", "feed-forward",
+    "add + LayerNorm", "classifier head", "loss", "optimizer", "other",
 )
 _TRACEBACK_FRAME = re.compile(r'File "(.+)", line (\d+), in ')
 
@@ -130,8 +132,7 @@ def _spans():
     """{file: [(first line, last line, layer type)]} of the LAYERS, narrowest first, from their code
     objects (the source on disk may have changed since the import)."""
     spans = collections.defaultdict(list)
-    for name, layer in LAYERS:
-        obj = getattr(fastformer.model, name)
+    for obj, layer in LAYERS:
         functions = [obj] if inspect.isfunction(obj) else [f for f in vars(obj).values() if inspect.isfunction(f)]
         lines = [line for f in functions for _, _, line in f.__code__.co_lines() if line is not None]
         lines += [f.__code__.co_firstlineno for f in functions]

@@ -1,13 +1,18 @@
 """The tutorial's Transformer, module for module, with the math routed through `kernels`.
 
-Names, constructor arguments, forward signatures, return tuples and parameter names are the
-tutorial's, so its checkpoints load with strict=True. Two things differ, both invisible to its code:
+Names, constructor arguments, forward parameters (in order), return tuples and parameter names are
+the tutorial's, so its checkpoints load with strict=True. Three things differ, all invisible to its code:
 
 - Encoder and Decoder pass an `AttentionMask` (key-padding vector + causal flag) down to the layers
   instead of a dense (bs, n_q_seq, n_k_seq) mask; the layers still accept a dense bool mask.
 - Attention probabilities are computed only when asked for: `config.output_attentions` True
   returns them, False returns None in their place, and unset (the default) returns them on the
   reference backend (as the tutorial does) and None on the Triton fast path, which never builds them.
+- Encoder and Decoder make a `ForwardPlan` (fastformer.plan) for their layers, which shares across
+  them what each would do for itself: weights cast once, dropout seeds drawn once, the decoder's
+  cross-attention keys and values projected in one product. The layers take their part of it as a
+  keyword-only `plan` argument (ScaledDotProductAttention a `seed`), and make their own when
+  called alone.
 """
 import torch
 import torch.nn as nn
@@ -16,6 +21,7 @@ import torch.nn.functional as F
 from fastformer import backend
 from fastformer.config import check_config
 from fastformer.masks import AttentionMask, get_sinusoid_encoding_table
+from fastformer.plan import ForwardPlan, active_p
 
 ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
 
@@ -26,36 +32,6 @@ def wants_probs(config, tensor):
     if flag is None:
         return not backend.uses_triton(tensor)
     return bool(flag)
-
-
-def active_p(dropout):
-    """An nn.Dropout's probability when it is active (training), else 0."""
-    return dropout.p if dropout.training else 0.0
-
-
-def add_norm(layer_norm, x, residual, dropout):
-    """layer_norm(residual + dropout(x)) through the fused op."""
-    return backend.add_layer_norm(x, residual, layer_norm.weight, layer_norm.bias, layer_norm.eps, active_p(dropout))
-
-
-def layer_weights(*modules):
-    """Under torch.autocast, the matrices and biases of a layer's attention and feed-forward modules
-    in the autocast dtype, for all of them one concatenation and one cast (and in the backward one
-    of each for their gradients), where autocast casts every tensor at every use and the attention
-    concatenates W_Q, W_K and W_V: a list of each module's weights, in the order of its
-    `weight_groups`. The values are autocast's, bit for bit. Outside autocast, or for parameters
-    autocast does not cast (not fp32), None for each module: the modules use their parameters."""
-    module_groups = [module.weight_groups() for module in modules]
-    groups = [group for module_group in module_groups for group in module_group]
-    tensors = [t for group, _ in groups for t in group]
-    device_type = tensors[0].device.type
-    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
-    if dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != torch.float32 for t in tensors):
-        return [None] * len(modules)
-    # split, not slices: the backward of one split is one concatenation of the gradients
-    flat = torch.cat([t.reshape(-1) for t in tensors]).to(dtype)
-    pieces = iter(flat.split([sum(t.numel() for t in group) for group, _ in groups]))
-    return [[next(pieces).view(shape) for _, shape in module_group] for module_group in module_groups]
 
 
 def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"):
@@ -109,9 +85,10 @@ class ScaledDotProductAttention(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.scale = 1 / (self.config.d_head**0.5)
 
-    def forward(self, Q, K, V, attn_mask):
+    def forward(self, Q, K, V, attn_mask, *, seed=None):
         """Q: (bs, n_head, n_q_seq, d_head); K, V: (bs, n_head, n_k_seq, d_head); attn_mask: dense
-        bool (bs, [n_head,] n_q_seq, n_k_seq) with True = masked, or an AttentionMask.
+        bool (bs, [n_head,] n_q_seq, n_k_seq) with True = masked, or an AttentionMask; seed: the
+        kernel's dropout seed (see fastformer.plan), or None to draw one.
         Returns context (bs, n_head, n_q_seq, d_head) and probabilities or None."""
         return_probs = wants_probs(self.config, Q)
         out = backend.attention(
@@ -122,6 +99,7 @@ class ScaledDotProductAttention(nn.Module):
             dropout_p=active_p(self.dropout),
             softmax_scale=self.scale,
             return_probs=return_probs,
+            seed=seed,
         )
         # (bs, n_head, n_q_seq, d_head), (bs, n_head, n_q_seq, n_k_seq) or None
         return out if return_probs else (out, None)
@@ -145,64 +123,54 @@ class MultiHeadAttention(nn.Module):
     def forward(self, Q, K, V, attn_mask):
         """Q: (bs, n_q_seq, d_hidn); K, V: (bs, n_k_seq, d_hidn). Returns (bs, n_q_seq, d_hidn) and
         the probabilities (bs, n_head, n_q_seq, n_k_seq) or None."""
-        output, attn_prob = self.attend(Q, K, V, attn_mask)
+        if Q is K and K is V:  # self-attention: one product
+            inputs = [(Q, "QKV")]
+        elif K is V:
+            inputs = [(Q, "Q"), (K, "KV")]
+        else:
+            inputs = [(Q, "Q"), (K, "K"), (V, "V")]
+        q_s, k_s, v_s = [head for x, names in inputs for head in self.heads_of(x, *self.projection(names), len(names))]
+        output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, self.linear.weight, self.linear.bias)
         return self.dropout(output), attn_prob
 
-    def weight_groups(self):
-        """(tensors, shape) of what `layer_weights` casts: the W_Q; W_K; W_V weight and bias, as one
-        projection, then the output linear's weight and bias."""
-        d_attn = self.config.n_head * self.config.d_head
-        linears = [self.W_Q, self.W_K, self.W_V]
-        return [
-            ([lin.weight for lin in linears], (3 * d_attn, self.config.d_hidn)),
-            ([lin.bias for lin in linears], (3 * d_attn,)),
-            ([self.linear.weight], self.linear.weight.shape),
-            ([self.linear.bias], self.linear.bias.shape),
-        ]
+    def projection(self, names):
+        """(weight, bias) of the projections named (e.g. "KV": W_K and W_V) as one: the parameters,
+        concatenated when there are several."""
+        linears = [getattr(self, f"W_{name}") for name in names]
+        if len(linears) == 1:
+            return linears[0].weight, linears[0].bias
+        return torch.cat([lin.weight for lin in linears]), torch.cat([lin.bias for lin in linears])
 
-    def attend(self, Q, K, V, attn_mask, weights=None):
-        """forward without the output dropout, which the layers fuse into add + LayerNorm.
-        weights: the module's weights from `layer_weights`, or None to use its parameters."""
-        batch_size = Q.size(0)
-        q_s, k_s, v_s = self.project(Q, K, V, None if weights is None else weights[:2])
-        context, attn_prob = self.scaled_dot_attn(q_s, k_s, v_s, attn_mask)
+    def weight_groups(self, prefix, projections):
+        """{key: (tensors, shape)} of what a ForwardPlan gathers for this module: the projections
+        named (e.g. "QKV": W_Q, W_K and W_V as one) and the output linear's weight. The output
+        linear's bias goes to add + LayerNorm as it is."""
+        linears = [getattr(self, f"W_{name}") for name in projections]
+        rows = sum(lin.out_features for lin in linears)
+        return {
+            f"{prefix}.{projections}.weight": ([lin.weight for lin in linears], (rows, self.config.d_hidn)),
+            f"{prefix}.{projections}.bias": ([lin.bias for lin in linears], (rows,)),
+            f"{prefix}.linear.weight": ([self.linear.weight], self.linear.weight.shape),
+        }
+
+    def heads_of(self, x, weight, bias, n):
+        """The n (bs, n_head, n_seq, d_head) heads of the projection F.linear(x, weight, bias), whose
+        rows are n projections (W_Q; W_K; W_V, say): views, no transpose copies."""
+        # (bs, n_seq, n, n_head, d_head)
+        y = F.linear(x, weight, bias).view(x.size(0), x.size(1), n, self.config.n_head, self.config.d_head)
+        # the backward of unbind stacks the gradients: a copy, which one projection does not need
+        heads = y.unbind(2) if n > 1 else [y.squeeze(2)]
+        return [h.transpose(1, 2) for h in heads]
+
+    def attend(self, q_s, k_s, v_s, attn_mask, weight, bias=None, seed=None):
+        """The attention of the heads, then the output linear with `weight` and `bias` (None: the
+        layers add it in add + LayerNorm), without the output dropout (the layers fuse it there too).
+        seed: the attention dropout's seed, or None."""
+        batch_size = q_s.size(0)
+        context, attn_prob = self.scaled_dot_attn(q_s, k_s, v_s, attn_mask, seed=seed)
         # (bs, n_q_seq, n_head * d_head): free when the kernel wrote context head-interleaved
         context = context.transpose(1, 2).reshape(batch_size, -1, self.config.n_head * self.config.d_head)
-        output = self.linear(context) if weights is None else F.linear(context, *weights[2:])
-        return output, attn_prob
-
-    def project(self, Q, K, V, weights=None):
-        """q_s, k_s, v_s as (bs, n_head, n_seq, d_head) views of the projections: one GEMM for
-        self-attention (Q is K is V), one for K and V in cross-attention, no transpose copies.
-        weights: the (W_Q; W_K; W_V) weight and bias from `layer_weights`, or None for the parameters."""
-        if Q is K and K is V:
-            inputs, sizes = [Q], [3]
-        elif K is V:
-            inputs, sizes = [Q, K], [1, 2]
-        else:
-            inputs, sizes = [Q, K, V], [1, 1, 1]
-        if weights is None:
-            linears = iter([self.W_Q, self.W_K, self.W_V])
-            groups = [[next(linears) for _ in range(size)] for size in sizes]
-            pairs = [
-                (group[0].weight, group[0].bias)
-                if len(group) == 1
-                else (torch.cat([lin.weight for lin in group]), torch.cat([lin.bias for lin in group]))
-                for group in groups
-            ]
-        elif len(sizes) == 1:
-            pairs = [weights]
-        else:
-            rows = [size * self.config.n_head * self.config.d_head for size in sizes]
-            pairs = list(zip(weights[0].split(rows), weights[1].split(rows)))
-        heads = []
-        for x, size, (weight, bias) in zip(inputs, sizes, pairs):
-            # (bs, n_seq, size, n_head, d_head)
-            y = F.linear(x, weight, bias).view(x.size(0), x.size(1), size, self.config.n_head, self.config.d_head)
-            # the backward of unbind stacks the gradients: a copy, which one projection does not need
-            heads.extend(y.unbind(2) if size > 1 else [y.squeeze(2)])
-        # each (bs, n_head, n_seq, d_head)
-        return [h.transpose(1, 2) for h in heads]
+        return F.linear(context, weight, bias), attn_prob
 
 
 class PoswiseFeedForwardNet(nn.Module):
@@ -224,32 +192,30 @@ class PoswiseFeedForwardNet(nn.Module):
 
     def forward(self, inputs):
         """inputs: (bs, n_seq, d_hidn) -> (bs, n_seq, d_hidn)."""
-        return self.dropout(self.transform(inputs))
+        # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
+        w1, w2 = self.conv1.weight.squeeze(-1), self.conv2.weight.squeeze(-1)
+        return self.dropout(self.transform(inputs, w1, self.conv1.bias, w2, self.conv2.bias))
 
-    def weight_groups(self):
-        """(tensors, shape) of what `layer_weights` casts: conv1's and conv2's weights, as nn.Linear
-        weights, and biases."""
+    def weight_groups(self, prefix):
+        """{key: (tensors, shape)} of what a ForwardPlan gathers for this module: conv1's weight and
+        bias and conv2's weight, as nn.Linear's. conv2's bias goes to add + LayerNorm as it is."""
         d_hidn, d_ff = self.config.d_hidn, self.config.d_ff
-        return [
-            ([self.conv1.weight], (d_ff, d_hidn)),
-            ([self.conv1.bias], (d_ff,)),
-            ([self.conv2.weight], (d_hidn, d_ff)),
-            ([self.conv2.bias], (d_hidn,)),
-        ]
+        return {
+            f"{prefix}.w1": ([self.conv1.weight], (d_ff, d_hidn)),
+            f"{prefix}.b1": ([self.conv1.bias], (d_ff,)),
+            f"{prefix}.w2": ([self.conv2.weight], (d_hidn, d_ff)),
+        }
 
-    def transform(self, inputs, weights=None):
-        """forward without the output dropout, which the layers fuse into add + LayerNorm.
-        weights: the module's weights from `layer_weights`, or None to use its parameters."""
-        if weights is None:
-            # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
-            weights = [self.conv1.weight.squeeze(-1), self.conv1.bias, self.conv2.weight.squeeze(-1), self.conv2.bias]
-        else:
-            # the cast autocast gives the first product's input (the ops take one dtype)
-            inputs = inputs.to(weights[0].dtype)
-        return backend.feed_forward(inputs, *weights, self.activation)
+    def transform(self, inputs, w1, b1, w2, b2=None):
+        """conv2(act(conv1(inputs))) with these weights (nn.Linear layout), without the output
+        dropout, which the layers fuse into add + LayerNorm with b2 (None here)."""
+        # the ops take one dtype: the cast autocast gives a product's input, when the weights are cast
+        return backend.feed_forward(inputs.to(w1.dtype), w1, b1, w2, b2, self.activation)
 
 
 class EncoderLayer(nn.Module):
+    dropout_sites = 3  # their seeds, in order: attention, add + LayerNorm 1 and 2
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -258,14 +224,21 @@ class EncoderLayer(nn.Module):
         self.pos_ffn = PoswiseFeedForwardNet(config)
         self.layer_norm2 = nn.LayerNorm(config.d_hidn, eps=config.layer_norm_epsilon)
 
-    def forward(self, inputs, attn_mask):
-        """inputs: (bs, n_enc_seq, d_hidn). Returns (bs, n_enc_seq, d_hidn) and the self-attention
+    def weight_groups(self):
+        return {**self.self_attn.weight_groups("self_attn", "QKV"), **self.pos_ffn.weight_groups("pos_ffn")}
+
+    def forward(self, inputs, attn_mask, *, plan=None):
+        """inputs: (bs, n_enc_seq, d_hidn); plan: this layer's part of its Encoder's ForwardPlan
+        (None: the layer makes its own). Returns (bs, n_enc_seq, d_hidn) and the self-attention
         probabilities (bs, n_head, n_enc_seq, n_enc_seq) or None."""
-        attn_weights, ffn_weights = layer_weights(self.self_attn, self.pos_ffn)
-        att_outputs, attn_prob = self.self_attn.attend(inputs, inputs, inputs, attn_mask, attn_weights)
-        att_outputs = add_norm(self.layer_norm1, att_outputs, inputs, self.self_attn.dropout)
-        ffn_outputs = self.pos_ffn.transform(att_outputs, ffn_weights)
-        ffn_outputs = add_norm(self.layer_norm2, ffn_outputs, att_outputs, self.pos_ffn.dropout)
+        if plan is None:
+            plan = ForwardPlan([self], inputs).layers[0]
+        attn, ffn, w = self.self_attn, self.pos_ffn, plan.weights
+        q_s, k_s, v_s = attn.heads_of(plan.low(inputs), *plan.projection("self_attn.QKV"), 3)
+        att_outputs, attn_prob = attn.attend(q_s, k_s, v_s, attn_mask, w["self_attn.linear.weight"], seed=plan.seed(0))
+        att_outputs = plan.add_norm(self.layer_norm1, att_outputs, inputs, attn.dropout, attn.linear.bias, 1)
+        ffn_outputs = ffn.transform(plan.low(att_outputs), w["pos_ffn.w1"], w["pos_ffn.b1"], w["pos_ffn.w2"])
+        ffn_outputs = plan.add_norm(self.layer_norm2, ffn_outputs, att_outputs, ffn.dropout, ffn.conv2.bias, 2)
         return ffn_outputs, attn_prob
 
 
@@ -286,13 +259,16 @@ class Encoder(nn.Module):
         outputs = self.enc_emb(inputs) + self.pos_emb(position_ids(inputs, pad))
         attn_mask = AttentionMask(key_padding_mask=pad)
         attn_probs = []
-        for layer in self.layers:
-            outputs, attn_prob = layer(outputs, attn_mask)
+        plan = ForwardPlan(self.layers, outputs)
+        for layer, layer_plan in zip(self.layers, plan.layers):
+            outputs, attn_prob = layer(outputs, attn_mask, plan=layer_plan)
             attn_probs.append(attn_prob)
         return outputs, attn_probs
 
 
 class DecoderLayer(nn.Module):
+    dropout_sites = 5  # their seeds, in order: self-attention, add + LayerNorm 1, cross-attention, 2, 3
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -303,22 +279,40 @@ class DecoderLayer(nn.Module):
         self.pos_ffn = PoswiseFeedForwardNet(config)
         self.layer_norm3 = nn.LayerNorm(config.d_hidn, eps=config.layer_norm_epsilon)
 
-    def forward(self, dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask):
-        """dec_inputs: (bs, n_dec_seq, d_hidn); enc_outputs: (bs, n_enc_seq, d_hidn). Returns
-        (bs, n_dec_seq, d_hidn) and the self- and cross-attention probabilities (or None)."""
-        self_weights, cross_weights, ffn_weights = layer_weights(self.self_attn, self.dec_enc_attn, self.pos_ffn)
-        self_att_outputs, self_attn_prob = self.self_attn.attend(
-            dec_inputs, dec_inputs, dec_inputs, self_attn_mask, self_weights
+    def weight_groups(self):
+        """What a ForwardPlan gathers for this layer; W_K and W_V of the cross-attention it gathers
+        for all the decoder's layers at once (fastformer.plan.cross_kv_groups)."""
+        return {
+            **self.self_attn.weight_groups("self_attn", "QKV"),
+            **self.dec_enc_attn.weight_groups("dec_enc_attn", "Q"),
+            **self.pos_ffn.weight_groups("pos_ffn"),
+        }
+
+    def forward(self, dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask, *, plan=None):
+        """dec_inputs: (bs, n_dec_seq, d_hidn); enc_outputs: (bs, n_enc_seq, d_hidn), read through
+        the plan's cross-attention keys and values; plan: this layer's part of its Decoder's
+        ForwardPlan (None: the layer makes its own). Returns (bs, n_dec_seq, d_hidn) and the self-
+        and cross-attention probabilities (or None)."""
+        if plan is None:
+            plan = ForwardPlan([self], dec_inputs, enc_outputs).layers[0]
+        self_attn, cross, ffn, w = self.self_attn, self.dec_enc_attn, self.pos_ffn, plan.weights
+        q_s, k_s, v_s = self_attn.heads_of(plan.low(dec_inputs), *plan.projection("self_attn.QKV"), 3)
+        self_att_outputs, self_attn_prob = self_attn.attend(
+            q_s, k_s, v_s, self_attn_mask, w["self_attn.linear.weight"], seed=plan.seed(0)
         )
-        self_att_outputs = add_norm(self.layer_norm1, self_att_outputs, dec_inputs, self.self_attn.dropout)
-        dec_enc_att_outputs, dec_enc_attn_prob = self.dec_enc_attn.attend(
-            self_att_outputs, enc_outputs, enc_outputs, dec_enc_attn_mask, cross_weights
+        self_att_outputs = plan.add_norm(
+            self.layer_norm1, self_att_outputs, dec_inputs, self_attn.dropout, self_attn.linear.bias, 1
         )
-        dec_enc_att_outputs = add_norm(
-            self.layer_norm2, dec_enc_att_outputs, self_att_outputs, self.dec_enc_attn.dropout
+        (q_s,) = cross.heads_of(plan.low(self_att_outputs), *plan.projection("dec_enc_attn.Q"), 1)
+        k_s, v_s = plan.keys_values
+        dec_enc_att_outputs, dec_enc_attn_prob = cross.attend(
+            q_s, k_s, v_s, dec_enc_attn_mask, w["dec_enc_attn.linear.weight"], seed=plan.seed(2)
         )
-        ffn_outputs = self.pos_ffn.transform(dec_enc_att_outputs, ffn_weights)
-        ffn_outputs = add_norm(self.layer_norm3, ffn_outputs, dec_enc_att_outputs, self.pos_ffn.dropout)
+        dec_enc_att_outputs = plan.add_norm(
+            self.layer_norm2, dec_enc_att_outputs, self_att_outputs, cross.dropout, cross.linear.bias, 3
+        )
+        ffn_outputs = ffn.transform(plan.low(dec_enc_att_outputs), w["pos_ffn.w1"], w["pos_ffn.b1"], w["pos_ffn.w2"])
+        ffn_outputs = plan.add_norm(self.layer_norm3, ffn_outputs, dec_enc_att_outputs, ffn.dropout, ffn.conv2.bias, 4)
         return ffn_outputs, self_attn_prob, dec_enc_attn_prob
 
 
@@ -341,9 +335,10 @@ class Decoder(nn.Module):
         self_attn_mask = AttentionMask(key_padding_mask=dec_pad, causal=True)
         dec_enc_attn_mask = AttentionMask(key_padding_mask=enc_inputs.eq(self.config.i_pad))
         self_attn_probs, dec_enc_attn_probs = [], []
-        for layer in self.layers:
+        plan = ForwardPlan(self.layers, dec_outputs, enc_outputs)
+        for layer, layer_plan in zip(self.layers, plan.layers):
             dec_outputs, self_attn_prob, dec_enc_attn_prob = layer(
-                dec_outputs, enc_outputs, self_attn_mask, dec_enc_attn_mask
+                dec_outputs, enc_outputs, self_attn_mask, dec_enc_attn_mask, plan=layer_plan
             )
             self_attn_probs.append(self_attn_prob)
             dec_enc_attn_probs.append(dec_enc_attn_prob)

@@ -111,6 +111,29 @@ def test_model_traces_as_one_graph_on_the_reference_backend():
         torch.testing.assert_close(compiled(enc, dec)[0], model(enc, dec)[0], rtol=0, atol=0)
 
 
+def test_model_traces_as_one_graph_under_autocast_with_its_forward_plan():
+    """Under bf16 autocast the ForwardPlan casts the weights once and hands the products the half
+    copies add + LayerNorm writes (found by identity): torch.compile(fullgraph=True) traces that as
+    one graph, forward and backward, with eager's results bit for bit."""
+    config = small_config(dropout=0.0)
+    model = fastformer.MovieClassification(config)
+    enc, dec = token_batch(config, enc_len=9, dec_len=5)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    outputs = []
+    for run in (compiled, model):
+        model.zero_grad(set_to_none=True)
+        with fastformer.use_backend("reference"), torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = run(enc, dec)[0]
+        logits.float().sum().backward()
+        outputs.append((logits, [p.grad for p in model.parameters()]))
+    (logits, grads), (expected_logits, expected_grads) = outputs
+    assert logits.dtype == torch.bfloat16
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=0)
+    for grad, expected in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected, rtol=0, atol=0)
+
+
 def fake_cuda(dtype):
     """A CUDA tensor without a GPU (fake tensors carry a device and a dtype, no data)."""
     return torch.empty(2, 3, dtype=dtype, device="cuda")

@@ -153,11 +153,11 @@ def test_main_prints_the_table_and_writes_the_json(tmp_path, capsys):
     "backend, dtype",
     [("reference", torch.bfloat16), ("triton", torch.float16)],  # no bf16 under Triton's interpreter
 )
-def test_layers_cast_their_weights_once_and_give_autocasts_results_bit_for_bit(backend, dtype, monkeypatch):
-    """Under autocast each layer casts its attention and feed-forward weights in one go (no
-    W_Q/W_K/W_V concatenation per use): fewer kernels, and the outputs and every gradient equal
-    those of autocast casting each weight at its use."""
-    config = small_config(n_layer=1)
+def test_the_forward_plan_casts_once_and_gives_autocasts_results_bit_for_bit(backend, dtype, monkeypatch):
+    """Under autocast a ForwardPlan casts all its layers' weights in one go and add + LayerNorm
+    writes the half-precision copy the next product reads: fewer kernels, and the outputs and every
+    gradient equal those of autocast casting each weight and each activation at its use."""
+    config = small_config(n_layer=2)
     torch.manual_seed(0)
     model = fastformer.MovieClassification(config)
     enc, dec = token_batch(config, bs=3, enc_len=8, dec_len=5)
@@ -172,13 +172,29 @@ def test_layers_cast_their_weights_once_and_give_autocasts_results_bit_for_bit(b
             logits.float().sum().backward()
         return logits, {name: p.grad for name, p in model.named_parameters()}, counter
 
+    def casts(counter, phase):
+        """Casts in the layers: the attention, feed-forward and add + LayerNorm rows."""
+        layers = ("attention", "feed-forward", "add + LayerNorm")
+        kernels = counter.kernels.items()
+        return sum(n for (p, layer, op), n in kernels if p == phase and layer in layers and op == "aten._to_copy")
+
     logits, grads, counter = train_step()
     with monkeypatch.context() as patch:
-        patch.setattr(fastformer.model, "layer_weights", lambda *modules: [None] * len(modules))
+        patch.setattr(fastformer.plan, "autocast_dtype", lambda layers, like: None)
         expected_logits, expected_grads, expected_counter = train_step()
     assert torch.equal(logits, expected_logits)
     for name, grad in expected_grads.items():
         assert (grads[name] is None and grad is None) or torch.equal(grads[name], grad), name
     assert sum(counter.kernels.values()) < sum(expected_counter.kernels.values())
-    assert ("forward", "attention", "aten.cat") in expected_counter.kernels
-    assert ("forward", "attention", "aten.cat") not in counter.kernels
+    # one concatenation and one cast of the weights per Encoder and per Decoder forward
+    weights = {
+        op: n for (p, layer, op), n in counter.kernels.items() if p == "forward" and layer == "weight cat + cast"
+    }
+    assert weights == {"aten.cat": 2, "aten._to_copy": 2}
+    if backend == "triton":  # the reference ops cast inside themselves
+        # what is left: the two embeddings' sums and the encoder output, cast for their first product
+        assert casts(counter, "forward") == casts(counter, "backward") == 3
+        assert casts(expected_counter, "forward") > 3
+        # the kernels' dropout seeds: one draw per Encoder and per Decoder forward
+        randint = {layer: n for (p, layer, op), n in counter.kernels.items() if op == "aten.randint"}
+        assert randint == {"dropout seeds": 2}
