@@ -59,8 +59,10 @@ def warn_once(key, message):
 def launch(kernel):
     """How every op file launches a kernel: `launch(kernel)[grid](...)`, through
     torch.library.wrap_triton, so that torch.compile traces the launch in place of a graph break.
-    (An absent optional tensor argument is passed as the op's first input, never read, since its
-    flag constexpr is off; its strides as 0.)"""
+    An absent optional tensor argument (a seed without dropout, a missing weight) is passed as a
+    tensor the op already has, never read since its flag constexpr is off, and its strides as 0:
+    an input (attention's q, add + LayerNorm's x), or for an absent output another output of the
+    launch (add + LayerNorm passes y for the half-precision copy it was not asked to write)."""
     return torch.library.wrap_triton(kernel)
 
 
