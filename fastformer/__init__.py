@@ -19,7 +19,9 @@ class _CheckoutKernels(importlib.abc.MetaPathFinder):
     `fastformer.kernels` (setup.py's package_dir), so that they never take the top-level name
     `kernels`, which belongs to another project on PyPI. Run from a checkout, where fastformer/ has
     no kernels/ inside, this finds `fastformer.kernels` in the folder beside it. It only locates
-    the package: nothing is imported until a module asks for it."""
+    the package: nothing is imported until a module asks for it. It goes first on sys.meta_path,
+    so that the checkout's fastformer never runs with another copy's kernels (an editable install
+    of a second checkout has a finder of its own for the same name)."""
 
     def __init__(self, folder):
         self.folder = folder
@@ -34,7 +36,7 @@ class _CheckoutKernels(importlib.abc.MetaPathFinder):
 
 _here = Path(__file__).resolve().parent
 if not (_here / "kernels").is_dir() and (_here.parent / "kernels" / "__init__.py").is_file():
-    sys.meta_path.append(_CheckoutKernels(_here.parent / "kernels"))
+    sys.meta_path.insert(0, _CheckoutKernels(_here.parent / "kernels"))
 
 _EXPORTS = {
     "AttentionMask": "fastformer.masks",

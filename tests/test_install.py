@@ -29,6 +29,31 @@ def test_a_checkout_imports_the_ops_as_fastformer_kernels_only():
     assert "kernels" not in sys.modules or not Path(sys.modules["kernels"].__file__).resolve().is_relative_to(REPO)
 
 
+def test_a_checkout_takes_its_own_kernels_over_another_installs(tmp_path):
+    """With fastformer imported from a checkout while another copy is installed in editable mode
+    (whose finder maps fastformer.kernels to that copy's kernels/), the ops still come from the
+    checkout's own kernels/ folder: code and kernels never mix between two copies."""
+    other = tmp_path / "other" / "kernels"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("raise ImportError('the other copy was imported')\n")
+    script = f"""
+import importlib.abc, importlib.util, sys
+class EditableFinder(importlib.abc.MetaPathFinder):  # as an editable install of another copy does
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "fastformer.kernels":
+            return importlib.util.spec_from_file_location(
+                fullname, {str(other / "__init__.py")!r}, submodule_search_locations=[{str(other)!r}]
+            )
+sys.meta_path.insert(0, EditableFinder())
+sys.path.insert(0, {str(REPO)!r})
+from fastformer import kernels
+print(kernels.__file__)
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert Path(result.stdout.strip()).resolve() == REPO / "kernels" / "__init__.py"
+
+
 def test_setup_ships_the_kernels_folder_inside_fastformer():
     setup = (REPO / "setup.py").read_text()
     assert 'package_dir={"fastformer.kernels": "kernels"}' in setup
