@@ -27,9 +27,11 @@ What counts as a kernel:
   or not, `reshape` copies or not). `_foreach_*` ops are composite on a CPU only (CUDA has fused
   kernels): one each;
 - a Triton kernel launch (`JITFunction.run`, and the interpreter's `InterpretedFunction.run`, hooked
-  while counting; what the interpreter itself runs inside a launch is not counted). fastformer's
-  torch.library ops are no kernels themselves: the counter runs their Python implementation under
-  itself, so it sees the aten ops and Triton launches inside them.
+  while counting; what the interpreter itself runs inside a launch is not counted), under its jit
+  function's name: attention's backward, one kernel launched in two passes, counts two
+  `triton._attn_bwd_kernel`. fastformer's torch.library ops are no kernels themselves: the
+  counter runs their Python implementation under itself, so it sees the aten ops and Triton
+  launches inside them.
 An aten op with a kernel counts one, which on CUDA is a lower bound for a few ops: a `_foreach_*`
 op (AdamW) launches one kernel per chunk of at most 36 to 110 tensors, `embedding_dense_backward` a
 sort and segment sums (about ten kernels), `cat` one per 128 inputs, a cuBLAS GEMM may add a

@@ -9,10 +9,11 @@ launch on a GPU would. (Compiled without that specialization nothing pipelines, 
 would lie.) The autotuner's benchmarker compiles each config instead of timing it, so every config
 a launch can select is compiled.
 
-Each compile is recorded (`Record`): the config, the shared memory, registers and spills that
-ptxas reports (`ptxas -v`), the ptxas warnings (wgmma serialization), whether every dot became a
-Hopper `wgmma` (TTGIR `ttng.warp_group_dot`, PTX `wgmma.mma_async`) and whether every loop that
-holds a dot is software-pipelined (its loads are async copies into multi-buffered shared memory).
+Each compile is recorded (`Record`; a kernel launched in passes, per pass): the config, the
+shared memory, registers and spills that ptxas reports (`ptxas -v`), the ptxas warnings (wgmma
+serialization), whether every dot became a Hopper `wgmma` (TTGIR `ttng.warp_group_dot`, PTX
+`wgmma.mma_async`) and whether every loop that holds a dot is software-pipelined (its loads are
+async copies into multi-buffered shared memory).
 `problems(record)` says which of the rules a record breaks; the test and the report share it.
 
 What this cannot see: run-time faults (illegal addresses, races), numerics on the GPU (bf16 dots
@@ -57,7 +58,7 @@ class Record:
     """One compiled (kernel, config) as seen in one case."""
 
     case: str
-    kernel: str
+    kernel: str  # the jit function's name, with its pass where it has passes (_kernel_name)
     config: str  # "BLOCK_M=64 BLOCK_N=64 w4 s3"
     num_stages: int
     dtype: str
@@ -298,12 +299,13 @@ class _Recorder:
         num_stages = (options or {}).get("num_stages", 3)
         config = " ".join(f"{k}={v}" for k, v in sorted(meta.items()))
         config += f" w{(options or {}).get('num_warps', 4)} s{num_stages}"
-        ident = (self.case.name, src.name, config)
+        kernel = _kernel_name(src)
+        ident = (self.case.name, kernel, config)
         if ident in self.seen:
             return
         self.seen.add(ident)
         self.records.append(
-            Record(case=self.case.name, kernel=src.name, config=config, num_stages=num_stages, dtype=self.case.dtype, **facts)
+            Record(case=self.case.name, kernel=kernel, config=config, num_stages=num_stages, dtype=self.case.dtype, **facts)
         )
 
 
@@ -318,6 +320,15 @@ def _constexprs(src):
     """{(name,): value} of an ASTSource's constexpr arguments, by name."""
     names = src.fn.arg_names
     return {(names[path[0]],): value for path, value in src.constants.items() if len(path) == 1}
+
+
+def _kernel_name(src):
+    """The compiled kernel's name in the records: its jit function's, and for one jit function
+    launched in passes, whose constexpr named `*_PASS` picks each pass's code (attention's
+    backward: DQ_PASS), also the pass, `_attn_bwd_kernel(DQ_PASS=True)`. Each pass is a kernel of
+    its own to the rules, the report and the test, as it was when the passes were two functions."""
+    passes = sorted(f"{name}={value}" for (name,), value in _constexprs(src).items() if name.endswith("_PASS"))
+    return f"{src.name}({', '.join(passes)})" if passes else src.name
 
 
 def _reset_jit_caches(module_names):

@@ -57,7 +57,8 @@ def markdown(records, matrix):
         f"({len({(r.kernel, r.config) for r in records})} distinct kernel configs), {broken} breaking a rule.",
         "",
         "Compiled for `GPUTarget(\"cuda\", 90, 32)` on a machine with no GPU, through the project's own "
-        "launchers (see bench/sm90.py). Rules: compiles; shared memory <= "
+        "launchers (see bench/sm90.py); a kernel launched in passes has rows per pass "
+        "(`_attn_bwd_kernel(DQ_PASS=True)`, attention's dQ pass). Rules: compiles; shared memory <= "
         f"{sm90.MAX_SHARED_SM90:,} B; no register spills; fp16/bf16 dots on wgmma; innermost loops holding "
         "a dot pipelined (no dot operand loaded synchronously) when num_stages >= 2. Spills are "
         "stores/loads in bytes a thread; pipelined is pipelined/innermost dot loops, and \"outer\" counts "

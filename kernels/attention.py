@@ -6,11 +6,12 @@ uniform), never NaN.
 
 The kernels stream K/V blocks past a tile of queries with an online softmax in fp32 and never
 write an (Lq, Lk) matrix. The forward saves the per-row log-sum-exp (base 2; +inf marks a row whose
-keys are all masked); the backward recomputes the probabilities from it, in two kernels (dQ per
-query block, then dK/dV per key block), so no atomics and bitwise-reproducible gradients.
+keys are all masked); the backward recomputes the probabilities from it, in one kernel launched
+in two passes (dQ per query block, then dK/dV per key block; the constexpr DQ_PASS picks the
+pass's code, so each compiles to its own), so no atomics and bitwise-reproducible gradients.
 
 A call is its kernels and nothing else on the device (the train step is launch-bound, issue #16):
-the dQ kernel computes delta = rowsum(dO * O) for its rows and hands it to dK/dV; each program
+the dQ pass computes delta = rowsum(dO * O) for its rows and hands it to dK/dV; each program
 finds where its batch's padding starts by scanning the key-padding flags itself, and dK/dV finds
 whether a (batch, head) has fully masked rows by scanning its lse, so no per-call bookkeeping runs
 as separate ops; the lse is marked non-differentiable, so autograd makes no zero gradient for it.
@@ -21,9 +22,10 @@ and the probabilities regenerate the mask from. It is an input of the op: the mo
 seeds of a whole forward in one launch (`_common.draw_seeds`) and hands each call a view
 `seeds[i:i + 1]`; without one, `attention` draws its own (`draw_seed`, one launch) before the op.
 
-File order: kernels and their jit helpers, launchers (with `_Masking`, how a call masks, drops
-out and scales, built once per op call), the torch.library ops, the public `attention`, and the
-PyTorch reference.
+File order: kernels and their jit helpers (the backward kernel followed by its two autotuned
+launches, `_attn_bwd_dq` and `_attn_bwd_dkdv`), launchers (with `_Masking`, how a call masks,
+drops out and scales, built once per op call), the torch.library ops, the public `attention`, and
+the PyTorch reference.
 
 What the sm_90a compile check (python -m bench.sm90_report, CI matrix, Triton 3.9) shows and the
 code does about it; nothing here has been timed on a GPU:
@@ -383,155 +385,149 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     return True
 
 
-@triton.autotune(
-    configs=_configs(_DQ_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dQ", _dq_fits)}
-)
 @triton.jit
-def _attn_bwd_dq_kernel(
-    Q, K, V, O, DO, LSE, DELTA, DQ, SEED,
+def _attn_bwd_kernel(
+    Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, SEED,
     PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
     H, Lq, Lk, qk_scale, sm_scale, dropout_p,
-    LQ_BUCKET, LK_BUCKET,
+    LQ_BUCKET, LK_BUCKET,  # autotune keys only
+    DQ_PASS: tl.constexpr,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dQ of one query block, looping over the key blocks it can see. It also writes its rows'
-    delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV kernel, launched next."""
-    bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
-    k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
-    v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
-    pad_b = PAD + b * stride_pb
-    mask_bh = MASK + b * stride_mb + h * stride_mh
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-    do = _load_rows(_head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN), offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-    o = _load_rows(_interleaved(O, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
-    delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-    tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
-    lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
-    end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
-
-    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    pad_next = tl.zeros([BLOCK_N], dtype=tl.uint8)
-    if HAS_PAD:
-        pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk)
-    for start_n in range(0, end_n, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        pad = pad_next
-        if HAS_PAD:
-            pad_next = _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk)
-        if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m bench.sm90_report)
-            keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
-        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
-        p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        if HAS_DROPOUT:
-            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-    _store_rows(_interleaved(DQ, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, dq * sm_scale)
-
-
-@triton.autotune(
-    configs=_configs(_DKDV_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dK/dV", _dkdv_fits)}
-)
-@triton.jit
-def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, SEED,
-    PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
-    stride_qb, stride_qh, stride_qm,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_dob, stride_doh, stride_dom,
-    H, Lq, Lk, qk_scale, sm_scale, dropout_p,
-    LQ_BUCKET, LK_BUCKET,
-    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
-    the dQ kernel wrote."""
-    n_n_blocks = tl.cdiv(Lk, BLOCK_N)
-    pid = tl.program_id(0)
-    bh = pid // n_n_blocks
-    start_n = (pid % n_n_blocks) * BLOCK_N
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
-    do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
-    pad_b = PAD + b * stride_pb
-    mask_bh = MASK + b * stride_mb + h * stride_mh
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    # (BLOCK_N, BLOCK_D)
-    k = _load_rows(_head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN), offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-    v = _load_rows(_head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN), offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
-
-    start_m = 0
-    if IS_CAUSAL:
-        start_m = (start_n // BLOCK_M) * BLOCK_M  # queries above the diagonal never see this block
-    end_m = Lq
-    pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
-    if HAS_PAD:
-        end_m = tl.where(start_n < _keys_end(pad_b, stride_pn, Lk), Lq, start_m)  # a block of trailing padding: skip
-        pad = _key_padding(pad_b, stride_pn, offs_n, Lk)  # this program's keys: once
-
-    # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
-    # rows are this program's keys, P^T and dS^T feed dV and dK from registers without a transpose,
-    # and the row vectors (lse, delta) broadcast along columns.
-    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for m in range(start_m, end_m, BLOCK_M):
-        offs_m = m + tl.arange(0, BLOCK_M)
-        if HAS_DROPOUT:
-            keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))  # (BLOCK_N, BLOCK_M)
-        q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-        do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+    """The backward, one kernel in two launches (_attn_bwd_dq, then _attn_bwd_dkdv). DQ_PASS is a
+    constexpr: each pass compiles to its own branch alone, and the pointers only the other pass
+    uses (DK and DV in the dQ pass, O and DQ in dK/dV) are stand-ins, never touched."""
+    if DQ_PASS:
+        # dQ of one query block, looping over the key blocks it can see. It also writes its rows'
+        # delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV pass, launched next.
+        bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
+        k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
+        v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
+        pad_b = PAD + b * stride_pb
+        mask_bh = MASK + b * stride_mb + h * stride_mh
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+        do = _load_rows(_head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN), offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+        o = _load_rows(_interleaved(O, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
+        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
         lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-        delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-        # (BLOCK_N, BLOCK_M)
-        st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
-        valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True)
-        pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
-        dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        pt_dropped = pt
+        seed = 0
         if HAS_DROPOUT:
-            pt_dropped = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
-            dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
-        dv = tl.dot(pt_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        dst = pt * (dpt - delta[None, :])
-        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            seed = tl.load(SEED)
+        end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
 
-    if HAS_PAD or HAS_MASK:
-        # Rows whose keys are all masked spread 1/Lk over every key (the tutorial's -1e9 fill):
-        # they reach dV only, and only in the (B, H) slices that have such rows.
-        if _has_masked_row(LSE + bh * Lq, Lq):
-            for m in range(0, Lq, BLOCK_M):
-                offs_m = m + tl.arange(0, BLOCK_M)
-                lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-                row = (lse == float("inf")) & (offs_m < Lq)
-                # (BLOCK_N, BLOCK_M)
-                pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
-                if HAS_DROPOUT:
-                    keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))
-                    pt = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
-                do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-                dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        pad_next = tl.zeros([BLOCK_N], dtype=tl.uint8)
+        if HAS_PAD:
+            pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk)
+        for start_n in range(0, end_n, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            pad = pad_next
+            if HAS_PAD:
+                pad_next = _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk)
+            if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m bench.sm90_report)
+                keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
+            k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+            v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+            s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
+            p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            if HAS_DROPOUT:
+                dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+            ds = p * (dp - delta[:, None])
+            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        _store_rows(_interleaved(DQ, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, dq * sm_scale)
+    else:
+        # dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
+        # the dQ pass wrote.
+        n_n_blocks = tl.cdiv(Lk, BLOCK_N)
+        pid = tl.program_id(0)
+        bh = pid // n_n_blocks
+        start_n = (pid % n_n_blocks) * BLOCK_N
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+        q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
+        do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
+        pad_b = PAD + b * stride_pb
+        mask_bh = MASK + b * stride_mb + h * stride_mh
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        # (BLOCK_N, BLOCK_D)
+        k = _load_rows(_head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN), offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+        v = _load_rows(_head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN), offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+        seed = 0
+        if HAS_DROPOUT:
+            seed = tl.load(SEED)
 
-    _store_rows(_interleaved(DK, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dk * sm_scale)
-    _store_rows(_interleaved(DV, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dv)
+        start_m = 0
+        if IS_CAUSAL:
+            start_m = (start_n // BLOCK_M) * BLOCK_M  # queries above the diagonal never see this block
+        end_m = Lq
+        pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
+        if HAS_PAD:
+            end_m = tl.where(start_n < _keys_end(pad_b, stride_pn, Lk), Lq, start_m)  # a block of trailing padding: skip
+            pad = _key_padding(pad_b, stride_pn, offs_n, Lk)  # this program's keys: once
+
+        # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
+        # rows are this program's keys, P^T and dS^T feed dV and dK from registers without a transpose,
+        # and the row vectors (lse, delta) broadcast along columns.
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        for m in range(start_m, end_m, BLOCK_M):
+            offs_m = m + tl.arange(0, BLOCK_M)
+            if HAS_DROPOUT:
+                keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))  # (BLOCK_N, BLOCK_M)
+            q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+            do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+            lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
+            delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+            # (BLOCK_N, BLOCK_M)
+            st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
+            valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True)
+            pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
+            dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            pt_dropped = pt
+            if HAS_DROPOUT:
+                pt_dropped = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
+                dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
+            dv = tl.dot(pt_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            dst = pt * (dpt - delta[None, :])
+            dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+
+        if HAS_PAD or HAS_MASK:
+            # Rows whose keys are all masked spread 1/Lk over every key (the tutorial's -1e9 fill):
+            # they reach dV only, and only in the (B, H) slices that have such rows.
+            if _has_masked_row(LSE + bh * Lq, Lq):
+                for m in range(0, Lq, BLOCK_M):
+                    offs_m = m + tl.arange(0, BLOCK_M)
+                    lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+                    row = (lse == float("inf")) & (offs_m < Lq)
+                    # (BLOCK_N, BLOCK_M)
+                    pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
+                    if HAS_DROPOUT:
+                        keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))
+                        pt = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
+                    do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+                    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+
+        _store_rows(_interleaved(DK, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dk * sm_scale)
+        _store_rows(_interleaved(DV, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dv)
+
+
+# Two launches of the one backward kernel, each with its own tiles and pruning rules.
+_attn_bwd_dq = triton.autotune(
+    configs=_configs(_DQ_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dQ", _dq_fits)}
+)(_attn_bwd_kernel)
+_attn_bwd_dkdv = triton.autotune(
+    configs=_configs(_DKDV_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dK/dV", _dkdv_fits)}
+)(_attn_bwd_kernel)
 
 
 @triton.jit
@@ -677,8 +673,8 @@ def _attn_forward(q, k, v, masking, seed):
 
 
 def _attn_backward(do, q, k, v, o, lse, seed, masking):
-    """dq, dk, dv, laid out as (B, L, H, D) (_interleaved_empty). The dQ kernel runs first and also
-    writes delta for the dK/dV kernel. `o` is the forward's output, in its layout."""
+    """dq, dk, dv, laid out as (B, L, H, D) (_interleaved_empty). The backward kernel's dQ pass runs
+    first and also writes delta for its dK/dV pass. `o` is the forward's output, in its layout."""
     B, H, Lq, D = q.shape
     Lk = k.shape[2]
     do = last_dim_contiguous(do)
@@ -689,13 +685,14 @@ def _attn_backward(do, q, k, v, o, lse, seed, masking):
     seed = q if seed is None else seed
     align = _row_align(q, k, v, do)
     scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
-    launch(_attn_bwd_dq_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
-        q, k, v, o, do, lse, delta, dq, seed, *masking.mask_args, *_row_strides(q, k, v, do),
-        *scalars, **masking.flags, ROW_ALIGN=align,
+    # q stands in for the pointers only the other pass uses: DK and DV in the dQ pass, O and DQ in dK/dV
+    launch(_attn_bwd_dq)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+        q, k, v, o, do, lse, delta, dq, q, q, seed, *masking.mask_args, *_row_strides(q, k, v, do),
+        *scalars, DQ_PASS=True, **masking.flags, ROW_ALIGN=align,
     )
-    launch(_attn_bwd_dkdv_kernel)[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
-        q, k, v, do, lse, delta, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
-        *scalars, **masking.flags, ROW_ALIGN=align,
+    launch(_attn_bwd_dkdv)[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
+        q, k, v, q, do, lse, delta, q, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
+        *scalars, DQ_PASS=False, **masking.flags, ROW_ALIGN=align,
     )
     return dq, dk, dv
 

@@ -13,6 +13,7 @@ benchmarks cover those on a GPU. The full table: `python -m bench.sm90_report` (
 """
 import ast
 import collections
+import itertools
 from pathlib import Path
 
 import pytest
@@ -28,13 +29,17 @@ KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
 def _launched_kernels():
     """Names of the `@triton.jit` functions under kernels/ that launchers launch (`*_kernel`);
-    the others are helpers inlined into them."""
+    the others are helpers inlined into them. A kernel launched in passes (a constexpr named
+    `*_PASS`) counts once per pass, named as bench.sm90 records it: `_attn_bwd_kernel(DQ_PASS=True)`."""
     names = []
     for path in sorted(KERNELS_DIR.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel"):
                 if any("jit" in ast.unparse(d) for d in node.decorator_list):
-                    names.append(node.name)
+                    passes = sorted(arg.arg for arg in node.args.args if arg.arg.endswith("_PASS"))
+                    for values in itertools.product((True, False), repeat=len(passes)):
+                        choice = ", ".join(f"{name}={value}" for name, value in zip(passes, values))
+                        names.append(f"{node.name}({choice})" if passes else node.name)
     return names
 
 
@@ -53,7 +58,13 @@ def planted():
 
 
 def test_the_scan_finds_the_kernels():
-    assert {"_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_linear_gelu_fwd_kernel", "_add_ln_fwd_kernel"} <= set(KERNELS)
+    assert {
+        "_attn_fwd_kernel",
+        "_attn_bwd_kernel(DQ_PASS=True)",
+        "_attn_bwd_kernel(DQ_PASS=False)",
+        "_linear_gelu_fwd_kernel",
+        "_add_ln_fwd_kernel",
+    } <= set(KERNELS)
 
 
 def test_every_case_launches_and_compiles_something(records):
