@@ -187,6 +187,14 @@ class KernelCounter(TorchDispatchMode):
         self.paused = False  # inside a Triton launch
         self._spans = _spans()
 
+    def ops(self, phase):
+        """{op: count} of one phase, over every layer type."""
+        counts = collections.Counter()
+        for (p, _, op), n in self.kernels.items():
+            if p == phase:
+                counts[op] += n
+        return dict(counts)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.paused:

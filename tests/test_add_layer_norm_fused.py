@@ -323,14 +323,6 @@ def test_reference_returns_y_and_its_cast(device):
 # ----------------------------------------------------------------------------------------------
 # launches, the backend, the registered op
 # ----------------------------------------------------------------------------------------------
-def phase_ops(counter, phase):
-    counts = {}
-    for (p, _, op), n in counter.kernels.items():
-        if p == phase:
-            counts[op] = counts.get(op, 0) + n
-    return counts
-
-
 def test_the_models_call_is_one_kernel_forward_and_two_backward(device):
     """Under fp16 autocast with x_bias, a given seed, dropout and y's fp16 copy: the forward is one
     launch (no seed drawn, no cast of y), and the backward of both outputs with respect to every
@@ -343,8 +335,8 @@ def test_the_models_call_is_one_kernel_forward_and_two_backward(device):
         y, y_low = fused("autocast", leaves, seed, HALF)
         counter.phase = "backward"
         grads = torch.autograd.grad((y, y_low), leaves, (dy, dy_low))
-    assert phase_ops(counter, "forward") == {"triton._add_ln_fwd_kernel": 1}
-    assert phase_ops(counter, "backward") == {"triton._add_ln_bwd_kernel": 1, "triton._sum_partials_kernel": 1}
+    assert counter.ops("forward") == {"triton._add_ln_fwd_kernel": 1}
+    assert counter.ops("backward") == {"triton._add_ln_bwd_kernel": 1, "triton._sum_partials_kernel": 1}
     assert [g.dtype for g in grads] == [HALF] + [torch.float32] * 4
 
 

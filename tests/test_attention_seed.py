@@ -26,15 +26,6 @@ def as_view(seed):
     return torch.cat([others[:1], seed, others[1:]])[1:2]
 
 
-def ops(counter, phase):
-    """{op: count} of one phase (as in tests/test_launches.py)."""
-    counts = {}
-    for (p, _, op), n in counter.kernels.items():
-        if p == phase:
-            counts[op] = counts.get(op, 0) + n
-    return counts
-
-
 @pytest.mark.parametrize("view", [False, True], ids=["own-tensor", "view-of-seeds"])
 def test_the_given_seed_decides_the_dropout(view, device):
     """Output and gradients match the reference under the kernel's keep-mask of that seed, while
@@ -101,8 +92,8 @@ def test_a_call_with_a_seed_is_its_kernels_alone(device):
         out = kernels.attention(q, k, v, key_padding_mask=pad, causal=True, dropout_p=0.1, seed=seeds[1:2])
         counter.phase = "backward"
         torch.autograd.grad(out, (q, k, v), grad_out)
-    assert ops(counter, "forward") == {"triton._attn_fwd_kernel": 1}
-    assert ops(counter, "backward") == {"triton._attn_bwd_kernel": 2}  # its dQ pass, then its dK/dV pass
+    assert counter.ops("forward") == {"triton._attn_fwd_kernel": 1}
+    assert counter.ops("backward") == {"triton._attn_bwd_kernel": 2}  # its dQ pass, then its dK/dV pass
 
 
 def test_the_reference_checks_the_seed_and_drops_out_with_torchs_generator():

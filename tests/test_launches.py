@@ -14,15 +14,6 @@ from tests.helpers import small_config, token_batch
 NARROW = {"n_layer": 1, "d_hidn": 32, "n_head": 2, "d_head": 16, "d_ff": 64}
 
 
-def ops(counter, phase):
-    """{op: count} of one phase, over every layer type."""
-    counts = {}
-    for (p, _, op), n in counter.kernels.items():
-        if p == phase:
-            counts[op] = counts.get(op, 0) + n
-    return counts
-
-
 @pytest.mark.parametrize("input_grad", [False, True], ids=["x-no-grad", "x-grad"])
 def test_counter_matches_the_kernels_of_linear_relu_sum(input_grad):
     """Forward: addmm, relu, sum. Backward: the seed's ones_like, threshold_backward, mm and sum
@@ -39,8 +30,8 @@ def test_counter_matches_the_kernels_of_linear_relu_sum(input_grad):
         x[0, :2].tolist()
         counter.phase = "backward"
         y.backward()
-    assert ops(counter, "forward") == {"aten.addmm": 1, "aten.relu": 1, "aten.sum": 1}
-    assert ops(counter, "backward") == {
+    assert counter.ops("forward") == {"aten.addmm": 1, "aten.relu": 1, "aten.sum": 1}
+    assert counter.ops("backward") == {
         "aten.ones_like": 1,
         "aten.threshold_backward": 1,
         "aten.mm": 2 if input_grad else 1,
@@ -67,7 +58,7 @@ def test_ops_without_a_kernel_count_the_kernels_they_run():
         torch.empty(4, 3).copy_(x)
         cast_sum(x)
         cast_sum(x64)
-    assert ops(counter, "forward") == {
+    assert counter.ops("forward") == {
         "aten.gt": 1,
         "aten.masked_fill": 2,
         "aten.isinf": 2,
@@ -91,7 +82,7 @@ def test_counter_counts_triton_launches_and_not_what_the_interpreter_runs():
         y = kernels.add_layer_norm(x, residual, weight, bias, 1e-5)
         counter.phase = "backward"
         y.backward(dy)
-    forward, backward = ops(counter, "forward"), ops(counter, "backward")
+    forward, backward = counter.ops("forward"), counter.ops("backward")
     assert forward == {"triton._add_ln_fwd_kernel": 1}
     assert backward["triton._add_ln_bwd_kernel"] == 1
     assert {op for op in backward if op.startswith("triton.")} == {"triton._add_ln_bwd_kernel", "triton._sum_partials_kernel"}
@@ -113,8 +104,8 @@ def test_an_attention_call_is_its_kernels_alone(dropout_p):
         counter.phase = "backward"
         torch.autograd.grad(out, (q, k, v), grad_out)  # the gradients as they are, not copied into .grad
     seed = {"aten.randint": 1} if dropout_p else {}
-    assert ops(counter, "forward") == {"triton._attn_fwd_kernel": 1, **seed}
-    assert ops(counter, "backward") == {"triton._attn_bwd_kernel": 2}  # its dQ pass, then its dK/dV pass
+    assert counter.ops("forward") == {"triton._attn_fwd_kernel": 1, **seed}
+    assert counter.ops("backward") == {"triton._attn_bwd_kernel": 2}  # its dQ pass, then its dK/dV pass
 
 
 @pytest.mark.parametrize("provider", list(launches.PROVIDERS))
