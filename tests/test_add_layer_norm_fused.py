@@ -413,3 +413,32 @@ def test_bf16_lowp_dtype_is_refused_under_the_interpreter(device):
     x, residual, weight, bias, _ = float_inputs((3, 16), device)
     with pytest.raises(TypeError, match="lowp_dtype=torch.bfloat16 is not supported under Triton's interpreter"):
         kernels.add_layer_norm(x, residual, weight, bias, 1e-5, lowp_dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "x_bias_view",
+    [
+        lambda d: torch.randn(2 * d).requires_grad_(),  # every other element: stride 2
+        lambda d: torch.randn(1).requires_grad_(),  # one value expanded over the row: stride 0
+    ],
+    ids=["strided", "expanded"],
+)
+def test_x_bias_as_a_strided_or_expanded_view(x_bias_view, device):
+    """The kernels read x_bias with its own stride: a strided and an expanded view give the
+    reference's output and gradients (reaching the base tensor through the view)."""
+    torch.manual_seed(5)
+    d = 33
+    base = x_bias_view(d).to(device).detach().requires_grad_()
+    as_view = (lambda t: t[::2]) if base.numel() == 2 * d else (lambda t: t.expand(d))
+    assert as_view(base).stride(0) != 1
+    x, residual, dy = (torch.randn(5, d, device=device) for _ in range(3))
+    weight, bias = torch.randn(d, device=device), torch.randn(d, device=device)
+    results = []
+    for op in (kernels.add_layer_norm, kernels.add_layer_norm_reference):
+        base.grad = None
+        x_ = x.clone().requires_grad_()
+        y = op(x_, residual, weight, bias, 1e-5, x_bias=as_view(base))
+        y.backward(dy)
+        results.append((y, x_.grad, base.grad))
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
