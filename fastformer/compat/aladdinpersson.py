@@ -139,6 +139,23 @@ class TransformerBlock(nn.Module):
         return self.dropout(add_norm(self.norm2, forward, x))
 
 
+def _check_ids(name, ids, stack):
+    """ids must index both of the Encoder's or Decoder's `stack` embedding tables."""
+    check_token_ids(
+        name, ids, stack.position_embedding.num_embeddings, stack.word_embedding.num_embeddings, limit="max_length"
+    )
+
+
+def _embed(stack, x):
+    """How 002's Encoder and Decoder begin: the ids x (N, L) checked, then dropout(word + position
+    embeddings); with the mask's head count (the layers' attention heads)."""
+    _check_ids("x", x, stack)
+    n, seq_length = x.shape
+    positions = torch.arange(seq_length, device=x.device).expand(n, seq_length)
+    heads = stack.layers[0].attention.heads if len(stack.layers) else 1
+    return stack.dropout(stack.word_embedding(x) + stack.position_embedding(positions)), heads
+
+
 class Encoder(nn.Module):
     def __init__(self, src_vocab_size, embed_size, num_layers, heads, device, forward_expansion, dropout, max_length):
         super().__init__()
@@ -156,13 +173,8 @@ class Encoder(nn.Module):
 
     def forward(self, x, mask):
         """x: (N, src_len) ids; mask: (N, 1, 1, src_len), nonzero = keep. Returns (N, src_len, embed_size)."""
-        check_token_ids(
-            "x", x, self.position_embedding.num_embeddings, self.word_embedding.num_embeddings, limit="max_length"
-        )
         n, seq_length = x.shape
-        positions = torch.arange(seq_length, device=x.device).expand(n, seq_length)
-        out = self.dropout(self.word_embedding(x) + self.position_embedding(positions))
-        heads = self.layers[0].attention.heads if len(self.layers) else 1
+        out, heads = _embed(self, x)
         mask = attention_mask(mask, n, heads, seq_length, seq_length)
         for layer in self.layers:
             out = layer(out, out, out, mask)
@@ -218,13 +230,8 @@ class Decoder(nn.Module):
     def forward(self, x, enc_out, src_mask, trg_mask):
         """x: (N, trg_len) ids; enc_out: (N, src_len, embed_size); src_mask (N, 1, 1, src_len) and
         trg_mask (N, 1, trg_len, trg_len), nonzero = keep. Returns logits (N, trg_len, trg_vocab_size)."""
-        check_token_ids(
-            "x", x, self.position_embedding.num_embeddings, self.word_embedding.num_embeddings, limit="max_length"
-        )
         n, seq_length = x.shape
-        positions = torch.arange(seq_length, device=x.device).expand(n, seq_length)
-        x = self.dropout(self.word_embedding(x) + self.position_embedding(positions))
-        heads = self.layers[0].attention.heads if len(self.layers) else 1
+        x, heads = _embed(self, x)
         src_mask = attention_mask(src_mask, n, heads, seq_length, enc_out.shape[1], "src_mask")
         trg_mask = attention_mask(trg_mask, n, heads, seq_length, seq_length, "trg_mask")
         for layer in self.layers:
@@ -291,10 +298,7 @@ class Transformer(nn.Module):
 
         The masks are make_src_mask's and make_trg_mask's, handed to the layers in their compact
         form (a key-padding vector; a causal flag)."""
-        check_token_ids(
-            "src", src, self.encoder.position_embedding.num_embeddings, self.encoder.word_embedding.num_embeddings,
-            limit="max_length",
-        )
+        _check_ids("src", src, self.encoder)
         src_mask = AttentionMask(key_padding_mask=src.eq(self.src_pad_idx))
         enc_src = self.encoder(src, src_mask)
         return self.decoder(trg, enc_src, src_mask, AttentionMask(causal=True))
@@ -316,10 +320,7 @@ class Transformer(nn.Module):
         Returns:
             (N, L) token ids with L <= max_len, starting with bos_idx.
         """
-        check_token_ids(
-            "src", src, self.encoder.position_embedding.num_embeddings, self.encoder.word_embedding.num_embeddings,
-            limit="max_length",
-        )
+        _check_ids("src", src, self.encoder)
         limit = self.decoder.position_embedding.num_embeddings
         if not 1 <= max_len <= limit:
             raise ValueError(f"max_len must be in 1..{limit} (the decoder's max_length), got {max_len}")
