@@ -237,6 +237,15 @@ def check_dropout_rows(op, n_rows):
 
 
 @triton.jit
+def load_seed(SEED, HAS_DROPOUT: tl.constexpr):
+    """A kernel's dropout seed, or 0 when it drops nothing (SEED is then a stand-in, never read)."""
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    return seed
+
+
+@triton.jit
 def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
     """(len(rows), BLOCK_N) keep-mask of the columns col_start + arange(BLOCK_N) (col_start and
     BLOCK_N multiples of 4) in the given rows, each kept with probability 1 - dropout_p.

@@ -30,6 +30,7 @@ from ._common import (
     dropout_keep,
     dropout_mask,
     launch,
+    load_seed,
     require_launchable,
     rows_view,
     sum_partials,
@@ -109,9 +110,7 @@ def _add_ln_bwd_kernel(
     x_bias = tl.zeros([BLOCK_N], dtype=tl.float32)
     if HAS_X_BIAS:
         x_bias = tl.load(XB + cols * stride_xb, mask=col_ok, other=0.0).to(tl.float32)
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
+    seed = load_seed(SEED, HAS_DROPOUT)
     dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     dxb = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)

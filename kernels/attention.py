@@ -36,8 +36,8 @@ code does about it; nothing here has been timed on a GPU:
   config with dropout and in dK/dV with dropout and no padding: 81 rows of the CI table's 850
   (69 dQ, 12 dK/dV) instead of 10 of 714 before. Which costs more on a GPU is for the benchmarks
   to say.
-- The key-padding flags are loaded one key block ahead in the forward and dQ loops, and once per
-  program in dK/dV (its key block is fixed), so no loop waits on them.
+- The key-padding flags are loaded one key block ahead in the forward and dQ loops
+  (_next_key_block), and once per program in dK/dV (its key block is fixed), so no loop waits on them.
 - Autotune lists are pruned per launch to configs that compile without spills or shared-memory
   overflow, and to tiles no longer than the sequence (see _fits_lengths).
 - The head dim is a constexpr (HEAD_DIM), so the column mask of a head dim below its power-of-two
@@ -74,6 +74,7 @@ from ._common import (
     dropout_mask,
     launch,
     last_dim_contiguous,
+    load_seed,
     require_launchable,
     tl,
     triton,
@@ -87,8 +88,9 @@ MASKED_SCORE = -1e9
 # ----------------------------------------------------------------------------------------------
 # Triton kernels. Scores live in base 2: s = q k^T * scale * log2(e), p = exp2(s - lse).
 #
-# Every kernel first offsets its pointers to its (batch, head) once: `q_bh`, `pad_b` (the batch's
-# key-padding flags), `mask_bh` (its dense mask), ..., so the helpers below take row offsets only.
+# Every kernel first offsets its pointers to its (batch, head) once (_head_bases): `k_bh`, `pad_b`
+# (the batch's key-padding flags), `mask_bh` (its dense mask), ..., so the helpers below take row
+# offsets only. The forward and dQ loops step over key blocks with _next_key_block.
 # ----------------------------------------------------------------------------------------------
 LOG2E = 1.4426950408889634
 
@@ -114,6 +116,19 @@ def _head_slice(T, b, h, stride_b, stride_h, ROW_ALIGN: tl.constexpr):
 
 
 @triton.jit
+def _head_bases(
+    b, h, X, stride_xb, stride_xh, Y, stride_yb, stride_yh,
+    PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN: tl.constexpr,
+):
+    """The base pointers a program of (batch, head) reads from, offset once: the slices of the two
+    (B, H, L, D) tensors its loop streams (K and V; Q and dO in dK/dV), the batch's key-padding
+    flags and the dense mask of (batch, head)."""
+    x_bh = _head_slice(X, b, h, stride_xb, stride_xh, ROW_ALIGN)
+    y_bh = _head_slice(Y, b, h, stride_yb, stride_yh, ROW_ALIGN)
+    return x_bh, y_bh, PAD + b * stride_pb, MASK + b * stride_mb + h * stride_mh
+
+
+@triton.jit
 def _load_rows(base, offs, stride, n, offs_d, D, ROW_ALIGN: tl.constexpr = 1):
     """(len(offs), BLOCK_D) rows `offs` of an (n, D) matrix with row stride `stride` (a multiple of
     ROW_ALIGN) and unit column stride; zeros past n rows or D columns."""
@@ -134,10 +149,20 @@ def _interleaved(T, b, h, L, H, D):
 
 
 @triton.jit
-def _key_padding(pad_b, stride_pn, offs_n, Lk):
-    """The key-padding flags of one key block (nonzero = padding; keys past Lk count as padding).
-    The loops load the next block's flags one iteration ahead, so this small load is not waited on."""
-    return tl.load(pad_b + offs_n * stride_pn, mask=offs_n < Lk, other=1)
+def _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD: tl.constexpr):
+    """The key-padding flags of one key block (nonzero = padding; keys past Lk count as padding),
+    all zero when the call has no padding mask."""
+    if HAS_PAD:
+        return tl.load(pad_b + offs_n * stride_pn, mask=offs_n < Lk, other=1)
+    return tl.zeros(offs_n.shape, dtype=tl.uint8)
+
+
+@triton.jit
+def _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One step of a loop over key blocks: the offsets of block start_n.., its padding flags (loaded
+    the step before, so this small load is not waited on) and the next block's flags."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    return offs_n, pad_next, _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk, HAS_PAD)
 
 
 @triton.jit
@@ -300,30 +325,20 @@ def _attn_fwd_kernel(
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
-    k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
-    v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
-    pad_b = PAD + b * stride_pb
-    mask_bh = MASK + b * stride_mb + h * stride_mh
+    k_bh, v_bh, pad_b, mask_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     # (BLOCK_M, BLOCK_D)
     q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-    seed = 0
-    if HAS_DROPOUT:
-        seed = tl.load(SEED)
+    seed = load_seed(SEED, HAS_DROPOUT)
     end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    pad_next = tl.zeros([BLOCK_N], dtype=tl.uint8)
-    if HAS_PAD:
-        pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk)
+    pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk, HAS_PAD)
     for start_n in range(0, end_n, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        pad = pad_next
-        if HAS_PAD:
-            pad_next = _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk)
+        offs_n, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
         k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         # (BLOCK_M, BLOCK_N)
         s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
@@ -406,10 +421,7 @@ def _attn_bwd_kernel(
         # dQ of one query block, looping over the key blocks it can see. It also writes its rows'
         # delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV pass, launched next.
         bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
-        k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
-        v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
-        pad_b = PAD + b * stride_pb
-        mask_bh = MASK + b * stride_mb + h * stride_mh
+        k_bh, v_bh, pad_b, mask_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
@@ -418,20 +430,13 @@ def _attn_bwd_kernel(
         delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
         lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-        seed = 0
-        if HAS_DROPOUT:
-            seed = tl.load(SEED)
+        seed = load_seed(SEED, HAS_DROPOUT)
         end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
 
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        pad_next = tl.zeros([BLOCK_N], dtype=tl.uint8)
-        if HAS_PAD:
-            pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk)
+        pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk, HAS_PAD)
         for start_n in range(0, end_n, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            pad = pad_next
-            if HAS_PAD:
-                pad_next = _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk)
+            offs_n, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
             if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m bench.sm90_report)
                 keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
             k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
@@ -453,27 +458,21 @@ def _attn_bwd_kernel(
         start_n = (pid % n_n_blocks) * BLOCK_N
         b = (bh // H).to(tl.int64)
         h = (bh % H).to(tl.int64)
-        q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
-        do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
-        pad_b = PAD + b * stride_pb
-        mask_bh = MASK + b * stride_mb + h * stride_mh
+        q_bh, do_bh, pad_b, mask_bh = _head_bases(b, h, Q, stride_qb, stride_qh, DO, stride_dob, stride_doh, PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN)
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         # (BLOCK_N, BLOCK_D)
         k = _load_rows(_head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN), offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         v = _load_rows(_head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN), offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        seed = 0
-        if HAS_DROPOUT:
-            seed = tl.load(SEED)
+        seed = load_seed(SEED, HAS_DROPOUT)
 
         start_m = 0
         if IS_CAUSAL:
             start_m = (start_n // BLOCK_M) * BLOCK_M  # queries above the diagonal never see this block
         end_m = Lq
-        pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
         if HAS_PAD:
             end_m = tl.where(start_n < _keys_end(pad_b, stride_pn, Lk), Lq, start_m)  # a block of trailing padding: skip
-            pad = _key_padding(pad_b, stride_pn, offs_n, Lk)  # this program's keys: once
+        pad = _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD)  # this program's keys: once
 
         # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
         # rows are this program's keys, P^T and dS^T feed dV and dK from registers without a transpose,
@@ -551,22 +550,17 @@ def _attn_probs_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    pad_b = PAD + b * stride_pb
+    q_bh, k_bh, pad_b, mask_bh = _head_bases(b, h, Q, stride_qb, stride_qh, K, stride_kb, stride_kh, PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-    k = _load_rows(_head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN), offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+    q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+    k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
     lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-    pad = tl.zeros([BLOCK_N], dtype=tl.uint8)
-    if HAS_PAD:
-        pad = _key_padding(pad_b, stride_pn, offs_n, Lk)
-    s, valid = _scores(
-        q, k, offs_m, offs_n, pad, Lq, Lk, MASK + b * stride_mb + h * stride_mh, stride_mm, stride_mn, qk_scale,
-        HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION,
-    )
+    pad = _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD)
+    s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
     p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
     p = tl.where((lse == float("inf"))[:, None], 1.0 / Lk, p)  # all keys masked: uniform
     if HAS_DROPOUT:
-        keep = dropout_keep(tl.load(SEED), bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
+        keep = dropout_keep(load_seed(SEED, HAS_DROPOUT), bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
         p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
     tl.store(
         P + bh.to(tl.int64) * Lq * Lk + offs_m[:, None] * Lk + offs_n[None, :],
