@@ -27,14 +27,16 @@ launches, `_attn_bwd_dq` and `_attn_bwd_dkdv`), launchers (with `_Masking`, how 
 drops out and scales, built once per op call), the torch.library ops, the public `attention`, and
 the PyTorch reference.
 
-What the sm_90a compile check (python -m bench.sm90_report, CI matrix, Triton 3.9) shows and the
-code does about it; nothing here has been timed on a GPU:
+What the sm_90a compile check (python -m bench.sm90_report, CI matrix, Triton 3.9; and the same
+matrix on Triton 3.6, the GPU machines' version) shows and the code does about it; nothing here
+has been timed on a GPU:
 - Dropout draws four keep decisions per Philox call (kernels._common.dropout_keep). Against one
   per call, the forward at head dim 64 no longer spills in 128 x 64 (40 B before) or 64 x 64
   (32 B), and 128 x 128 spills 52 B instead of 952 B. The four words are interleaved into the
   tile through shared memory, and since then ptxas notes wgmma serialization (C7515) in every dQ
-  config with dropout and in dK/dV with dropout and no padding: 81 rows of the CI table's 850
-  (69 dQ, 12 dK/dV) instead of 10 of 714 before. Which costs more on a GPU is for the benchmarks
+  config with dropout and in dK/dV with dropout and no padding: 66 rows of the CI table's 838
+  (54 dQ, 12 dK/dV; 81 of 859 before dQ with dropout dropped its 128-key blocks) instead of 10 of
+  714 before. Which costs more on a GPU is for the benchmarks
   to say.
 - The key-padding flags are loaded one key block ahead in the forward and dQ loops
   (_next_key_block), and once per program in dK/dV (its key block is fixed), so no loop waits on them.
@@ -286,15 +288,19 @@ def _fits_lengths(meta, launch, tiles):
 
 
 def _fwd_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills (python -m bench.sm90_report). Dropout draws four
-    keep decisions per Philox call (kernels._common.dropout_keep) and still costs registers: with
-    it, key blocks of at most 64. At head dim 128 the 128 x 128 tile spills and fills shared
-    memory, 64 x 64 spills 4 to 32 bytes in 3 stages (2 with dropout), and 128 x 64 with dropout
-    spills in 2 stages."""
+    """What compiles for sm_90a without spills (python -m bench.sm90_report, on Triton 3.9 and
+    3.6). Dropout draws four keep decisions per Philox call (kernels._common.dropout_keep) and
+    still costs registers: with it, key blocks of at most 64. The 128 x 128 tile at head dim 64
+    spills 24 to 32 bytes on Triton 3.6 with padding and a causal mask (255 registers; 250 on 3.9)
+    and needs 254 or 255 with a dense mask alone, so there it takes one kind of mask at most. At head
+    dim 128 the 128 x 128 tile spills and fills shared memory, 64 x 64 spills 4 to 32 bytes in 3
+    stages (2 with dropout), and 128 x 64 with dropout spills in 2 stages."""
     if not _fits_lengths(meta, launch, _FWD_TILES):
         return False
     tile, dropout = (meta["BLOCK_M"], meta["BLOCK_N"]), launch["HAS_DROPOUT"]
     if dropout and meta["BLOCK_N"] > 64:
+        return False
+    if tile == (128, 128) and launch["BLOCK_D"] == 64 and launch["HAS_PAD"] + launch["IS_CAUSAL"] + launch["HAS_MASK"] > 1:
         return False
     if launch["BLOCK_D"] == 128:
         if tile == (128, 128):
@@ -388,15 +394,17 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
 
 
 def _dq_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills (python -m bench.sm90_report). At head dim 128
-    the 64 x 128 tile spills with dropout, and in 3 stages needs 229,376 B of
+    """What compiles for sm_90a without spills (python -m bench.sm90_report, on Triton 3.9 and
+    3.6). With dropout, key blocks of at most 64: the 64 x 128 tile spills 4 to 84 bytes on
+    Triton 3.6 at head dims 16 to 64 (on 3.9 it needs 249 to 254 registers, and with a dense mask
+    spills 32 bytes in 3 stages). At head dim 128 the 64 x 128 tile in 3 stages needs 229,376 B of
     shared memory on Triton 3.9 and 245,760 B on 3.6 with a dense mask (the limit is 232,448)."""
     if not _fits_lengths(meta, launch, _DQ_TILES):
         return False
+    if launch["HAS_DROPOUT"] and meta["BLOCK_N"] > 64:
+        return False
     if launch["BLOCK_D"] == 128 and meta["BLOCK_N"] == 128:
-        return num_stages == 2 and not launch["HAS_DROPOUT"]
-    if launch["HAS_MASK"] and launch["HAS_DROPOUT"] and meta["BLOCK_N"] == 128:
-        return num_stages == 2  # 3 stages spill 32 bytes
+        return num_stages == 2
     return True
 
 

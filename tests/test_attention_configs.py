@@ -30,18 +30,24 @@ def kept(tiles, fits, launch):
     ]
 
 
-def launch(block_d, dropout, lq, lk, mask=False):
-    return {"BLOCK_D": block_d, "HAS_DROPOUT": dropout, "HAS_MASK": mask, "LQ_BUCKET": lq, "LK_BUCKET": lk}
+def launch(block_d, dropout, lq, lk, mask=False, pad=False, causal=False):
+    return {
+        "BLOCK_D": block_d, "HAS_DROPOUT": dropout, "HAS_MASK": mask, "HAS_PAD": pad, "IS_CAUSAL": causal,
+        "LQ_BUCKET": lq, "LK_BUCKET": lk,
+    }
 
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 def test_every_launch_keeps_a_config_no_longer_than_the_sequence_needs(kernel):
     tiles, fits = KERNELS[kernel]
     min_m, min_n = min(t[0] for t in tiles), min(t[1] for t in tiles)
-    flags = itertools.product((16, 32, 64, 128), (False, True), (False, True), BUCKETS, BUCKETS)
-    for block_d, dropout, mask, lq, lk in flags:
-        configs = kept(tiles, fits, launch(block_d, dropout, lq, lk, mask))
-        assert configs, f"{kernel}: nothing kept for D={block_d} dropout={dropout} mask={mask} Lq={lq} Lk={lk}"
+    booleans = [(False, True)] * 4  # dropout, dense mask, key padding, causal
+    flags = itertools.product((16, 32, 64, 128), *booleans, BUCKETS, BUCKETS)
+    for block_d, dropout, mask, pad, causal, lq, lk in flags:
+        configs = kept(tiles, fits, launch(block_d, dropout, lq, lk, mask, pad, causal))
+        assert configs, (
+            f"{kernel}: nothing kept for D={block_d} dropout={dropout} mask={mask} pad={pad} causal={causal} Lq={lq} Lk={lk}"
+        )
         too_long = [c for c in configs if c[0] > max(min_m, lq) or c[1] > max(min_n, lk)]
         assert not too_long, f"{kernel}: tiles longer than Lq={lq}, Lk={lk}: {too_long}"
 
@@ -63,5 +69,5 @@ def test_the_pruner_reads_positional_length_buckets(monkeypatch):
     prune = _common.config_pruner("attention forward", attention_module._fwd_fits)
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=2) for bm, bn, w in attention_module._FWD_TILES]
     named_args = {"LQ_BUCKET": 64, "LK_BUCKET": 32}  # the autotuner's positional arguments
-    kept_configs = prune(configs, named_args, BLOCK_D=64, HAS_DROPOUT=False)
+    kept_configs = prune(configs, named_args, BLOCK_D=64, HAS_DROPOUT=False, HAS_PAD=True, IS_CAUSAL=False, HAS_MASK=False)
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept_configs] == [(64, 32)]
