@@ -36,8 +36,7 @@ has been timed on a GPU:
   tile through shared memory, and since then ptxas notes wgmma serialization (C7515) in every dQ
   config with dropout and in dK/dV with dropout and no padding: 66 rows of the CI table's 838
   (54 dQ, 12 dK/dV; 81 of 859 before dQ with dropout dropped its 128-key blocks) instead of 10 of
-  714 before. Which costs more on a GPU is for the benchmarks
-  to say.
+  714 before. Which costs more on a GPU is for the benchmarks to say.
 - The key-padding flags are loaded one key block ahead in the forward and dQ loops
   (_next_key_block), and once per program in dK/dV (its key block is fixed), so no loop waits on them.
 - Autotune lists are pruned per launch to configs that compile without spills or shared-memory
