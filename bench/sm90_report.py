@@ -8,6 +8,12 @@ Prints one row per compile (kernel, config, case, shared memory, registers, spil
 path, pipelined loops, problems) and writes them as markdown (default
 bench/results/sm90-compile.md), with the Triton version and the rules (bench.sm90.problems).
 Exits 1 when any compile breaks a rule. No GPU needed; how it works is in bench/sm90.py.
+
+Another Triton compiles the same matrix when it comes first on the path; the GPU machines run
+Triton 3.6, whose table is bench/results/sm90-compile-triton36.md:
+
+    pip install --target /tmp/triton36 triton==3.6.0
+    PYTHONPATH=/tmp/triton36 python -m bench.sm90_report --out bench/results/sm90-compile-triton36.md
 """
 import argparse
 import datetime
