@@ -34,7 +34,7 @@ has been timed on a GPU:
   per call, the forward at head dim 64 no longer spills in 128 x 64 (40 B before) or 64 x 64
   (32 B), and 128 x 128 spills 52 B instead of 952 B. The four words are interleaved into the
   tile through shared memory, and since then ptxas notes wgmma serialization (C7515) in every dQ
-  config with dropout and in dK/dV with dropout and no padding: 66 rows of the CI table's 838
+  config with dropout and in dK/dV with dropout and no padding: 66 rows of the CI table's 830
   (54 dQ, 12 dK/dV; 81 of 859 before dQ with dropout dropped its 128-key blocks) instead of 10 of
   714 before. Which costs more on a GPU is for the benchmarks to say.
 - The key-padding flags are loaded one key block ahead in the forward and dQ loops
@@ -292,8 +292,9 @@ def _fwd_fits(meta, num_warps, num_stages, launch):
     still costs registers: with it, key blocks of at most 64. The 128 x 128 tile at head dim 64
     spills 24 to 32 bytes on Triton 3.6 with padding and a causal mask (255 registers; 250 on 3.9)
     and needs 254 or 255 with a dense mask alone, so there it takes one kind of mask at most. At head
-    dim 128 the 128 x 128 tile spills and fills shared memory, 64 x 64 spills 4 to 32 bytes in 3
-    stages (2 with dropout), and 128 x 64 with dropout spills in 2 stages."""
+    dim 128 (72 to 128) the 128 x 128 tile spills and fills shared memory, 64 x 64 spills 4 to 40
+    bytes (in 3 stages; with dropout; in 2 stages at head dims 72 and 80 with Lq != Lk, the full
+    matrix), and 128 x 64 with dropout spills in 2 stages."""
     if not _fits_lengths(meta, launch, _FWD_TILES):
         return False
     tile, dropout = (meta["BLOCK_M"], meta["BLOCK_N"]), launch["HAS_DROPOUT"]
@@ -305,7 +306,7 @@ def _fwd_fits(meta, num_warps, num_stages, launch):
         if tile == (128, 128):
             return False
         if tile == (64, 64):
-            return num_stages == 2 and not dropout
+            return False
         if tile == (128, 64) and dropout:
             return num_stages == 3
     return True
@@ -380,13 +381,18 @@ def _attn_fwd_kernel(
 def _dkdv_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills (python -m bench.sm90_report). At head dim 128,
     64 x 64 spills (12 B in 2 stages with padding and a causal mask, since the padding scans moved
-    into the kernel), so only 32 query rows a block."""
+    into the kernel), so only 32 query rows a block.
+
+    The one known exception, from the full matrix (bench.sm90_cases.full_cases): with a dense mask
+    and dropout at head dim 128 (72 to 128) even 32 x 64 spills on Triton 3.9, 4 to 8 bytes in 2
+    stages (24 to 28 in 3), and the list has no smaller tile; 2 stages are kept. The model never
+    passes a dense mask."""
     if not _fits_lengths(meta, launch, _DKDV_TILES):
         return False
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
     if launch["BLOCK_D"] == 128:
         if launch["HAS_DROPOUT"]:
-            return tile == (32, 64)
+            return tile == (32, 64) and (num_stages == 2 or not launch["HAS_MASK"])
         return tile in ((32, 64), (32, 128))
     # a dense mask with dropout: 64 x 64 spills 36 to 56 bytes
     return not (launch["HAS_MASK"] and launch["HAS_DROPOUT"] and tile == (64, 64))
@@ -396,14 +402,20 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills (python -m bench.sm90_report, on Triton 3.9 and
     3.6). With dropout, key blocks of at most 64: the 64 x 128 tile spills 4 to 84 bytes on
     Triton 3.6 at head dims 16 to 64 (on 3.9 it needs 249 to 254 registers, and with a dense mask
-    spills 32 bytes in 3 stages). At head dim 128 the 64 x 128 tile in 3 stages needs 229,376 B of
-    shared memory on Triton 3.9 and 245,760 B on 3.6 with a dense mask (the limit is 232,448)."""
+    spills 32 bytes in 3 stages). At head dim 128 (72 to 128): the 64 x 128 tile in 3 stages needs
+    229,376 B of shared memory on Triton 3.9 and 245,760 B on 3.6 with a dense mask (the limit is
+    232,448), and with padding alone spills 20 B in 2 stages on 3.9; with dropout and a causal or
+    dense mask, 64 x 64 and 128 x 64 spill 4 to 64 bytes on 3.9 or 3.6, so 64 x 32 it is."""
     if not _fits_lengths(meta, launch, _DQ_TILES):
         return False
-    if launch["HAS_DROPOUT"] and meta["BLOCK_N"] > 64:
+    dropout = launch["HAS_DROPOUT"]
+    if dropout and meta["BLOCK_N"] > 64:
         return False
-    if launch["BLOCK_D"] == 128 and meta["BLOCK_N"] == 128:
-        return num_stages == 2
+    if launch["BLOCK_D"] == 128:
+        if meta["BLOCK_N"] == 128:
+            return num_stages == 2 and not launch["HAS_PAD"]
+        if dropout and (launch["IS_CAUSAL"] or launch["HAS_MASK"]):
+            return (meta["BLOCK_M"], meta["BLOCK_N"]) == (64, 32)
     return True
 
 
