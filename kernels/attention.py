@@ -151,11 +151,12 @@ def _interleaved(T, b, h, L, H, D):
 
 @triton.jit
 def _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD: tl.constexpr):
-    """The key-padding flags of one key block (nonzero = padding; keys past Lk count as padding),
-    all zero when the call has no padding mask."""
+    """The key-padding flags of one key block, read from the bool mask as it is (True = padding;
+    keys past Lk count as padding), all False when the call has no padding mask."""
+    flags = tl.zeros(offs_n.shape, dtype=tl.int1)
     if HAS_PAD:
-        return tl.load(pad_b + offs_n * stride_pn, mask=offs_n < Lk, other=1)
-    return tl.zeros(offs_n.shape, dtype=tl.uint8)
+        flags = tl.load(pad_b + offs_n * stride_pn, mask=offs_n < Lk, other=True)
+    return flags
 
 
 @triton.jit
@@ -174,7 +175,7 @@ def _keys_end(pad_b, stride_pn, Lk, SCAN: tl.constexpr = 512):
     last = tl.zeros([SCAN], dtype=tl.int32)
     for start in range(0, Lk, SCAN):
         offs = start + tl.arange(0, SCAN)
-        flags = tl.load(pad_b + offs * stride_pn, mask=offs < Lk, other=1)
+        flags = tl.load(pad_b + offs * stride_pn, mask=offs < Lk, other=True)
         last = tl.maximum(last, tl.where(flags == 0, offs + 1, 0))
     return tl.max(last, 0)
 
@@ -212,7 +213,7 @@ def _tile_valid(
     if IS_CAUSAL:
         valid = valid & (keys <= queries)
     if HAS_MASK:
-        dense = tl.load(mask_bh + queries * stride_mm + keys * stride_mn, mask=in_bounds, other=1)
+        dense = tl.load(mask_bh + queries * stride_mm + keys * stride_mn, mask=in_bounds, other=True)
         valid = valid & (dense == 0)
     return valid
 
@@ -620,11 +621,11 @@ def _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale):
     if key_padding_mask is None:
         pad = (q, 0, 0)
     else:
-        pad = (key_padding_mask.view(torch.uint8), *key_padding_mask.stride())
+        pad = (key_padding_mask, *key_padding_mask.stride())
     if attn_mask is None:
         dense = (q, 0, 0, 0, 0)
     else:
-        full = attn_mask.view(torch.uint8)
+        full = attn_mask
         full = full.unsqueeze(1) if full.dim() == 3 else full
         sb, sh, sm, sn = full.stride()
         dense = (full, sb, 0 if full.shape[1] == 1 else sh, sm, sn)
@@ -642,15 +643,15 @@ def _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale):
 
 def _row_align(*tensors):
     """ROW_ALIGN for kernels reading `tensors` row by row: the elements in 16 bytes when every
-    pointer is 16-byte aligned and every (batch, head, row) stride a multiple of them, else 1.
-    While torch.compile traces, tensors have no data pointer: the storage offsets stand in for it
-    (storages are allocated 16-byte aligned), and a symbolic size gives no hint."""
+    (batch, head, row) stride is a multiple of them, else 1 (a symbolic stride gives no hint).
+
+    The hint is about offsets only: `tl.multiple_of(b * stride_b + h * stride_h, ROW_ALIGN)`.
+    Whether a base pointer is 16-byte aligned is Triton's own specialization of the launch (and
+    Inductor's, for a compiled graph), so no data pointer is read here: a fake or functional tensor
+    has none, and the hint holds for every tensor torch.compile traces."""
     elements = 16 // tensors[0].element_size()
     for t in tensors:
-        offsets = (t.storage_offset(), *t.stride()[:3])
-        if not all(isinstance(n, int) and n % elements == 0 for n in offsets):
-            return 1
-        if not torch.compiler.is_compiling() and t.data_ptr() % 16:
+        if not all(isinstance(n, int) and n % elements == 0 for n in t.stride()[:3]):
             return 1
     return elements
 
@@ -788,8 +789,12 @@ def _backward(ctx, do, _dlse):
 torch.library.register_autograd(_attention_forward_op, _backward, setup_context=_setup_context)
 
 
-def check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed=None, dtypes=FLOAT_DTYPES):
+def check_attention_args(
+    q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed=None, dtypes=FLOAT_DTYPES, causal=False
+):
     """Validate the arguments of `attention`; returns (B, H, Lq, Lk, D)."""
+    if not isinstance(causal, bool):  # a string such as "no" would read as True
+        raise TypeError(f"causal must be a bool, got {causal!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, ndim=4, dtypes=dtypes)
     check_same_dtype(q=q, k=k, v=v)
@@ -883,7 +888,7 @@ def attention(
         larger ones run the reference with a one-time warning. Under torch.autocast, fp32 inputs
         are cast to the autocast dtype.
     """
-    check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed)
+    check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed, causal=causal)
     q, k, v = autocast_inputs(q, k, v)
     kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p, seed=seed)
     if q.shape[-1] > MAX_HEAD_DIM:
@@ -947,7 +952,7 @@ def attention_reference(
     kernel's mask with `attention_dropout_mask`).
     """
     B, H, Lq, Lk, D = check_attention_args(
-        q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed, dtypes=REFERENCE_DTYPES
+        q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed, dtypes=REFERENCE_DTYPES, causal=causal
     )
     scale = D**-0.5 if softmax_scale is None else softmax_scale
     # (B, H, Lq, Lk)
