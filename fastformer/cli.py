@@ -1,13 +1,17 @@
 """The `fastformer` command: each subcommand parses its arguments and calls its job in
 fastformer.job (`train` with one fastformer.options.TrainOptions built from them).
 
-Imports nothing heavy at the top, so `fastformer --help` and `--version` answer at once; torch and
-Triton load when a command runs. Errors are one line on stderr: exit 2 for bad input (nothing is
-written), 1 when training stops on a NaN or infinite loss, 130 on Ctrl-C. `python -m fastformer`
-runs the same command, which is how torchrun starts it: `torchrun --nproc_per_node N -m fastformer train ...`.
+Imports nothing heavy at the top, so `fastformer --help` and `--version` answer at once. Each
+command checks its options and files first, without torch (fastformer.job_inputs for `train`), so
+that a mistake is reported in a fraction of a second; torch and Triton load after. Errors are one
+line on stderr: exit 2 for bad input (nothing is written), 1 when training stops on a NaN or
+infinite loss, 130 on Ctrl-C. `python -m fastformer` runs the same command, which is how torchrun
+starts it: `torchrun --nproc_per_node N -m fastformer train ...`.
 """
 import argparse
+import contextlib
 import os
+import re
 import sys
 import warnings
 
@@ -15,7 +19,13 @@ from fastformer.version import __version__
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line, like the command's other errors."""
+    """An ArgumentParser whose usage errors are one line, like the command's other errors, and that
+    reads `--lr -1e-3` as a value: argparse's own rule (Python 3.11's) takes only `-1` and `-.5` for
+    negative numbers, and anything else that starts with "-" for an option."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -34,19 +44,42 @@ def _n_output(text):
     return value
 
 
-def _demo(args):
-    from fastformer import job
+@contextlib.contextmanager
+def _torch():
+    """Import torch and run the block on cpu_threads() threads, then restore the count."""
+    import torch
 
-    job.demo(device=args.device, backend_name=args.backend_name, batch_size=args.batch_size, seq_len=args.seq_len,
-             seed=args.seed)
+    from fastformer.runtime import cpu_threads
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _demo(args):
+    from fastformer.options import check_demo_options
+
+    check_demo_options(args.device, args.backend_name, args.batch_size, args.seq_len, args.seed)
+    with _torch():
+        from fastformer import job
+
+        job.demo(device=args.device, backend_name=args.backend_name, batch_size=args.batch_size,
+                 seq_len=args.seq_len, seed=args.seed)
     return 0
 
 
 def _train(args):
-    from fastformer import job
+    from fastformer.job_inputs import check_inputs
     from fastformer.options import TrainOptions
 
-    job.train(TrainOptions.from_args(args))
+    inputs = check_inputs(TrainOptions.from_args(args))
+    with _torch():
+        from fastformer import job
+
+        job.train_inputs(inputs)
     return 0
 
 
@@ -65,19 +98,33 @@ def _data(args):
 
 
 def _evaluate(args):
-    from fastformer import job
+    from fastformer.data.files import check_file
+    from fastformer.options import check_run_options
+    from fastformer.run_dir import check_run_dir
 
-    job.evaluate_run(
-        run=args.run, test=args.test, batch_size=args.batch_size, device=args.device, backend_name=args.backend_name,
-        amp=args.amp,
-    )
+    check_run_options(args.device, args.backend_name, args.amp, args.batch_size)
+    check_run_dir(args.run)
+    if args.test is not None:
+        check_file(args.test, "test file")
+    with _torch():
+        from fastformer import job
+
+        job.evaluate_run(run=args.run, test=args.test, batch_size=args.batch_size, device=args.device,
+                         backend_name=args.backend_name, amp=args.amp)
     return 0
 
 
 def _predict(args):
-    from fastformer import job
+    from fastformer.options import check_run_options, check_texts
+    from fastformer.run_dir import check_run_dir
 
-    job.predict(run=args.run, texts=args.texts, device=args.device, backend_name=args.backend_name, amp=args.amp)
+    check_texts(args.texts)
+    check_run_options(args.device, args.backend_name, args.amp)
+    check_run_dir(args.run)
+    with _torch():
+        from fastformer import job
+
+        job.predict(run=args.run, texts=args.texts, device=args.device, backend_name=args.backend_name, amp=args.amp)
     return 0
 
 
@@ -210,12 +257,6 @@ def main(argv=None):
     def show_warning(message, category, filename, lineno, file=None, line=None):
         print(f"{prog}: warning: {message}", file=sys.stderr)
 
-    import torch
-
-    from fastformer.runtime import cpu_threads
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cpu_threads())
     try:
         with warnings.catch_warnings():
             warnings.showwarning = show_warning
@@ -229,8 +270,6 @@ def main(argv=None):
     except KeyboardInterrupt as interrupt:
         print(f"{prog}: interrupted{f'; {interrupt}' if str(interrupt) else ''}", file=sys.stderr)
         return 130
-    finally:
-        torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":

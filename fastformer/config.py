@@ -4,7 +4,10 @@ import difflib
 import json
 import math
 import numbers
+import os
 import warnings
+
+from fastformer.data.files import check_file
 
 # The tutorial's configuration (its vocab: 8000 BPE pieces + 7 special symbols).
 TUTORIAL = {
@@ -71,6 +74,7 @@ class Config(dict):
 def read_json_object(path, what):
     """The JSON object in `path`, or ValueError naming the file and what is wrong with it; `what`
     names the kind of file in the message ("config", "run file")."""
+    check_file(path, f"{what} file")
     try:
         with open(path, "r", encoding="utf-8-sig") as f:
             value = json.load(f)
@@ -80,6 +84,11 @@ def read_json_object(path, what):
         empty = not error.doc.strip()
         detail = "the file is empty" if empty else f"{error.msg} at line {error.lineno} column {error.colno}"
         raise ValueError(f"{path}: not a JSON {what} ({detail})") from None
+    except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting too deep
+        detail = "nested too deeply" if isinstance(error, RecursionError) else str(error).split(";")[0]
+        raise ValueError(f"{path}: not a JSON {what} that fastformer reads ({detail})") from None
+    except OSError as error:
+        raise OSError(f"could not read {path}: {error.strerror or error}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path}: a {what} is a JSON object of keys and values, got a {type(value).__name__}")
     return value
@@ -124,3 +133,56 @@ def check_config(config, classifier=False):
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             warnings.warn(f"config key {key!r} is not one fastformer reads{hint}; it is ignored", stacklevel=2)
+
+
+# Memory: what a config's parameters take, checked before a model is built.
+
+BYTES_TO_TRAIN = 16  # per parameter: the fp32 weight, its gradient and AdamW's two moments
+BYTES_TO_BUILD = 4  # per parameter: the fp32 weight, as MovieClassification(config) builds it on the host
+
+
+def parameter_count(config):
+    """The parameters of MovieClassification(config), the frozen position tables included (of
+    Transformer(config) when config has no n_output)."""
+    d, d_ff, d_attn = config["d_hidn"], config["d_ff"], config["n_head"] * config["d_head"]
+    attention = 4 * d * d_attn + 3 * d_attn + d  # W_Q, W_K, W_V: d -> d_attn; linear: d_attn -> d
+    ffn = 2 * d * d_ff + d_ff + d  # conv1 and conv2
+    norm = 2 * d
+    n_layer = config["n_layer"]
+    encoder = (config["n_enc_vocab"] + config["n_enc_seq"] + 1) * d + n_layer * (attention + ffn + 2 * norm)
+    decoder = (config["n_dec_vocab"] + config["n_dec_seq"] + 1) * d + n_layer * (2 * attention + ffn + 3 * norm)
+    return encoder + decoder + d * config.get("n_output", 0)
+
+
+def host_memory():
+    """The bytes of memory this machine has, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def size_text(n_bytes):
+    """1.5 GiB, 20.0 TiB, ..."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n_bytes < 1024 or unit == "PiB":
+            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1024
+
+
+def check_fits(config, memory, where, per_parameter, names=None):
+    """Raise ValueError when the parameters of `config` (checked by check_config) at
+    `per_parameter` bytes each (BYTES_TO_BUILD, BYTES_TO_TRAIN) take more than `memory` bytes
+    (`where`: "this machine's memory"; `memory` None: unknown, nothing is checked). The message names the
+    size that costs the most: as config.<key>, or as names[key] (the option it came from)."""
+    needed = parameter_count(config) * per_parameter
+    if memory is None or needed <= memory:
+        return
+    key = max(SIZES, key=lambda k: needed - parameter_count({**config, k: 1}) * per_parameter if k in config else -1)
+    name = (names or {}).get(key, f"config.{key}")
+    what = "to train (the weight, its gradient and AdamW's two moments" if per_parameter == BYTES_TO_TRAIN else (
+        "to build (the fp32 weights alone")
+    raise ValueError(
+        f"{name} {config[key]}: the model would have {parameter_count(config):,} parameters, {needed:,} bytes "
+        f"({size_text(needed)}) {what}, {per_parameter} bytes each), more than {where} ({size_text(memory)})"
+    )

@@ -4,17 +4,19 @@ MovieClassification, cross-entropy, per-epoch evaluation, in one call), `evaluat
 and `demo`.
 
 train runs in steps, a function each:
-1. the options (fastformer.options) and the files that are not data, of a new run (_new_run) or of
-   the run --resume continues (_resumed_run);
-2. the data and its classes (fastformer.job_data.read_data);
+1. the inputs, checked without torch (fastformer.job_inputs.check_inputs): the options, the config
+   and vocab given, the data and its classes, and the new run's directory or the run --resume
+   continues (the command does this before it imports torch);
+2. where and how it runs (train_inputs): the device and backend, checked to be there, the model's
+   memory on the device, autocast, torchrun, CUDA graphs or torch.compile (fastformer.runtime);
 3. the vocab, trained (the long part) only now that every input has been checked;
 4. the model, the loaders, the optimizer and the schedule, restored from the checkpoint under
    --resume (_trainer);
 5. the run directory (fastformer.run_dir), created or its run.json extended by rank 0 once every
    process has checked its inputs (_open_run_dir);
-6. the epochs, each ending in a checkpoint (_train_epochs).
-So a bad file or option leaves nothing behind. Where and how it runs (the device, autocast,
-torchrun, CUDA graphs or torch.compile) is fastformer.runtime's.
+6. the epochs, each ending in a checkpoint, and a checkpoint where --max-steps stops the run
+   inside an epoch (_train_epochs).
+So a bad file or option leaves nothing behind.
 """
 import dataclasses
 import os
@@ -26,34 +28,30 @@ from typing import Callable, NamedTuple, Optional
 import torch
 from tqdm.auto import tqdm
 
-from fastformer import backend
-from fastformer.config import Config
-from fastformer.data.reviews import MovieDataSet, check_labels, movie_collate_fn, read_reviews
-from fastformer.data.vocab import check_vocab_matches, load_vocab
+from fastformer import backend, kernels
+from fastformer.config import BYTES_TO_TRAIN, Config, check_fits
+from fastformer.data.files import check_labels, read_reviews
+from fastformer.data.reviews import MovieDataSet, movie_collate_fn
+from fastformer.data.vocab import N_SPECIAL
 from fastformer.graphs import GraphedSteps, make_capturable
-from fastformer.job_data import dataset_files, loaders, read_data, train_run_vocab
+from fastformer.job_data import loaders, train_run_vocab
+from fastformer.job_inputs import check_inputs, default_config, size_names
 from fastformer.model import MovieClassification
 from fastformer.options import (
-    DEFAULTS,
-    RUN_OPTIONS,
     TrainOptions,
-    check_positive,
+    check_backend,
+    check_demo_options,
     check_resumable,
+    check_run_options,
+    check_texts,
     check_world_size,
-    default_out,
-    new_run_options,
-    resumed_options,
+    default_batch_size,
 )
 from fastformer.run_dir import (
-    check_out,
     create_run_dir,
     last_checkpoint_message,
-    latest_checkpoint,
     load_checkpoint,
-    load_config,
     load_run,
-    load_run_files,
-    load_run_json,
     load_state_dict,
     publish,
     save_checkpoint,
@@ -63,6 +61,7 @@ from fastformer.runtime import (
     Launch,
     barrier,
     check_step_options,
+    device_memory,
     kernels_in_use,
     process_group,
     quiet,
@@ -84,19 +83,11 @@ from fastformer.training import (
 )
 from fastformer.version import __version__
 
-# The tutorial's model is the CUDA default; on a CPU the job trains this smaller one (same shape
-# of network, 3 layers of width 128) so that the default run finishes in a few minutes.
-CPU_OVERRIDES = {"n_layer": 3, "d_hidn": 128, "n_head": 4, "d_head": 32, "d_ff": 512, "n_enc_seq": 128, "n_dec_seq": 8}
 LABEL_NAMES = {2: ["negative", "positive"]}
 
 
 def label_names(n_output):
     return LABEL_NAMES.get(n_output, [str(i) for i in range(n_output)])
-
-
-def default_config(device, n_vocab, n_output):
-    overrides = {} if device.type == "cuda" else CPU_OVERRIDES
-    return Config.tutorial(n_enc_vocab=n_vocab, n_dec_vocab=n_vocab, n_output=n_output, **overrides)
 
 
 # train
@@ -110,39 +101,59 @@ def train(options=None, *, log=print, **kwargs):
     With no data arguments it runs on the embedded demo set; `dataset="rotten-tomatoes"` takes the
     files `fastformer data rotten-tomatoes` prepared; with `train` only, 10% of it is held out as
     the test split. `n_output` is the number of classes (default: the config's), or "auto" to infer
-    it from the training labels. `resume` continues a run directory up to `epochs` in total,
-    exactly as if it had not stopped; it refuses options that differ from the run's. Options left
-    None take the run's values on resume, else DEFAULTS. Launched by torchrun, it trains with
-    DistributedDataParallel (see fastformer.runtime); otherwise it starts no process group.
-    `cuda_graphs` replays each step from a CUDA graph (fastformer.graphs; CUDA only, bf16 or no
-    autocast), `compile` runs the model through torch.compile(model, fullgraph=True), and
-    `pad_to_buckets` pads batches to bucket lengths (default: on with cuda_graphs, which needs it);
-    check_step_options says which combinations run. None of them changes what the run trains, so
-    a resumed run may change them.
+    it from the training labels. `max_steps` stops the run after that many optimizer steps in
+    all (the schedule still spans `epochs`), with a checkpoint there, inside an epoch if need be.
+    `resume` continues a run directory up to `epochs` in total, from the step where it stopped,
+    exactly as if it had not stopped; it refuses options that differ from the run's, and data files
+    that differ from those it started on. Options left None take the run's values on resume, else
+    DEFAULTS. Launched by torchrun, it trains with DistributedDataParallel (see fastformer.runtime);
+    otherwise it starts no process group. `cuda_graphs` replays each step from a CUDA graph
+    (fastformer.graphs; CUDA only, bf16 or no autocast), `compile` runs the model through
+    torch.compile(model, fullgraph=True), and `pad_to_buckets` pads batches to bucket lengths
+    (default: on with cuda_graphs, which needs it); check_step_options says which combinations
+    run. None of them changes what the run trains, so a resumed run may change them.
 
-    Errors in the inputs raise ValueError/OSError before anything is written. A NaN or infinite
-    loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both naming the last checkpoint,
-    which is kept.
+    Errors in the inputs raise ValueError/OSError before the vocab is trained and before anything
+    is written. A NaN or infinite loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both
+    naming the last checkpoint, which is kept.
     """
     options = TrainOptions(**kwargs) if options is None else dataclasses.replace(options, **kwargs)
-    options.check()
-    if options.dataset is not None:
-        options.train, options.test = dataset_files(options.dataset, options.train, options.test)
+    return train_inputs(check_inputs(options), log=log)
+
+
+def train_inputs(inputs, *, log=print):
+    """train() from its inputs as fastformer.job_inputs.check_inputs returned them: where and how the
+    job runs, checked before any work, then the run."""
+    options = inputs.options
     launch = torchrun_launch()
     device = resolve_device(options.device, launch.local_rank)
+    check_backend(options.backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     amp = resolve_amp(options.amp, device)
     with backend.use_backend(options.backend_name):
         pad_to_buckets = check_step_options(
             device, amp, kernels_in_use(device, amp), launch, cuda_graphs=options.cuda_graphs,
             compile=options.compile, pad_to_buckets=options.pad_to_buckets,
         )
+        if inputs.previous is not None:
+            check_world_size(options.resume, inputs.previous, launch)
+        vocab = inputs.vocab
+        _check_fits_device(inputs, inputs.config, vocab.get_piece_size() if vocab else N_SPECIAL, device)
         steps = {"cuda_graphs": options.cuda_graphs, "compile": options.compile, "pad_to_buckets": pad_to_buckets}
         with process_group(launch, device):
-            return _train(options, _Env(device, amp, launch, steps, log if launch.rank == 0 else quiet))
+            return _train(inputs, _Env(device, amp, launch, steps, log if launch.rank == 0 else quiet))
+
+
+def _check_fits_device(inputs, config, n_vocab, device):
+    """The model's weights, gradients and AdamW state must fit the device's memory (`config` None:
+    the default config, with a vocab of `n_vocab` pieces)."""
+    if config is None:
+        config = default_config(device.type, n_vocab, inputs.data.n_classes)
+    where = f"the memory of {device}" if device.type == "cuda" else "this machine's memory"
+    check_fits(config, device_memory(device), where, BYTES_TO_TRAIN, size_names(inputs.options))
 
 
 class _Env(NamedTuple):
-    """How this process runs the job, settled by train() before any file is read."""
+    """How this process runs the job, settled by train_inputs() before any work."""
 
     device: torch.device
     amp: str  # "bf16", "fp16" or "off"
@@ -152,16 +163,16 @@ class _Env(NamedTuple):
 
 
 class _Start(NamedTuple):
-    """Where a run starts, once its options and the files that are not data are checked."""
+    """Where a run starts, once its inputs are checked and its checkpoint is read."""
 
     options: dict  # the values of RUN_OPTIONS
     epochs: int  # in total
     run_dir: str
-    config: Optional[Config]  # None: the default config, built once the vocab is known
-    vocab: object  # the SentencePiece vocab, or None: trained on the data
     checkpoint: Optional[tuple]  # load_checkpoint's (model state, its file, trainer state)
+    checkpoint_dir: Optional[str]  # where it was read from
     previous: Optional[dict]  # the run.json of the run resumed; None for a new run
     using_demo: bool
+    digests: dict  # the sha256 of the data files
 
 
 @dataclasses.dataclass
@@ -177,28 +188,37 @@ class _Trainer:
     train_loader: torch.utils.data.DataLoader
     test_loader: torch.utils.data.DataLoader
     set_epoch: Callable
-    epoch: int = 0  # epochs done
+    steps_per_epoch: int
+    epoch: int = 0  # whole epochs done
+    epoch_step: int = 0  # steps done of the next epoch (a run stopped inside it)
+    epoch_stats: Optional[dict] = None  # train_epoch's figures of those steps
     step: int = 0  # optimizer steps done
-    history: list = dataclasses.field(default_factory=list)  # a metrics dict per epoch done
+    history: list = dataclasses.field(default_factory=list)  # a metrics dict per epoch done (or begun)
 
 
-def _train(options, env):
-    """The steps of train(), under the backend and process group it set up."""
-    resuming = options.resume is not None
-    start = _resumed_run(options, env.launch) if resuming else _new_run(options, env.device)
-    torch.manual_seed(start.options["seed"] + env.launch.rank)  # rank 0's weights are every process's (DDP broadcasts them)
-    data = read_data(start.options, start.config, resuming)
+def _train(inputs, env):
+    """The steps of train() after its inputs, under the backend and process group train_inputs set up."""
+    options, data = inputs.options, inputs.data
+    run_options = dict(inputs.run_options)
+    run_options["batch_size"] = run_options["batch_size"] or default_batch_size(env.device.type)
+    checkpoint = load_checkpoint(inputs.checkpoint) if inputs.checkpoint is not None else None
+    if options.resume is not None:
+        check_resumable(options.resume, checkpoint, inputs.epochs, options.max_steps)
+    start = _Start(run_options, inputs.epochs, inputs.run_dir, checkpoint, inputs.checkpoint, inputs.previous,
+                   inputs.using_demo, inputs.digests)
+    # rank 0's weights are every process's (DDP broadcasts them)
+    torch.manual_seed(run_options["seed"] + env.launch.rank)
     scratch = tempfile.mkdtemp(prefix="fastformer-")
     try:
-        vocab_file = start.options["vocab"] or os.path.join(scratch, "vocab.model")
-        vocab = start.vocab
+        vocab_file = run_options["vocab"] or os.path.join(scratch, "vocab.model")
+        vocab = inputs.vocab
         if vocab is None:
-            vocab = train_run_vocab(start.options, start.config, data.train, env.launch,
-                                    os.path.join(scratch, "vocab.model"), env.log)
-        config = start.config
+            vocab = train_run_vocab(run_options, data.train, env.launch, os.path.join(scratch, "vocab.model"), env.log)
+        config = inputs.config
         if config is None:
-            config = default_config(env.device, vocab.get_piece_size(), data.n_classes)
-        trainer = _trainer(config, vocab, data, start, env, options.max_steps)
+            _check_fits_device(inputs, None, vocab.get_piece_size(), env.device)
+            config = default_config(env.device.type, vocab.get_piece_size(), data.n_classes)
+        trainer = _trainer(config, vocab, data, start, env)
         session = _session(options, start, env)
         run_info, where = _open_run_dir(options, start, config, vocab_file, trainer, session, env)
     finally:
@@ -206,40 +226,26 @@ def _train(options, env):
     _log_header(env, data, vocab, trainer.model, session, run_info, where)
     history = _train_epochs(trainer, start, env, options.max_steps)
     metrics = {"epochs": history, "test_accuracy": history[-1]["test_accuracy"]}
-    env.log(f"test accuracy {metrics['test_accuracy']:.4f} on {len(data.test)} reviews; run saved in {start.run_dir}")
+    stopped = ""
+    if trainer.epoch < start.epochs:
+        stopped = f"; stopped by --max-steps {options.max_steps} {_position(trainer)}"
+    env.log(f"test accuracy {metrics['test_accuracy']:.4f} on {len(data.test)} reviews{stopped}; "
+            f"run saved in {start.run_dir}")
+    if stopped:
+        env.log(f"`fastformer train --resume {start.run_dir}` continues it")
     return metrics
 
 
-def _new_run(options, device):
-    """The start of a new run: its options, the config and vocab given (checked together), and its
-    directory, checked to be one it can create."""
-    run_options, using_demo = new_run_options(options.given(), device)
-    config = load_config(options.config, f"--config {options.config}") if options.config is not None else None
-    vocab = load_vocab(options.vocab) if options.vocab is not None else None
-    if vocab is not None and config is not None:
-        check_vocab_matches(vocab, config, "--vocab")
-    run_dir = options.out or default_out()
-    check_out(run_dir)
-    return _Start(run_options, options.epochs or DEFAULTS["epochs"], run_dir, config, vocab, None, None, using_demo)
+def _position(trainer):
+    """Where a stopped run stands, in words."""
+    if trainer.epoch_step:
+        return f"after step {trainer.epoch_step} of the {trainer.steps_per_epoch} of epoch {trainer.epoch + 1}"
+    return f"after epoch {trainer.epoch}"
 
 
-def _resumed_run(options, launch):
-    """The start of the run `options.resume` continues: its options (any given must be the run's),
-    config, vocab and latest checkpoint, and the epochs and steps left to train."""
-    resume = options.resume
-    previous = load_run_json(resume, required=("epochs", "demo_data", *RUN_OPTIONS))
-    run_options = resumed_options(resume, previous, options.given())
-    check_world_size(resume, previous, launch)
-    epochs = options.epochs or previous["epochs"]
-    config, vocab = load_run_files(resume)
-    checkpoint = load_checkpoint(resume)
-    check_resumable(resume, checkpoint, epochs, options.max_steps)
-    return _Start(run_options, epochs, resume, config, vocab, checkpoint, previous, previous["demo_data"])
-
-
-def _trainer(config, vocab, data, start, env, max_steps):
+def _trainer(config, vocab, data, start, env):
     """The model on the device, the loaders, AdamW (weight decay on the weight matrices only) and
-    the warm-up and decay schedule over the run's steps, restored from the checkpoint under
+    the warm-up and decay schedule over the run's epochs, restored from the checkpoint under
     --resume; and the model as the steps call it."""
     options, steps = start.options, env.steps
     train_loader, test_loader, set_epoch = loaders(
@@ -253,11 +259,13 @@ def _trainer(config, vocab, data, start, env, max_steps):
         [{"params": decay, "weight_decay": options["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
         lr=options["lr"],
     )
+    # The schedule spans the run's epochs; --max-steps only says where this invocation stops, so that
+    # a run stopped there and resumed trains as one that was not.
     total_steps = start.epochs * len(train_loader)
-    total_steps = total_steps if max_steps is None else min(max_steps, total_steps)
     scheduler = linear_warmup_decay_scheduler(optimizer, int(options["warmup"] * total_steps), total_steps)
     scaler = torch.amp.GradScaler(env.device.type) if env.amp == "fp16" else None
-    trainer = _Trainer(model, model, optimizer, scheduler, scaler, None, train_loader, test_loader, set_epoch)
+    trainer = _Trainer(model, model, optimizer, scheduler, scaler, None, train_loader, test_loader, set_epoch,
+                       len(train_loader))
     if start.checkpoint is not None:
         _restore(trainer, start.checkpoint, env)
     make_capturable(optimizer, steps["cuda_graphs"])  # a checkpoint holds the form it was written in
@@ -273,12 +281,16 @@ def _restore(trainer, checkpoint, env):
     """Load a checkpoint (load_checkpoint's) into the trainer: the weights, the optimizer, the
     schedule and the scaler, where the training stands, and the RNG states."""
     model_state, model_file, state = checkpoint
+    if state["epoch_step"] >= trainer.steps_per_epoch:
+        raise ValueError(f"{os.path.dirname(model_file)} is at step {state['epoch_step']} of an epoch, but an epoch "
+                         f"of this run has {trainer.steps_per_epoch} steps")
     load_state_dict(trainer.model, model_state, model_file)
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     if trainer.scaler is not None and state["scaler"]:
         trainer.scaler.load_state_dict(state["scaler"])
     trainer.epoch, trainer.step, trainer.history = state["epoch"], state["step"], state["history"]
+    trainer.epoch_step, trainer.epoch_stats = state["epoch_step"], state["epoch_stats"]
     set_rng_state(state["rng"], env.device, env.launch)
 
 
@@ -308,18 +320,19 @@ def _open_run_dir(options, start, config, vocab_file, trainer, session, env):
         dataset = options.dataset or ("demo" if start.using_demo else None)
         run_info = {
             **start.options, **session, "demo_data": start.using_demo, "dataset": dataset,
-            "label_names": label_names(config.n_output), "resumed": [],
+            "label_names": label_names(config.n_output), "data_sha256": start.digests, "resumed": [],
         }
         if env.launch.rank == 0:
             create_run_dir(run_dir, vocab_file, config, run_info)
         return run_info, f"{run_dir}{' (replacing a run that stopped before its first checkpoint)' if replaces else ''}"
-    resumed = [*start.previous.get("resumed", []), {"from_epoch": trainer.epoch, **session}]
-    run_info = {**start.previous, "epochs": start.epochs, "resumed": resumed}
+    resumed = [*start.previous.get("resumed", []), {"from_epoch": trainer.epoch, "from_step": trainer.step, **session}]
+    # a run.json from before the data's digests were kept gets them now, for the next --resume
+    run_info = {"data_sha256": start.digests, **start.previous, "epochs": start.epochs, "resumed": resumed}
     if env.launch.rank == 0:
         write_json(os.path.join(run_dir, "run.json"), run_info)
         if trainer.history:  # a kill between a checkpoint and its copies leaves these one epoch behind
-            publish(run_dir, latest_checkpoint(run_dir), trainer.history)
-    return run_info, f"{run_dir} (resumed after epoch {trainer.epoch})"
+            publish(run_dir, start.checkpoint_dir, trainer.history)
+    return run_info, f"{run_dir} (resumed {_position(trainer)})"
 
 
 def _log_header(env, data, vocab, model, session, run_info, where):
@@ -342,26 +355,27 @@ def _log_header(env, data, vocab, model, session, run_info, where):
 
 
 def _train_epochs(trainer, start, env, max_steps):
-    """Train the epochs left (up to max_steps steps), each evaluated and saved as a checkpoint by
-    rank 0; returns the history. An error writing, a NaN loss or Ctrl-C names the last checkpoint."""
-    last = latest_checkpoint(start.run_dir) if start.previous is not None else None
+    """Train the epochs left, up to max_steps steps in all, each evaluated and saved as a checkpoint
+    by rank 0, as is the part of an epoch where max_steps stops the run; returns the history. An
+    error writing, a NaN loss or Ctrl-C names the last checkpoint."""
+    last = start.checkpoint_dir
     try:
         for epoch in range(trainer.epoch, start.epochs):
             if max_steps is not None and trainer.step >= max_steps:
                 break
             record = _epoch(trainer, epoch, start.epochs, env, max_steps, last)
+            if trainer.history and trainer.history[-1]["epoch"] == record["epoch"]:
+                trainer.history.pop()  # the part of this epoch trained before the run was resumed
             trainer.history.append(record)
-            trainer.epoch = epoch + 1
+            if record["complete"]:
+                trainer.epoch, trainer.epoch_step, trainer.epoch_stats = epoch + 1, 0, None
             state = _trainer_state(trainer, env)
             if env.launch.rank == 0:
-                last = save_checkpoint(start.run_dir, trainer.model, state)
+                last = save_checkpoint(start.run_dir, trainer.model, state, previous=last)
                 publish(start.run_dir, last, trainer.history)
-                tqdm.write(
-                    f"epoch {epoch + 1}/{start.epochs}  train loss {record['train_loss']:.4f} "
-                    f"acc {record['train_accuracy']:.3f}  test loss {record['test_loss']:.4f} "
-                    f"acc {record['test_accuracy']:.3f}  {record['tokens_per_s']:,.0f} tok/s  "
-                    f"{record['seconds']:.1f} s"
-                )
+                tqdm.write(_epoch_line(record, start.epochs, trainer.steps_per_epoch))
+            if not record["complete"]:
+                break
     except OSError as error:
         raise OSError(f"{error}; {last_checkpoint_message(last)}") from None
     except KeyboardInterrupt:
@@ -371,11 +385,27 @@ def _train_epochs(trainer, start, env, max_steps):
     return trainer.history
 
 
+def _epoch_line(record, epochs, steps_per_epoch):
+    """The line an epoch ends with; one stopped by --max-steps says how far it went."""
+    epoch = f"epoch {record['epoch']}/{epochs}"
+    if not record["complete"]:
+        epoch += f" stopped after {record['epoch_steps']} of its {steps_per_epoch} steps"
+    return (
+        f"{epoch}  train loss {record['train_loss']:.4f} acc {record['train_accuracy']:.3f}  "
+        f"test loss {record['test_loss']:.4f} acc {record['test_accuracy']:.3f}  "
+        f"{record['tokens_per_s']:,.0f} tok/s  {record['seconds']:.1f} s"
+    )
+
+
 def _epoch(trainer, epoch, epochs, env, max_steps, last):
-    """Train epoch `epoch` (from 0) and evaluate the model after it; returns its record for the
-    history. `last` is the last checkpoint, which a NaN loss names."""
-    trainer.set_epoch(epoch)
+    """Train epoch `epoch` (from 0), from the step where the run stopped inside it if it did, up to
+    its end or max_steps, and evaluate the model after it; returns its record for the history.
+    `last` is the last checkpoint, which a NaN loss names."""
+    skip = trainer.epoch_step
+    trainer.set_epoch(epoch, skip)
     lr_now = float(trainer.scheduler.get_last_lr()[0])  # a tensor under --cuda-graphs: one sync an epoch
+    if skip and trainer.history and trainer.history[-1]["epoch"] == epoch + 1:
+        lr_now = trainer.history[-1]["lr"]  # the epoch's first
     try:
         train_stats = train_epoch(
             trainer.trained, trainer.train_loader, trainer.optimizer, trainer.scheduler, device=env.device,
@@ -385,16 +415,23 @@ def _epoch(trainer, epoch, epochs, env, max_steps, last):
     except NonFiniteLossError as error:
         step = trainer.step + error.step
         raise NonFiniteLossError(
-            f"{error} of epoch {epoch + 1} (step {step} of the run): training stopped; {last_checkpoint_message(last)}",
+            f"the loss is {error.loss} at step {skip + error.step} of epoch {epoch + 1} (step {step} of the run): "
+            f"training stopped; {last_checkpoint_message(last)}",
             step, error.loss,
         ) from None
     trainer.step += train_stats["steps"]
+    trainer.epoch_step = skip + train_stats["steps"]
+    train_stats = _joined(trainer.epoch_stats, train_stats)
+    complete = trainer.epoch_step == trainer.steps_per_epoch
+    trainer.epoch_stats = None if complete else train_stats
     evaluated = trainer.trained if env.steps["compile"] else trainer.model
     test_stats = evaluate(evaluated, trainer.test_loader, device=env.device, amp=env.amp,
                           desc=f"Test  {epoch + 1}/{epochs}", graphs=trainer.graphs)
     return {
         "epoch": epoch + 1,
         "steps": trainer.step,
+        "epoch_steps": trainer.epoch_step,
+        "complete": complete,
         "lr": lr_now,
         "train_loss": train_stats["loss"],
         "train_accuracy": train_stats["accuracy"],
@@ -405,13 +442,32 @@ def _epoch(trainer, epoch, epochs, env, max_steps, last):
     }
 
 
+def _joined(before, after):
+    """train_epoch's figures of one epoch trained in two parts (`before`: None when it was not)."""
+    if before is None:
+        return after
+    reviews, tokens, seconds = (before[k] + after[k] for k in ("reviews", "tokens", "seconds"))
+    return {
+        "loss": (before["loss"] * before["reviews"] + after["loss"] * after["reviews"]) / max(reviews, 1),
+        "accuracy": (before["accuracy"] * before["reviews"] + after["accuracy"] * after["reviews"]) / max(reviews, 1),
+        "steps": before["steps"] + after["steps"],
+        "reviews": reviews,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+    }
+
+
 def _trainer_state(trainer, env):
-    """trainer.pt of the checkpoint of the epochs done (a collective under torchrun: rng_state)."""
+    """trainer.pt of a checkpoint: where the training stands, with what continues it exactly (a
+    collective under torchrun: rng_state)."""
     return {
         "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict(),
         "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
         "epoch": trainer.epoch,
+        "epoch_step": trainer.epoch_step,
+        "epoch_stats": trainer.epoch_stats,
         "step": trainer.step,
         "history": trainer.history,
         "rng": rng_state(env.device, env.launch),
@@ -423,10 +479,11 @@ def _trainer_state(trainer, env):
 
 def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="auto", amp="auto", log=print):
     """Accuracy and loss of a saved run on a test file (default: the run's own test file)."""
-    check_positive(batch_size=batch_size)
+    check_run_options(device, backend_name, amp, batch_size)
+    device = resolve_device(device)
+    check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     with backend.use_backend(backend_name):
         config, vocab, model, info = load_run(run, device)
-        device = next(model.parameters()).device
         test = test or info.get("test")
         if test is None:
             raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
@@ -444,11 +501,12 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
 def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=print):
     """The predicted label and its probability for each text; returns [(label_name, prob)]. An
     empty or whitespace-only text raises ValueError."""
-    if not texts:
-        raise ValueError("give at least one text to classify")
+    check_texts(texts)
+    check_run_options(device, backend_name, amp)
+    device = resolve_device(device)
+    check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     with backend.use_backend(backend_name):
         config, vocab, model, info = load_run(run, device)
-        device = next(model.parameters()).device
         probs = predict_proba(
             model, vocab, texts, device=device, amp=resolve_amp(amp, device), max_len=config.n_enc_seq
         )
@@ -465,8 +523,9 @@ def demo(*, device=None, backend_name="auto", batch_size=8, seq_len=64, seed=0, 
     """Build the tutorial's MovieClassification, run one forward and backward on a batch of random
     reviews under the autocast `fastformer train` would use, and say what happened. Returns the
     loss, the gradient norm and the seconds the two passes took."""
-    check_positive(batch_size=batch_size, seq_len=seq_len)
+    check_demo_options(device, backend_name, batch_size, seq_len, seed)
     device = resolve_device(device)
+    check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     with backend.use_backend(backend_name):
         torch.manual_seed(seed)
         config = Config.tutorial()

@@ -55,4 +55,6 @@ class AttentionMask(NamedTuple):
 
     def as_kwargs(self):
         """The keyword arguments of kernels.attention that express this mask."""
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"AttentionMask.causal must be a bool, got {self.causal!r}")
         return {"key_padding_mask": self.key_padding_mask, "causal": self.causal, "attn_mask": self.dense}

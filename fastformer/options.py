@@ -1,6 +1,7 @@
 """The options of `fastformer train`: TrainOptions (the keyword arguments of fastformer.job.train,
 which the command builds from its arguments in one place), their checks, and the options a run
-takes from them: DEFAULTS for a new run, the run's own under --resume.
+takes from them: DEFAULTS for a new run, the run's own under --resume. Also the checks of the other
+commands' options. Nothing here imports torch: the command checks its options before it does.
 
     train(epochs=3, lr=1e-3)                          # the Python API
     train(TrainOptions(epochs=3, lr=1e-3))            # the same
@@ -8,24 +9,106 @@ takes from them: DEFAULTS for a new run, the run's own under --resume.
 """
 import dataclasses
 import math
+import numbers
 import os
+import re
 import time
 from typing import Optional, Union
 
+from fastformer.config import TUTORIAL, host_memory, size_text
 from fastformer.data import demo
+from fastformer.data.vocab import N_SPECIAL
 
 DEFAULTS = {"epochs": 5, "lr": 5e-4, "warmup": 0.1, "weight_decay": 0.01, "seed": 0, "vocab_size": 8000, "bucket": True}
 # The options that make a run what it is: --resume refuses a value other than the run's for any.
 RUN_OPTIONS = ("train", "test", "vocab", "vocab_size", "config", "n_output", "batch_size", "lr", "warmup",
                "weight_decay", "seed", "bucket")
 PATH_OPTIONS = ("train", "test", "vocab", "config")
+BACKENDS = ("auto", "triton", "reference")
+AMPS = ("auto", "bf16", "fp16", "off")
+DATASETS = ("demo", "rotten-tomatoes")  # --dataset: the embedded set, or what `fastformer data` prepared
+DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")  # the devices the job runs on
+MAX_VOCAB_PIECES = 2**31 - 1 - N_SPECIAL  # SentencePiece counts the pieces in a 32-bit int
+MAX_SEED = 2**32 - 1  # any 32-bit seed; with an epoch or a rank added it stays a valid 64-bit torch seed
+
+
+def _option(name):
+    return f"--{name.replace('_', '-')}"
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_positive(**values):
     """Raise ValueError naming the first option given (not None) that is not a positive number."""
     for name, value in values.items():
-        if value is not None and not value > 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0):
+            raise ValueError(f"{_option(name)} must be positive, got {value}")
+
+
+def check_integers(**values):
+    """Raise ValueError naming the first option given (not None) that is not an integer."""
+    for name, value in values.items():
+        if value is not None and not _is_int(value):
+            raise ValueError(f"{_option(name)} must be an integer, got {value!r}")
+
+
+def check_choice(option, value, choices):
+    if value not in choices:
+        raise ValueError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def check_device(name):
+    """Raise ValueError unless `name` (None: the default) names a device the job runs on: cpu,
+    cuda or cuda:N. Whether the machine has it is fastformer.runtime.resolve_device's to say."""
+    if name is not None and not DEVICE.fullmatch(str(name)):
+        raise ValueError(f"--device {name}: fastformer runs on cpu, cuda or cuda:N")
+
+
+def check_backend(backend_name, device, has_triton, interpret):
+    """Raise ValueError when --backend triton cannot run: without the triton package, or on a
+    `device` (a name; None: not known yet) other than CUDA without Triton's interpreter."""
+    if backend_name != "triton":
+        return
+    if not has_triton:
+        raise ValueError("--backend triton needs the triton package, which is not installed; "
+                         "pass --backend auto or reference")
+    if device is not None and not str(device).startswith("cuda") and not interpret:
+        raise ValueError(
+            f"--backend triton on {device} needs a CUDA GPU, or Triton's interpreter (TRITON_INTERPRET=1 in the "
+            "environment, which runs the kernels slowly on a CPU); pass --backend auto or reference"
+        )
+
+
+def check_step_options(device, amp, kernels, distributed, *, cuda_graphs, compile, pad_to_buckets):
+    """Raise ValueError naming the option for a combination of --cuda-graphs, --compile and
+    --pad-to-buckets that cannot run on `device` (a name), autocast ("bf16", "fp16", "off"), kernels
+    ("triton" or "reference") and launch (`distributed`: under torchrun); return whether to pad to
+    buckets (default: with --cuda-graphs, which needs it, and not otherwise). Before torch is
+    imported, what is not known yet is None (device, kernels, distributed) or "auto" (amp), and
+    the checks that need it wait."""
+    device_type = None if device is None else str(device).split(":")[0]
+    if cuda_graphs:
+        if device_type is not None and device_type != "cuda":
+            raise ValueError(f"--cuda-graphs needs a CUDA device; the device is {device}")
+        if compile:
+            raise ValueError("--cuda-graphs and --compile are alternatives: pass one")
+        if amp == "fp16":
+            raise ValueError("--cuda-graphs does not take --amp fp16: its GradScaler reads the host at every step; "
+                             "use --amp bf16 (the default on CUDA) or off")
+        if pad_to_buckets is False:
+            raise ValueError("--cuda-graphs needs --pad-to-buckets: a graph is captured per batch shape, and without "
+                             "buckets every review length is a shape")
+        if distributed:
+            raise ValueError("--cuda-graphs is not supported under torchrun")
+    if compile:
+        if device_type is not None and device_type != "cuda" and kernels == "triton":
+            raise ValueError(f"--compile on {device} needs the reference kernels: torch.compile cannot trace the "
+                             "Triton kernels through Triton's CPU interpreter; pass --backend auto or reference")
+        if distributed:
+            raise ValueError("--compile is not supported under torchrun")
+    return cuda_graphs if pad_to_buckets is None else pad_to_buckets
 
 
 @dataclasses.dataclass
@@ -64,28 +147,103 @@ class TrainOptions:
         return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
 
     def check(self):
-        """Raise ValueError naming the first option whose value cannot be right."""
+        """Raise ValueError naming the first option whose value cannot be right, on its own or with the
+        others: everything that can be checked without torch, the files aside."""
+        check_integers(epochs=self.epochs, batch_size=self.batch_size, max_steps=self.max_steps,
+                       vocab_size=self.vocab_size, seed=self.seed)
+        if isinstance(self.lr, float) and not math.isfinite(self.lr):
+            raise ValueError(f"--lr must be a finite number, got {self.lr}")
         check_positive(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, max_steps=self.max_steps,
                        vocab_size=self.vocab_size)
-        if self.lr is not None and not math.isfinite(self.lr):
-            raise ValueError(f"--lr must be a finite number, got {self.lr}")
-        if self.weight_decay is not None and not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+        if self.weight_decay is not None and not (
+            isinstance(self.weight_decay, numbers.Real) and math.isfinite(self.weight_decay) and self.weight_decay >= 0
+        ):
             raise ValueError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay}")
-        if self.warmup is not None and not 0 <= self.warmup < 1:
+        if self.warmup is not None and not (isinstance(self.warmup, numbers.Real) and 0 <= self.warmup < 1):
             raise ValueError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.vocab_size is not None and self.vocab_size > MAX_VOCAB_PIECES:
+            raise ValueError(f"--vocab-size must be at most {MAX_VOCAB_PIECES:,} (SentencePiece counts pieces in "
+                             f"32 bits), got {self.vocab_size:,}")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED:,}, got {self.seed}")
         n_output = self.n_output
-        if n_output is not None and n_output != "auto" and not (isinstance(n_output, int) and n_output > 0):
+        if n_output is not None and n_output != "auto" and not (_is_int(n_output) and n_output > 0):
             raise ValueError(f"--n-output must be a positive integer or auto, got {n_output!r}")
+        for name in ("train", "test", "vocab", "config", "out", "resume"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (str, os.PathLike)) and str(value)):
+                raise ValueError(f"{_option(name)} must be a path, got {value!r}")
+        if self.dataset is not None:
+            check_choice("--dataset", self.dataset, DATASETS)
+        check_choice("--backend", self.backend_name, BACKENDS)
+        check_choice("--amp", self.amp, AMPS)
+        for name in ("bucket", "pad_to_buckets", "cuda_graphs", "compile"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{_option(name)} must be True or False, got {value!r}")
+        check_device(self.device)
+        check_step_options(self.device, self.amp, _kernels_named(self.backend_name), None,
+                           cuda_graphs=self.cuda_graphs, compile=self.compile, pad_to_buckets=self.pad_to_buckets)
 
     def given(self):
         """The RUN_OPTIONS, None where not given."""
         return {name: getattr(self, name) for name in RUN_OPTIONS}
 
 
-def new_run_options(given, device):
-    """The RUN_OPTIONS of a new run on `device` from those `given`: paths made absolute, the
-    embedded demo set without --train, DEFAULTS for the rest. Returns (options, whether the data is
-    the demo set)."""
+def check_run_options(device, backend_name, amp, batch_size=None):
+    """Raise ValueError naming the first of the options `evaluate`, `predict` and `demo` share that
+    cannot be right."""
+    check_integers(batch_size=batch_size)
+    check_positive(batch_size=batch_size)
+    check_device(device)
+    check_choice("--backend", backend_name, BACKENDS)
+    check_choice("--amp", amp, AMPS)
+
+
+def check_texts(texts):
+    """`predict`'s texts: at least one, none empty or only whitespace (the model would see padding
+    only, and still answer)."""
+    if not texts:
+        raise ValueError("give at least one text to classify")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"text {i + 1} of {len(texts)} is a {type(text).__name__}, not a str")
+        if not text.strip():
+            raise ValueError(
+                f"text {i + 1} of {len(texts)} ({text!r}) is empty or only whitespace: nothing to classify"
+            )
+
+
+def check_demo_options(device, backend_name, batch_size, seq_len, seed):
+    """Raise ValueError naming the first option of `demo` that cannot be right: the batch of random
+    reviews must fit the tutorial's model and this machine's memory."""
+    check_run_options(device, backend_name, "auto", batch_size)
+    check_integers(seq_len=seq_len, seed=seed)
+    check_positive(seq_len=seq_len)
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
+    if seq_len > TUTORIAL["n_enc_seq"]:
+        raise ValueError(f"--seq-len {seq_len} is longer than the tutorial config's n_enc_seq, "
+                         f"{TUTORIAL['n_enc_seq']}: the longest review its model reads")
+    # a lower bound: every layer keeps at least its (bs, seq_len, d_hidn) fp32 output for the backward
+    kept = batch_size * seq_len * TUTORIAL["d_hidn"] * 4 * (2 * TUTORIAL["n_layer"] + 1)
+    memory = host_memory()
+    if memory is not None and kept > memory:
+        raise ValueError(
+            f"--batch-size {batch_size} with --seq-len {seq_len}: the forward would keep at least {kept:,} bytes "
+            f"({size_text(kept)}) of activations, more than this machine's memory ({size_text(memory)})"
+        )
+
+
+def _kernels_named(backend_name):
+    """The kernels a backend runs, where the backend alone says: "triton", "reference", or None ("auto")."""
+    return None if backend_name == "auto" else backend_name
+
+
+def new_run_options(given):
+    """The RUN_OPTIONS of a new run from those `given`: paths made absolute, the embedded demo set
+    without --train, DEFAULTS for the rest but batch_size, whose default depends on the device
+    (default_batch_size). Returns (options, whether the data is the demo set)."""
     train, test, vocab, config = given["train"], given["test"], given["vocab"], given["config"]
     using_demo = train is None
     if using_demo:
@@ -94,9 +252,12 @@ def new_run_options(given, device):
     options.update(
         train=os.path.abspath(train), test=test and os.path.abspath(test), vocab=vocab and os.path.abspath(vocab),
         config=config and os.path.abspath(config), vocab_size=None if vocab else options["vocab_size"],
-        batch_size=given["batch_size"] or (128 if device.type == "cuda" else 64),
     )
     return options, using_demo
+
+
+def default_batch_size(device_type):
+    return 128 if device_type == "cuda" else 64
 
 
 def default_out():

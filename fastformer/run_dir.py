@@ -5,8 +5,10 @@ A run directory holds everything needed to use or continue the model:
     config.json     the model's Config (Config.load reads it; the tutorial's classes accept it)
     vocab.model     the SentencePiece vocab
     run.json        data files, options, device, backend and amp, and those of each --resume
-    checkpoint-N/   the checkpoint of epoch N: model.pt and trainer.pt (optimizer, schedule, scaler,
+    checkpoint-N/   the checkpoint after epoch N: model.pt and trainer.pt (optimizer, schedule, scaler,
                     step, metrics so far, RNG states), written together as one directory
+    checkpoint-N-step-K/  the same, taken inside epoch N after K of its steps (a run stopped by
+                    --max-steps), from which --resume continues at step K + 1 of the epoch
     model.pt        the latest checkpoint's state_dict: the tutorial's own MovieClassification loads it
     metrics.json    per-epoch loss, accuracy and tokens/s, and the final test accuracy
     curves.png      loss and accuracy per epoch
@@ -14,9 +16,14 @@ A run directory holds everything needed to use or continue the model:
 The directory appears in one step, with config.json, vocab.model and run.json (create_run_dir);
 each epoch then writes checkpoint-N into a staging directory that is renamed into place
 (save_checkpoint), so a crash at any point leaves the previous checkpoint or the new one, never a
-mix. A run killed before its first checkpoint can be resumed (it starts again) or replaced by a new
-run with the same --out (check_out). Every file is written through a temporary name and synced
-(write_file), and read with one-line errors naming the file.
+mix; a save removes the checkpoint the run wrote before it, by name, and nothing else. A run killed
+before its first checkpoint can be resumed (it starts again) or replaced by a new run with the same
+--out (check_out). A run directory is never made inside another one (check_out), and a directory
+named like a checkpoint that is a run is never taken for one (checkpoints). Every file is written
+through a temporary name and synced (write_file), and read with one-line errors naming the file.
+
+torch is imported only by the functions that read or write tensors, so that `fastformer train`
+checks the run directory before it imports torch.
 """
 import contextlib
 import json
@@ -24,15 +31,12 @@ import os
 import re
 import shutil
 
-import torch
-
 from fastformer.config import Config, check_config, read_json_object
+from fastformer.data.files import check_file
 from fastformer.data.vocab import check_vocab_matches, load_vocab
-from fastformer.model import MovieClassification
-from fastformer.runtime import resolve_device
 
 RUN_FILES = ("config.json", "vocab.model", "run.json")  # a run directory has these from its start
-CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+CHECKPOINT = re.compile(r"checkpoint-(\d+)(?:-step-(\d+))?")
 STAGING = ".checkpoint.tmp"
 
 
@@ -87,6 +91,8 @@ def _sync_dir(path):
 
 def _load_torch(path):
     """torch.load to the CPU, with one-line errors naming the file: missing, empty, truncated or damaged."""
+    import torch
+
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -126,8 +132,7 @@ def load_state_dict(model, state, path):
 
 def load_config(path, what):
     """Config.load and check_config, with errors naming `what` (the option or the file)."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"config file not found: {path}")
+    check_file(path, "config file")
     config = Config.load(path)
     try:
         check_config(config)
@@ -165,19 +170,41 @@ def plot_curves(history, path):
 # Checkpoints
 
 
-def _checkpoint_epochs(run_dir):
-    """The epochs of the checkpoint-N directories in `run_dir`, in order."""
-    return sorted(
-        int(match.group(1))
-        for name in os.listdir(run_dir)
-        if (match := CHECKPOINT.fullmatch(name)) and os.path.isdir(os.path.join(run_dir, name))
-    )
+def checkpoint_name(epoch, epoch_step=0):
+    """checkpoint-<epoch> after `epoch` whole epochs; checkpoint-<epoch + 1>-step-<epoch_step> when
+    the run stopped `epoch_step` steps into the next epoch."""
+    return f"checkpoint-{epoch}" if epoch_step == 0 else f"checkpoint-{epoch + 1}-step-{epoch_step}"
+
+
+def is_run_dir(path):
+    """Whether `path` is a run directory: it holds config.json, vocab.model and run.json."""
+    return all(os.path.isfile(os.path.join(path, name)) for name in RUN_FILES)
+
+
+def checkpoints(run_dir):
+    """The checkpoint directories in `run_dir`, oldest first, as ((epochs done, steps into the next
+    epoch), path). A run directory named like a checkpoint (a run made inside this one) raises
+    ValueError: its files are not this run's to read or remove."""
+    found = []
+    for name in os.listdir(run_dir):
+        path = os.path.join(run_dir, name)
+        match = CHECKPOINT.fullmatch(name)
+        if match is None or not os.path.isdir(path):
+            continue
+        if is_run_dir(path):
+            raise ValueError(
+                f"{path} is a run directory made inside the run {run_dir}, not one of its checkpoints; "
+                f"move it out of {run_dir}, then resume {run_dir}"
+            )
+        epoch, epoch_step = int(match.group(1)), int(match.group(2) or 0)
+        found.append(((epoch - 1, epoch_step) if epoch_step else (epoch, 0), path))
+    return sorted(found)
 
 
 def latest_checkpoint(run_dir):
-    """The path of the run's latest checkpoint-N directory, or None before its first epoch ended."""
-    epochs = _checkpoint_epochs(run_dir)
-    return os.path.join(run_dir, f"checkpoint-{epochs[-1]}") if epochs else None
+    """The path of the run's latest checkpoint directory, or None before its first was written."""
+    found = checkpoints(run_dir)
+    return found[-1][1] if found else None
 
 
 def last_checkpoint_message(path):
@@ -185,11 +212,14 @@ def last_checkpoint_message(path):
     return f"last checkpoint: {path}" if path else "no checkpoint yet (the first epoch did not end)"
 
 
-def save_checkpoint(run_dir, model, trainer):
-    """Write checkpoint-<epoch> (model.pt, trainer.pt) as one unit and drop the older checkpoints.
-    Returns its path."""
+def save_checkpoint(run_dir, model, trainer, previous=None):
+    """Write the checkpoint of `trainer` (trainer.pt's dict: checkpoint_name of its epoch and
+    epoch_step) with the model's model.pt, as one unit, then remove `previous`, the checkpoint this
+    run wrote (or resumed from) before, if it is another: only that, by name. Returns its path."""
+    import torch
+
     staging = os.path.join(run_dir, STAGING)
-    final = os.path.join(run_dir, f"checkpoint-{trainer['epoch']}")
+    final = os.path.join(run_dir, checkpoint_name(trainer["epoch"], trainer["epoch_step"]))
     state_dict = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while saving
     try:
@@ -201,9 +231,8 @@ def save_checkpoint(run_dir, model, trainer):
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    for epoch in _checkpoint_epochs(run_dir):
-        if epoch != trainer["epoch"]:
-            shutil.rmtree(os.path.join(run_dir, f"checkpoint-{epoch}"))
+    if previous is not None and os.path.abspath(previous) != os.path.abspath(final):
+        shutil.rmtree(previous, ignore_errors=True)
     return final
 
 
@@ -218,21 +247,29 @@ def publish(run_dir, checkpoint, history):
     plot_curves(history, os.path.join(run_dir, "curves.png"))
 
 
-def load_checkpoint(run_dir):
-    """(model state_dict, its file, trainer state) of the run's latest checkpoint, or None if it has none."""
+def check_resumable_dir(run_dir):
+    """The path of the checkpoint --resume continues from (None: the run starts again), after
+    checking that the directory can be resumed: its checkpoint-N entries are checkpoints."""
     path = latest_checkpoint(run_dir)
-    if path is None:
-        if os.path.exists(os.path.join(run_dir, "model.pt")):
-            raise ValueError(f"{run_dir} has a model.pt but no checkpoint-N directory to resume from")
-        return None
+    if path is None and os.path.exists(os.path.join(run_dir, "model.pt")):
+        raise ValueError(f"{run_dir} has a model.pt but no checkpoint-N directory to resume from")
+    return path
+
+
+def load_checkpoint(path):
+    """(model state_dict, its file, trainer state) of the checkpoint directory `path`. A trainer.pt
+    written before checkpoints were taken inside an epoch has no epoch_step: it is 0."""
     trainer_file = os.path.join(path, "trainer.pt")
     trainer = _load_torch(trainer_file)
     keys = ("optimizer", "scheduler", "scaler", "epoch", "step", "history", "rng")
     missing = [k for k in keys if not isinstance(trainer, dict) or k not in trainer]
     if missing:
         raise ValueError(f"{trainer_file} lacks {', '.join(missing)}")
-    if f"checkpoint-{trainer['epoch']}" != os.path.basename(path):
-        raise ValueError(f"{trainer_file} is from epoch {trainer['epoch']}, not the epoch its directory names")
+    trainer.setdefault("epoch_step", 0)
+    trainer.setdefault("epoch_stats", None)
+    if checkpoint_name(trainer["epoch"], trainer["epoch_step"]) != os.path.basename(path):
+        where = checkpoint_name(trainer["epoch"], trainer["epoch_step"])
+        raise ValueError(f"{trainer_file} is the checkpoint {where}, not the one its directory names")
     model_file = os.path.join(path, "model.pt")
     return _load_torch(model_file), model_file, trainer
 
@@ -244,6 +281,8 @@ def load_run_json(run_dir, required=()):
     """The run.json of a run directory, after checking that it is one and that the file has the
     `required` keys."""
     if not os.path.isdir(run_dir):
+        if os.path.exists(run_dir):
+            raise ValueError(f"{run_dir} is a file, not a run directory")
         raise FileNotFoundError(f"run directory not found: {run_dir}")
     missing = [f for f in RUN_FILES if not os.path.isfile(os.path.join(run_dir, f))]
     if missing:
@@ -271,9 +310,27 @@ def _is_unstarted_run(path):
     return set(RUN_FILES) <= names <= {*RUN_FILES, STAGING}
 
 
+def enclosing_run(path):
+    """The nearest directory above `path` that is a run directory, or None."""
+    path = os.path.realpath(path)
+    parent = os.path.dirname(path)
+    while parent != path:
+        if is_run_dir(parent):
+            return parent
+        path, parent = parent, os.path.dirname(parent)
+    return None
+
+
 def check_out(run_dir):
     """Raise ValueError unless `run_dir` can become the new run's directory: absent, empty, or a run
-    that stopped before its first checkpoint (which the new run replaces)."""
+    that stopped before its first checkpoint (which the new run replaces), and not inside another
+    run directory (whose checkpoints it could be taken for, or hold)."""
+    outer = enclosing_run(run_dir)
+    if outer is not None:
+        raise ValueError(
+            f"--out {run_dir} is inside the run directory {outer}; a run directory is never made inside another: "
+            "choose a directory outside it"
+        )
     if os.path.exists(run_dir):
         if not os.path.isdir(run_dir):
             raise ValueError(f"--out {run_dir} is a file, not a directory")
@@ -306,12 +363,21 @@ def create_run_dir(run_dir, vocab_file, config, run_info):
         raise
 
 
+def check_run_dir(run_dir):
+    """The run.json of a run directory that holds a model to use, checked without torch."""
+    info = load_run_json(run_dir)
+    if not os.path.isfile(os.path.join(run_dir, "model.pt")):
+        raise ValueError(f"{run_dir} has no model.pt: its training stopped before the first checkpoint")
+    return info
+
+
 def load_run(run_dir, device=None):
     """(config, vocab, model in eval mode, run info) from a run directory."""
-    info = load_run_json(run_dir)
+    from fastformer.model import MovieClassification
+    from fastformer.runtime import resolve_device
+
+    info = check_run_dir(run_dir)
     model_file = os.path.join(run_dir, "model.pt")
-    if not os.path.isfile(model_file):
-        raise ValueError(f"{run_dir} has no model.pt: its training stopped before the first epoch ended")
     device = resolve_device(device)
     config_file = os.path.join(run_dir, "config.json")
     config = load_config(config_file, config_file)

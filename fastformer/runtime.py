@@ -22,7 +22,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from fastformer import backend
+from fastformer import backend, options
+from fastformer.config import host_memory
 from fastformer.data.reviews import BUCKET_MULTIPLE
 from fastformer.training import autocast
 
@@ -45,12 +46,10 @@ def cpu_threads():
 def resolve_device(name, local_rank=None):
     """The device `name` names (default: cuda if available, else cpu). In a torchrun job
     (`local_rank` given) a CUDA device is the GPU of the process's local rank."""
+    options.check_device(name)
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device: not a device: {name!r}") from None
+    device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine")
     if device.type == "cuda" and local_rank is not None:
@@ -165,27 +164,17 @@ def check_step_options(device, amp, kernels, launch, *, cuda_graphs, compile, pa
     """Raise ValueError naming the option for a combination of --cuda-graphs, --compile and
     --pad-to-buckets that cannot run on this device, autocast ("bf16", "fp16", "off"), kernels
     ("triton" or "reference") and launch; return whether to pad to buckets (default: with
-    --cuda-graphs, which needs it, and not otherwise)."""
-    if cuda_graphs:
-        if device.type != "cuda":
-            raise ValueError(f"--cuda-graphs needs a CUDA device; the device is {device}")
-        if compile:
-            raise ValueError("--cuda-graphs and --compile are alternatives: pass one")
-        if amp == "fp16":
-            raise ValueError("--cuda-graphs does not take --amp fp16: its GradScaler reads the host at every step; "
-                             "use --amp bf16 (the default on CUDA) or off")
-        if pad_to_buckets is False:
-            raise ValueError("--cuda-graphs needs --pad-to-buckets: a graph is captured per batch shape, and without "
-                             "buckets every review length is a shape")
-        if launch.distributed:
-            raise ValueError("--cuda-graphs is not supported under torchrun")
-    if compile:
-        if device.type != "cuda" and kernels == "triton":
-            raise ValueError(f"--compile on {device} needs the reference kernels: torch.compile cannot trace the "
-                             "Triton kernels through Triton's CPU interpreter; pass --backend auto or reference")
-        if launch.distributed:
-            raise ValueError("--compile is not supported under torchrun")
-    return cuda_graphs if pad_to_buckets is None else pad_to_buckets
+    --cuda-graphs, which needs it, and not otherwise). fastformer.options.check_step_options, with
+    everything known."""
+    return options.check_step_options(device, amp, kernels, launch.distributed, cuda_graphs=cuda_graphs,
+                                      compile=compile, pad_to_buckets=pad_to_buckets)
+
+
+def device_memory(device):
+    """The bytes of memory of `device`: the GPU's, or this machine's for a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return host_memory()
 
 
 def step_mode(cuda_graphs, compile, pad_to_buckets):

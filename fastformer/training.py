@@ -147,7 +147,7 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
     processes at each refresh, only rank 0 shows the bar, and every process raises together.
     With `graphs` (a fastformer.graphs.GraphedSteps of `model` and `optimizer`; no scaler), each
     step is graphs.train_step, a CUDA graph replay, followed by scheduler.step().
-    Returns {"loss", "accuracy", "steps", "tokens", "seconds", "tokens_per_s"}.
+    Returns {"loss", "accuracy", "steps", "reviews", "tokens", "seconds", "tokens_per_s"}.
     """
     model.train()
     i_pad = getattr(model, "module", model).config.i_pad  # DistributedDataParallel keeps the model as .module
@@ -192,6 +192,7 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
         "loss": total_loss / max(seen, 1),
         "accuracy": correct / max(seen, 1),
         "steps": steps,
+        "reviews": int(seen),
         "tokens": int(tokens),
         "seconds": seconds,
         "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,

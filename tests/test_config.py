@@ -93,3 +93,20 @@ def test_the_models_check_their_config_when_built():
     fastformer.Transformer(Config(without_output))  # the Transformer does not read n_output
     with pytest.raises(ValueError, match=r"^config is missing n_output$"):
         fastformer.MovieClassification(Config(without_output))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"n_head": 3, "d_head": 7, "n_dec_vocab": 11, "n_dec_seq": 3, "n_output": 5}])
+def test_parameter_count_is_the_models(overrides):
+    config = Config.tutorial(n_layer=2, **overrides)
+    model = fastformer.MovieClassification(config)
+    assert fastformer.config.parameter_count(config) == sum(p.numel() for p in model.parameters())
+
+
+def test_a_model_too_large_for_the_memory_names_the_size_that_costs_most():
+    from fastformer.config import BYTES_TO_TRAIN, check_fits
+
+    message = (r"^--n-output 1000000000: the model would have 256,015,290,368 parameters, 4,096,244,645,888 bytes "
+               r"\(3.7 TiB\) to train .* more than the memory \(1.0 GiB\)$")
+    with pytest.raises(ValueError, match=message):
+        check_fits(Config.tutorial(n_output=10**9), 2**30, "the memory", BYTES_TO_TRAIN, {"n_output": "--n-output"})
+    check_fits(Config.tutorial(), 2**30, "the memory", BYTES_TO_TRAIN)  # 15 M parameters: 245 MB

@@ -202,3 +202,48 @@ def test_demo_set_is_what_the_generator_writes(tmp_path):
     assert (len(train_reviews), len(test_reviews)) == (demo.N_TRAIN, demo.N_TEST)
     assert sum(r.label for r in train_reviews) == demo.N_TRAIN // 2
     assert not {r.doc for r in test_reviews} & {r.doc for r in train_reviews}
+
+
+@pytest.mark.parametrize("text, label", [("1", 1), ("0", 0), ("1.0", 1), (" 2 ", 2), ("1.000", 1), ("-1", -1)])
+def test_a_label_is_an_integer_however_written_in_tsv_and_jsonl(tmp_path, text, label):
+    """One rule for both readers: an integer, which may carry a zero fraction (as pandas writes 1.0)."""
+    tsv = write(tmp_path / "r.txt", f"id\tdocument\tlabel\n1\tgood\t{text}\n")
+    jsonl = write(tmp_path / "r.json", f'{{"id": 1, "doc": ["\u2581good"], "label": {text.strip()}}}\n')
+    assert read_reviews(tsv)[0].label == read_reviews(jsonl)[0].label == label
+    assert isinstance(read_reviews(jsonl)[0].label, int)
+
+
+@pytest.mark.parametrize(
+    "text", ["0.9", "1.5", "1.0000000000000001", "yes", "", "nan", "inf", "1_0", "0x1", "1e999999999"]
+)
+def test_a_label_that_is_not_an_integer_is_refused_never_rounded(tmp_path, text):
+    path = write(tmp_path / "r.txt", f"id\tdocument\tlabel\n1\tgood\t1\n2\tbad\t{text}\n")
+    with pytest.raises(ValueError, match=f"^{path} line 3: label must be an integer, got {text!r}"):
+        read_reviews(path)
+
+
+@pytest.mark.parametrize("value", ["0.9", "true", "1e400", '"one"', "[1]", "null"])
+def test_a_jsonl_label_that_is_not_an_integer_is_refused(tmp_path, value):
+    path = write(tmp_path / "r.json", f'{{"id": 1, "doc": ["\u2581good"], "label": {value}}}\n')
+    with pytest.raises(ValueError, match=f"^{path} line 1: label must be an integer, got "):
+        read_reviews(path)
+
+
+def test_lines_of_any_length_and_line_ends_are_read(tmp_path):
+    long = "good " * 60_000  # 300,000 characters: more than the csv module's field limit of 131,072
+    path = write(tmp_path / "long.txt", f"id\tdocument\tlabel\r\n1\t{long}\t1\r\n2\tbad\t0\r3\tfine\t1\n")
+    assert read_reviews(path) == [Review("1", long, 1, line=2), Review("2", "bad", 0, line=3),
+                                  Review("3", "fine", 1, line=4)]
+
+
+def test_a_directory_or_a_nul_byte_is_named(tmp_path):
+    with pytest.raises(ValueError, match=f"^train file {tmp_path} is a directory, not a file$"):
+        read_reviews(str(tmp_path), "train")
+    path = write(tmp_path / "nul.txt", "id\tdocument\tlabel\n1\tgo\0od\t1\n")
+    with pytest.raises(ValueError, match=f"^{path} line 2: holds a NUL byte"):
+        read_reviews(path)
+
+
+def test_the_dataset_refuses_labels_that_are_not_integers(vocab):
+    with pytest.raises(ValueError, match=r"^review 7: label must be an integer class number 0, 1, ..., got 0.9$"):
+        MovieDataSet(vocab, [Review("7", "good", 0.9)], progress=False)

@@ -94,7 +94,8 @@ def test_resume_needs_the_number_of_processes_the_run_had(files, tmp_path, capsy
     out = tmp_path / "run"
     assert main([*train_args(files, out, 16), "--max-steps", "1"]) == 0
     run = json.loads((out / "run.json").read_text())
-    assert run["world_size"] == 1 and "ranks" not in torch.load(out / "checkpoint-1" / "trainer.pt")["rng"]
+    # --max-steps 1 stops the run inside its first epoch (of 6 steps)
+    assert run["world_size"] == 1 and "ranks" not in torch.load(out / "checkpoint-1-step-1" / "trainer.pt")["rng"]
     (out / "run.json").write_text(json.dumps(dict(run, world_size=2)))
     capsys.readouterr()
     assert main(["train", "--resume", str(out), "--epochs", "2", "--max-steps", "2"]) == 2

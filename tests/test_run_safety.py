@@ -135,3 +135,63 @@ def test_a_failed_write_is_one_line_naming_the_file_and_leaves_no_temporary_file
     ]
     assert torch.load(out / "checkpoint-1" / "trainer.pt")["epoch"] == 1
     assert (out / "model.pt").read_bytes() == (out / "checkpoint-1" / "model.pt").read_bytes()
+
+
+def test_max_steps_stops_inside_an_epoch_and_resume_ends_bitwise_where_an_uninterrupted_run_does(
+    files, uninterrupted, tmp_path, capsys
+):
+    """--max-steps 2 stops inside epoch 1 (of 6 steps), a resume with --max-steps 9 inside epoch 2,
+    a last resume ends the run: each stop is a checkpoint at its step (the one before it removed),
+    the epoch line does not claim a whole epoch, and the weights end as the uninterrupted run's."""
+    out = tmp_path / "run"
+    assert main([*train_args(files, out), "--max-steps", "2"]) == 0
+    stdout = capsys.readouterr().out
+    assert "epoch 1/2 stopped after 2 of its 6 steps  train loss" in stdout
+    assert "stopped by --max-steps 2 after step 2 of the 6 of epoch 1" in stdout
+    assert [name for name in os.listdir(out) if name.startswith("checkpoint")] == ["checkpoint-1-step-2"]
+    metrics = json.loads((out / "metrics.json").read_text())["epochs"]
+    assert [(e["epoch"], e["steps"], e["epoch_steps"], e["complete"]) for e in metrics] == [(1, 2, 2, False)]
+
+    assert main(["train", "--resume", str(out), "--max-steps", "9"]) == 0
+    stdout = capsys.readouterr().out
+    assert f"run dir  {out} (resumed after step 2 of the 6 of epoch 1)" in stdout
+    assert "epoch 1/2  train loss" in stdout and "epoch 2/2 stopped after 3 of its 6 steps" in stdout
+    assert [name for name in os.listdir(out) if name.startswith("checkpoint")] == ["checkpoint-2-step-3"]
+
+    assert main(["train", "--resume", str(out)]) == 0
+    assert [name for name in os.listdir(out) if name.startswith("checkpoint")] == ["checkpoint-2"]
+    assert_same_state(out, uninterrupted)
+    ours, theirs = (json.loads((run / "metrics.json").read_text())["epochs"] for run in (out, uninterrupted))
+    assert [(e["epoch"], e["steps"], e["complete"]) for e in ours] == [(1, 6, True), (2, 12, True)]
+    for key in ("train_loss", "train_accuracy", "test_loss", "test_accuracy", "lr"):
+        assert [e[key] for e in ours] == pytest.approx([e[key] for e in theirs], rel=1e-6), key
+    run = json.loads((out / "run.json").read_text())
+    assert [(r["from_epoch"], r["from_step"], r["max_steps"]) for r in run["resumed"]] == [(0, 2, 9), (1, 9, None)]
+
+
+def test_a_save_removes_only_the_checkpoint_the_run_wrote(files, uninterrupted, tmp_path, capsys):
+    """Directories in a run that the run did not write stay, whatever their names; a run made
+    inside it before that was refused is named, and the run is not resumed over it."""
+    out = tmp_path / "run"
+    shutil.copytree(uninterrupted, out)
+    (out / "checkpoint-1").mkdir()
+    (out / "checkpoint-1" / "notes.txt").write_text("mine")
+    shutil.copytree(uninterrupted, out / "checkpoint-7")  # a run made at --out RUN/checkpoint-7
+    assert main(["train", "--resume", str(out), "--epochs", "3"]) == 2
+    assert capsys.readouterr().err == (
+        f"fastformer train: error: {out}/checkpoint-7 is a run directory made inside the run {out}, not one of its "
+        f"checkpoints; move it out of {out}, then resume {out}\n"
+    )
+    shutil.move(out / "checkpoint-7", tmp_path / "moved")
+    assert main(["train", "--resume", str(out), "--epochs", "3"]) == 0
+    assert sorted(name for name in os.listdir(out) if name.startswith("checkpoint")) == ["checkpoint-1", "checkpoint-3"]
+    assert (out / "checkpoint-1" / "notes.txt").read_text() == "mine"
+
+
+def test_without_buckets_a_run_stopped_inside_an_epoch_resumes_bitwise(files, tmp_path):
+    """The other batch order (--no-bucket: torch's RandomSampler) continues inside an epoch too."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert main([*train_args(files, whole), "--no-bucket"]) == 0
+    assert main([*train_args(files, stopped), "--no-bucket", "--max-steps", "8"]) == 0
+    assert main(["train", "--resume", str(stopped)]) == 0
+    assert_same_state(stopped, whole)

@@ -7,20 +7,17 @@
 The embedded demo set (`fastformer.data.demo.TRAIN_FILE`, `.TEST_FILE`) is generated, not real
 data; see demo.py. Real English reviews: `fastformer.data.rotten_tomatoes.prepare()` (the command
 `fastformer data rotten-tomatoes`) writes Rotten Tomatoes snippets as train.tsv and test.tsv.
+
+The readers (fastformer.data.files) and the vocab need no torch, so that `fastformer train` checks
+its files before torch is imported; the Dataset, collate and the samplers (fastformer.data.reviews)
+are imported on first use.
 """
-from fastformer.data.reviews import (
-    LengthBucketSampler,
-    MovieDataSet,
-    Review,
-    ShardedBatchSampler,
-    check_labels,
-    infer_classes,
-    movie_collate_fn,
-    read_jsonl,
-    read_nsmc,
-    read_reviews,
-)
+import importlib
+
+from fastformer.data.files import Review, check_labels, infer_classes, read_jsonl, read_nsmc, read_reviews
 from fastformer.data.vocab import N_SPECIAL, check_vocab_matches, load_vocab, train_vocab
+
+_TORCH_EXPORTS = ("LengthBucketSampler", "MovieDataSet", "ShardedBatchSampler", "movie_collate_fn")
 
 __all__ = [
     "LengthBucketSampler",
@@ -38,3 +35,15 @@ __all__ = [
     "read_reviews",
     "train_vocab",
 ]
+
+
+def __getattr__(name):
+    if name not in _TORCH_EXPORTS:
+        raise AttributeError(f"module 'fastformer.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module("fastformer.data.reviews"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_TORCH_EXPORTS])

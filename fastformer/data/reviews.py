@@ -1,153 +1,15 @@
-"""Labelled reviews: NSMC TSV and the tutorial's JSONL readers, the Dataset, collate, a length-bucketing
-sampler and its split across the processes of a torchrun job.
-
-Two file formats are read, as UTF-8 (a byte-order mark is skipped):
-- NSMC TSV (ratings_train.txt): a header `id<TAB>document<TAB>label`, one review per line, label 0
-  (negative) or 1 (positive). Rows with an empty document are skipped, as the tutorial skips them.
-- The tutorial's JSONL (ratings_train.json): one `{"id", "doc": [pieces...], "label"}` per line.
+"""Labelled reviews for torch: the Dataset, collate, a length-bucketing sampler and its split across
+the processes of a torchrun job. The files are read by fastformer.data.files, without torch.
 """
-import csv
-import io
-import itertools
-import json
 import math
+import numbers
 import os
-from typing import List, NamedTuple, Optional, Union
 
 import torch
 from tqdm.auto import tqdm
 
+from fastformer.data.files import read_reviews
 from fastformer.data.vocab import BOS
-
-TSV_COLUMNS = ("id", "document", "label")
-
-
-class Review(NamedTuple):
-    id: str
-    doc: Union[str, List[str]]  # raw text (TSV) or SentencePiece pieces (JSONL)
-    label: int
-    line: Optional[int] = None  # where the review is in its file, for error messages
-
-
-def _parse_label(value, path, line_no):
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{path} line {line_no}: label must be an integer, got {value!r}") from None
-
-
-def _read_text(path, what):
-    """The whole file as text: UTF-8, without a byte-order mark; a byte that is not UTF-8 raises
-    ValueError naming the file and line."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{what} file not found: {path}")
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise ValueError(
-            f"{path} line {line}: not UTF-8 (byte 0x{data[error.start]:02x}); save the file as UTF-8"
-        ) from None
-
-
-def read_nsmc(path, what="data"):
-    """Reviews from an NSMC-format TSV file; rows whose document is empty are skipped."""
-    return _parse_nsmc(_read_text(path, what), path)
-
-
-def _parse_nsmc(text, path):
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
-    header = next(reader, None)
-    if header is None or tuple(h.strip() for h in header) != TSV_COLUMNS:
-        raise ValueError(
-            f"{path}: expected a TSV header with columns {', '.join(TSV_COLUMNS)}, "
-            f"got {header if header is None else ', '.join(header)!s}"
-        )
-    reviews = []
-    for line_no, row in enumerate(reader, start=2):
-        if not row:
-            continue
-        if len(row) != 3:
-            raise ValueError(f"{path} line {line_no}: expected 3 tab-separated fields, got {len(row)}")
-        id_, document, label = row
-        if not document.strip():
-            continue
-        reviews.append(Review(id_, document, _parse_label(label, path, line_no), line_no))
-    return reviews
-
-
-def read_jsonl(path, what="data"):
-    """Reviews from the tutorial's JSONL: {"id", "doc": [pieces], "label"} per line."""
-    return _parse_jsonl(_read_text(path, what), path)
-
-
-def _parse_jsonl(text, path):
-    reviews = []
-    for line_no, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} line {line_no}: not JSON ({error.msg})") from None
-        missing = [key for key in ("id", "doc", "label") if not isinstance(record, dict) or key not in record]
-        if missing:
-            raise ValueError(f"{path} line {line_no}: expected keys id, doc, label; missing {', '.join(missing)}")
-        doc = record["doc"]
-        if not isinstance(doc, list) or not all(isinstance(p, str) for p in doc):
-            raise ValueError(f"{path} line {line_no}: doc must be a list of SentencePiece pieces")
-        reviews.append(Review(str(record["id"]), doc, _parse_label(record["label"], path, line_no), line_no))
-    return reviews
-
-
-def read_reviews(path, what="data", n_classes=None):
-    """Read a TSV or JSONL file (told apart by the first character) and check it is usable:
-    not empty, and every label in 0..n_classes-1 when n_classes is given."""
-    text = _read_text(path, what)
-    reviews = _parse_jsonl(text, path) if text.startswith("{") else _parse_nsmc(text, path)
-    if not reviews:
-        raise ValueError(f"{what} file {path} has no reviews")
-    if n_classes is not None:
-        check_labels(reviews, n_classes, f"{what} file {path}")
-    return reviews
-
-
-def _where(review, source):
-    return source if review.line is None else f"{source} line {review.line}"
-
-
-def check_labels(reviews, n_classes, source):
-    """Raise ValueError naming the line (when known) and review of the first label outside
-    0..n_classes-1."""
-    bad = next((r for r in reviews if not 0 <= r.label < n_classes), None)
-    if bad is not None:
-        raise ValueError(
-            f"{_where(bad, source)}: review {bad.id} has label {bad.label}, "
-            f"outside the {n_classes} classes 0..{n_classes - 1}"
-        )
-
-
-def infer_classes(reviews, source):
-    """The number of classes K when the labels are 0..K-1 with every class present; otherwise
-    ValueError naming a negative label's line, or the classes no review has."""
-    negative = next((r for r in reviews if r.label < 0), None)
-    if negative is not None:
-        raise ValueError(
-            f"{_where(negative, source)}: review {negative.id} has label {negative.label}; classes are 0, 1, ..."
-        )
-    present = {r.label for r in reviews}
-    n_classes = max(present) + 1
-    if len(present) < n_classes:
-        absent = list(itertools.islice((c for c in range(n_classes) if c not in present), 3))
-        more = n_classes - len(present) - len(absent)
-        raise ValueError(
-            f"{source}: labels go up to {n_classes - 1} but no review has label {', '.join(map(str, absent))}"
-            f"{f' or {more} more' if more else ''}; to infer the classes, the labels must be 0..K-1 with "
-            "every class present"
-        )
-    return n_classes
 
 
 class MovieDataSet(torch.utils.data.Dataset):
@@ -163,6 +25,9 @@ class MovieDataSet(torch.utils.data.Dataset):
         desc = f"Encoding {os.path.basename(source)}" if isinstance(source, (str, os.PathLike)) else "Encoding"
         self.labels, self.sentences = [], []
         for review in tqdm(reviews, desc=desc, unit=" reviews", disable=not progress, leave=False):
+            if not isinstance(review.label, numbers.Integral) or isinstance(review.label, bool):
+                raise ValueError(f"review {review.id}: label must be an integer class number 0, 1, ..., "
+                                 f"got {review.label!r}")
             if isinstance(review.doc, str):
                 ids = vocab.encode_as_ids(review.doc)
             else:

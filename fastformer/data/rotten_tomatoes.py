@@ -69,12 +69,13 @@ def prepare(cache=None, source=None, log=print):
     Returns the counts ({"sentences", "zero", "train", "train_positive", "test", "test_positive"}).
     Raises ValueError or OSError in one line, with no file of this function's left behind."""
     cache = cache or default_cache()
+    data, where = data_archive(source) if source is not None else (None, None)
     try:
         os.makedirs(cache, exist_ok=True)
     except OSError as error:
         raise OSError(f"--cache {cache}: cannot create it ({error.strerror or error})") from None
-    archive = source if source is not None else download(cache, log)
-    data, where = data_archive(archive)
+    if source is None:
+        data, where = data_archive(download(cache, log))
     snippets = parse_snippets(read_member(_open_tar(data, where), SNIPPETS, where), f"{where}: {SNIPPETS}")
     splits = split_snippets(snippets)
     paths = split_files(cache)
@@ -132,8 +133,11 @@ def sha256(path):
 def data_archive(path):
     """(the bytes of hutto_ICWSM_2014.tar.gz, a name for messages) from `path`: the pinned sdist,
     or that archive itself; ValueError for any other file."""
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise FileNotFoundError(f"--from {path}: no such file")
+    if not os.path.isfile(path):
+        what = "a directory" if os.path.isdir(path) else "not a regular file"
+        raise ValueError(f"--from {path} is {what}, not an archive")
     digest = sha256(path)
     if digest == DATA_SHA256:
         with open(path, "rb") as f:

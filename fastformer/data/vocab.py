@@ -1,7 +1,8 @@
 """The tutorial's SentencePiece vocab: BPE pieces plus seven special symbols at fixed ids."""
 import io
-import os
 import re
+
+from fastformer.data.files import check_file
 
 # (id, piece) of the four control symbols, as the tutorial trains them; then three user symbols.
 PAD, UNK, BOS, EOS = (0, "[PAD]"), (1, "[UNK]"), (2, "[BOS]"), (3, "[EOS]")
@@ -62,8 +63,7 @@ def train_vocab(texts, model_file, n_pieces=8000):
 
 def load_vocab(model_file):
     """Load a SentencePiece model and check it has the tutorial's special symbols at their ids."""
-    if not os.path.isfile(model_file):
-        raise FileNotFoundError(f"vocab file not found: {model_file}")
+    check_file(model_file, "vocab file")
     vocab = _spm().SentencePieceProcessor()
     try:
         vocab.load(model_file)
