@@ -169,9 +169,10 @@ def read_ttgir(ttgir: str) -> Dict[str, int]:
 # ----------------------------------------------------------------------------------------------
 # The dry-run driver
 # ----------------------------------------------------------------------------------------------
-def _dry_run_driver():
-    """A Triton driver for an sm_90a GPU that is not there (written against Triton 3.9's driver
-    interface; not tried on older Triton)."""
+def _dry_run_driver(time_configs=True):
+    """A Triton driver for an sm_90a GPU that is not there (Triton 3.6 to 3.9's driver interface).
+    time_configs: the autotuner's benchmarker compiles every config it would time on a GPU;
+    False: it compiles none, so a launch compiles only the config the autotuner picks (the first kept)."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.backends.driver import DriverBase
@@ -231,7 +232,7 @@ def _dry_run_driver():
             return torch.cpu
 
         def get_benchmarker(self):
-            return _compile_instead_of_timing
+            return _compile_instead_of_timing if time_configs else _time_nothing
 
     return DryRunDriver()
 
@@ -244,6 +245,32 @@ def _compile_instead_of_timing(kernel_call, quantiles=None, **kwargs):
     except Exception:  # noqa: BLE001  (recorded by _Recorder; the autotuner must go on)
         return [float("inf")] * 3
     return [1.0] * 3
+
+
+def _time_nothing(kernel_call, quantiles=None, **kwargs):
+    """The autotuner's benchmarker when configs are not compiled ahead: every config ties."""
+    return [1.0] * 3
+
+
+@contextlib.contextmanager
+def dry_run(time_configs=True):
+    """Inside the block the dry-run sm_90a driver is Triton's active driver (see _dry_run_driver),
+    and fastformer's ops take the Triton path on CPU tensors, as they would on CUDA ones, so whole
+    models can run "on the GPU" here. Both are restored after (no real driver can be active: there
+    is no GPU)."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise RuntimeError("bench.sm90 compiles for a GPU: run it without TRITON_INTERPRET=1")
+    from triton.runtime.driver import driver
+
+    from fastformer.kernels import _common
+
+    previous = getattr(driver, "_active", None), _common.can_launch
+    driver.set_active(_dry_run_driver(time_configs))
+    _common.can_launch = lambda *tensors: True
+    try:
+        yield
+    finally:
+        driver._active, _common.can_launch = previous
 
 
 class _Recorder:
@@ -353,30 +380,21 @@ def run_cases(cases: List[Case], modules=("fastformer.kernels",)) -> List[Record
     """Compile what each case launches for sm_90a, in this process (which must not have imported
     the kernels under TRITON_INTERPRET). Returns one Record per (case, kernel, config); a case that
     fails outside compilation gives a Record with kernel "<launch>"."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        raise RuntimeError("bench.sm90 compiles for a GPU: run it without TRITON_INTERPRET=1")
-    from triton.runtime.driver import driver
-
-    previous = getattr(driver, "_active", None)  # restored as it was: no real driver exists here
-    driver.set_active(_dry_run_driver())
     kernel_modules = [name for name in sys.modules if any(name == m or name.startswith(m + ".") for m in modules)]
-    try:
-        with _Recorder() as recorder:
-            for case in cases:
-                recorder.case = case
-                _reset_jit_caches(kernel_modules)
-                try:
-                    case.run()
-                except Exception as error:  # noqa: BLE001
-                    if not any(r.case == case.name and r.error for r in recorder.records):
-                        recorder.records.append(
-                            Record(case=case.name, kernel="<launch>", config="", num_stages=0, dtype=case.dtype,
-                                   error=f"{type(error).__name__}: {error}"[:400])
-                        )
-                        traceback.print_exc()
-        return recorder.records
-    finally:
-        driver._active = previous
+    with dry_run(), _Recorder() as recorder:
+        for case in cases:
+            recorder.case = case
+            _reset_jit_caches(kernel_modules)
+            try:
+                case.run()
+            except Exception as error:  # noqa: BLE001
+                if not any(r.case == case.name and r.error for r in recorder.records):
+                    recorder.records.append(
+                        Record(case=case.name, kernel="<launch>", config="", num_stages=0, dtype=case.dtype,
+                               error=f"{type(error).__name__}: {error}"[:400])
+                    )
+                    traceback.print_exc()
+    return recorder.records
 
 
 # ----------------------------------------------------------------------------------------------

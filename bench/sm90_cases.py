@@ -133,6 +133,31 @@ def dropout_mask_case():
     return Case("dropout_mask", run, "")
 
 
+def model_case(B=32, L=64):
+    """One train step and one evaluation of the tutorial's MovieClassification as `fastformer train`
+    runs them on a GPU: the tutorial config, bf16 autocast, dropout 0.1, reviews padded to L
+    tokens (lengths spread up to L) and the one-token [BOS] decoder input. What it compiles is what
+    the model's own launches select, with its own layouts and flags."""
+    fastformer = _module("fastformer")
+    name = f"model/tutorial/bf16/train+eval/B{B}xL{L}"
+
+    def run():
+        torch.manual_seed(0)
+        config = fastformer.Config.tutorial()
+        model = fastformer.MovieClassification(config)
+        lengths = torch.linspace(1, L, B).long()
+        enc = torch.randint(4, config.n_enc_vocab, (B, L)).masked_fill(torch.arange(L) >= lengths[:, None], config.i_pad)
+        dec = torch.full((B, 1), 2)  # [BOS]
+        labels = torch.randint(0, config.n_output, (B,))
+        with fastformer.use_backend("triton"), torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model.train()(enc, dec)[0]
+            torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+            with torch.no_grad():
+                model.eval()(enc, dec)
+
+    return Case(name, run, "bfloat16")
+
+
 def _common_cases(dtypes):
     cases = [dropout_mask_case()]
     for dtype in dtypes:
@@ -166,6 +191,7 @@ def ci_cases():
     cases.append(attention_case("bf16", 64, "pad", False, layout="cross", L=97, Lk=61))  # odd, Lq != Lk
     cases.append(attention_case("fp16", 64, "causal", False, layout="contiguous", L=4096))
     cases.append(attention_case("fp16", 72, "pad", False, layout="contiguous"))  # rows 144 B apart: ROW_ALIGN
+    cases.append(model_case())
     return cases
 
 

@@ -229,6 +229,7 @@ def test_cached_decoding_on_the_triton_backend(device):
     assert torch.equal(cached, full) and torch.equal(cached, reference)
 
 
+@pytest.mark.versions
 def test_forward_traces_as_one_graph_on_the_reference_backend():
     """No graph break in the compat layer's Python (mask conversion, the backend switch)."""
     reference, model = pair()

@@ -96,6 +96,7 @@ def test_triton_backend_matches_reference_on_the_model():
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.versions
 def test_model_traces_as_one_graph_on_the_reference_backend():
     """torch.compile(fullgraph=True) sees no graph break in fastformer's own Python (the backend
     switch reading the environment, Config attribute access, AttentionMask). Traced with the
@@ -111,6 +112,7 @@ def test_model_traces_as_one_graph_on_the_reference_backend():
         torch.testing.assert_close(compiled(enc, dec)[0], model(enc, dec)[0], rtol=0, atol=0)
 
 
+@pytest.mark.versions
 def test_model_traces_as_one_graph_under_autocast_with_its_forward_plan():
     """Under bf16 autocast the ForwardPlan casts the weights once and hands the products the half
     copies add + LayerNorm writes (found by identity): torch.compile(fullgraph=True) traces that as

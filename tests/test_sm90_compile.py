@@ -20,6 +20,8 @@ import pytest
 
 pytest.importorskip("triton")
 
+pytestmark = pytest.mark.versions  # CI runs it on Triton 3.9 and on 3.6
+
 from bench import sm90  # noqa: E402
 from bench.sm90_cases import ci_cases  # noqa: E402
 from tests import sm90_planted  # noqa: E402
