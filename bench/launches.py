@@ -54,8 +54,9 @@ does, except where listed; the counter makes up for each:
 - autocast: CUDA's fp32 list casts fp16/bf16 inputs of layer_norm, exp, log, pow, ... to fp32; a
   CPU's does not. The counter records any such op reached with a half-precision input under
   autocast (CUDA_FP32_AUTOCAST) as a mismatch; the tutorial's steps have none (a test checks).
-- bf16: Triton's interpreter computes bf16 dots wrongly, so fastformer counts under fp16 autocast
-  on a CPU, which takes the same code paths.
+- bf16: Triton's interpreter as shipped computes bf16 dots wrongly (the tests correct it,
+  tests/interpreter_bf16.py), so fastformer counts under fp16 autocast on a CPU, which takes the
+  same code paths.
 - shapes: a batch of SHAPE (the interpreter is slow); the counts do not depend on batch or review
   length as long as both exceed 1 (a test counts two shapes). The decoder input is the tutorial's
   [BOS]. Widths are the tutorial's (d_hidn 256, 4 heads of 64, d_ff 1024, 6 layers).

@@ -13,6 +13,7 @@ import os
 import warnings
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 
 def _identity_decorator(*args, **kwargs):
@@ -62,7 +63,11 @@ def launch(kernel):
     An absent optional tensor argument (a seed without dropout, a missing weight) is passed as a
     tensor the op already has, never read since its flag constexpr is off, and its strides as 0:
     an input (attention's q, add + LayerNorm's x), or for an absent output another output of the
-    launch (add + LayerNorm passes y for the half-precision copy it was not asked to write)."""
+    launch (add + LayerNorm passes y for the half-precision copy it was not asked to write).
+    Under the interpreter the kernel is launched as it is, as torch 2.13's wrap_triton does (2.11's
+    refuses it)."""
+    if INTERPRET:
+        return kernel
     return torch.library.wrap_triton(kernel)
 
 
@@ -85,11 +90,71 @@ def require_launchable(op, *tensors):
             "Use the reference backend, or set TRITON_INTERPRET=1 before importing `kernels` "
             "to run the kernels through Triton's (slow) interpreter."
         )
-    if INTERPRET and any(t.dtype == torch.bfloat16 for t in tensors):
+    if any(t.dtype == torch.bfloat16 for t in tensors):
+        require_interpreter_bf16(op)
+
+
+def require_interpreter_bf16(op, what="bfloat16"):
+    """Under the interpreter, a TypeError naming `what` unless the interpreter computes bf16 as a
+    GPU does (see interpreter_computes_bf16); nothing on a GPU."""
+    if INTERPRET and not interpreter_computes_bf16():
         raise TypeError(
-            f"{op}: bfloat16 is not supported under Triton's interpreter (TRITON_INTERPRET=1), which computes "
-            "bf16 products wrongly; use fp16 or fp32 there (no bf16 autocast), the reference backend, or a GPU"
+            f"{op}: {what} is not supported under Triton's interpreter (TRITON_INTERPRET=1) as installed, "
+            "which computes bf16 wrongly (its bf16 tl.dot or its fp32 -> bf16 rounding differs from a GPU's); "
+            "use fp16 or fp32 there (no bf16 autocast), the reference backend, or a GPU"
         )
+
+
+_interpreter_bf16_ok = None  # the probe's answer, once asked
+
+
+def interpreter_computes_bf16():
+    """Whether Triton's interpreter multiplies bf16 in a tl.dot and rounds fp32 to bf16 as a GPU
+    does. Triton 3.6 to 3.9 as shipped do neither (numpy has no bf16: the interpreter multiplies
+    the 16-bit patterns as integers and truncates the casts); fastformer's tests correct both.
+    Asked once per process, at the first bf16 launch, by running _bf16_probe."""
+    global _interpreter_bf16_ok
+    if _interpreter_bf16_ok is None:
+        _interpreter_bf16_ok = _probe_interpreter_bf16()
+    return _interpreter_bf16_ok
+
+
+@triton.jit
+def _bf16_probe(A, B, C, X, Y, N: tl.constexpr):
+    """interpreter_computes_bf16's test, run under the interpreter only (not named *_kernel: the
+    sm_90a compile check takes those for kernels a launcher launches on a GPU).
+
+    Args:
+        A, B: (N, N) bf16, row-major, the dot's operands.
+        C: (N, N) fp32, row-major: A @ B accumulated in fp32.
+        X: (N,) fp32 values to round.
+        Y: (N,) bf16: X rounded to nearest even.
+    """
+    offs = tl.arange(0, N)
+    tile = offs[:, None] * N + offs[None, :]
+    acc = tl.zeros([N, N], dtype=tl.float32)
+    acc = tl.dot(tl.load(A + tile), tl.load(B + tile), acc, out_dtype=tl.float32)
+    tl.store(C + tile, acc)
+    tl.store(Y + offs, tl.load(X + offs).to(tl.bfloat16))
+
+
+@torch.compiler.disable  # Dynamo runs it as it is, on real tensors
+def _probe_interpreter_bf16():
+    """A 16 x 16 x 16 bf16 dot of small integers (every partial sum exact, so any order gives the
+    exact product) and fp32 -> bf16 casts of a tie that rounds down to even, ties that round up to
+    even and a subnormal, each compared with torch bit for bit. A question about the process, not
+    part of the caller's work: it runs on the CPU outside autocast and outside any dispatch mode
+    the caller is in (fake tensors while tracing, launch counters)."""
+    n = 16
+    with _disable_current_modes(), torch.autocast("cpu", enabled=False):
+        a = (torch.arange(n * n, dtype=torch.float32).reshape(n, n) % 7 - 3).to(torch.bfloat16)
+        b = (torch.arange(n * n, dtype=torch.float32).reshape(n, n) % 5 - 2).to(torch.bfloat16)
+        x = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -1 - 3 * 2**-8, 1e-40], dtype=torch.float32).repeat(n // 4)
+        c = torch.empty(n, n, dtype=torch.float32)
+        y = torch.empty(n, dtype=torch.bfloat16)
+        _bf16_probe[(1,)](a, b, c, x, y, N=n)
+        rounded = x.to(torch.bfloat16)
+        return torch.equal(c, a.float() @ b.float()) and torch.equal(y.view(torch.int16), rounded.view(torch.int16))
 
 
 def check_tensor(name, t, *, ndim=None, dtypes=FLOAT_DTYPES):

@@ -31,6 +31,7 @@ from ._common import (
     dropout_mask,
     launch,
     load_seed,
+    require_interpreter_bf16,
     require_launchable,
     rows_view,
     sum_partials,
@@ -395,11 +396,8 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None
         )
         return add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p, **kwargs)
     require_launchable("add_layer_norm", x, residual, weight, bias, x_bias)
-    if INTERPRET and lowp_dtype == torch.bfloat16:
-        raise TypeError(
-            "add_layer_norm: lowp_dtype=torch.bfloat16 is not supported under Triton's interpreter "
-            "(TRITON_INTERPRET=1), which does not round fp32 to bf16 as PyTorch does; use torch.float16 there"
-        )
+    if lowp_dtype == torch.bfloat16:
+        require_interpreter_bf16("add_layer_norm", "lowp_dtype=torch.bfloat16")
     if dropout_p > 0.0:
         check_dropout_rows("add_layer_norm", x.numel() // x.shape[-1])
         seed = draw_seed(x.device) if seed is None else seed

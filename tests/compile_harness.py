@@ -42,7 +42,7 @@ NO_CPU_BACKEND = "compatible backends for target (cpu)"
 
 def movie_classification():
     """The tutorial's classifier (small), and a batch of each length: encoder and decoder ids."""
-    config = small_config(dropout=0.1, d_head=16)
+    config = small_config(dropout=0.1, d_head=16, n_layer=1)
     model = fastformer.MovieClassification(config)
     batches = [token_batch(config, enc_len=length, dec_len=length // 2 + 1) for length in LENGTHS]
     return model, batches, lambda outputs: outputs[0]  # the logits

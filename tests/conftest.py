@@ -1,4 +1,6 @@
-"""Test setup: the Triton interpreter where there is no GPU, the `cuda` marker, a clean backend."""
+"""Test setup: the Triton interpreter where there is no GPU, corrected for bf16, the `cuda` marker, a
+clean backend."""
+import importlib.util
 import os
 
 import pytest
@@ -7,6 +9,10 @@ import torch
 # Triton reads this when a kernel is decorated, so it must be set before `fastformer.kernels` is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton"):
+    from tests import interpreter_bf16
+
+    interpreter_bf16.install()  # bf16 dots and casts as a GPU computes them (see its docstring)
 
 import fastformer.backend  # noqa: E402  (after TRITON_INTERPRET on purpose)
 
@@ -30,6 +36,21 @@ def _restore_backend(monkeypatch):
     fastformer.backend._backend = None
     yield
     fastformer.backend._backend = saved
+
+
+@pytest.fixture
+def uncorrected_interpreter(monkeypatch):
+    """Under the interpreter: Triton's interpreter as it ships, wrong in bf16, and the kernels'
+    cached answer to their bf16 probe forgotten, so they ask again and refuse bf16. Elsewhere
+    nothing changes."""
+    from fastformer.kernels import _common
+
+    if not (_common.INTERPRET and _common.HAS_TRITON):
+        yield
+        return
+    monkeypatch.setattr(_common, "_interpreter_bf16_ok", None)
+    with interpreter_bf16.uncorrected():
+        yield
 
 
 @pytest.fixture

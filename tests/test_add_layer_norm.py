@@ -11,7 +11,7 @@ from tests.helpers import assert_within_torch_error
 
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
 FP16 = pytest.param(torch.float16, 1e-3, id="fp16")
-BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.cuda)
+BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.bf16)
 NAMES = ("y", "dx", "dresidual", "dweight", "dbias")
 
 

@@ -16,7 +16,8 @@ from tests.test_dropout_bits import expected_keep
 LEAVES = ("x", "residual", "weight", "bias", "x_bias")
 NAMES = ("y", "dx", "dresidual", "dweight", "dbias", "dx_bias")
 FP64 = dict.fromkeys(LEAVES, torch.float64)
-HALF = torch.float16  # autocast's dtype on a CPU: no bf16 under Triton's interpreter
+HALF = torch.float16
+BF16 = torch.bfloat16  # a GPU run's autocast dtype; on a CPU through the corrected interpreter
 # (dtype of each leaf, autocast dtype, atol)
 DTYPES = {
     "fp32": (dict.fromkeys(LEAVES, torch.float32), None, 1e-5),
@@ -25,7 +26,13 @@ DTYPES = {
     "autocast": ({**dict.fromkeys(LEAVES, torch.float32), "x": HALF}, HALF, 1e-3),
     # x_bias in another dtype than the weight: the sums come out in fp32 and x_bias's is cast
     "mixed": ({**dict.fromkeys(LEAVES, torch.float32), "x": HALF, "x_bias": HALF}, None, 1e-3),
+    "autocast-bf16": ({**dict.fromkeys(LEAVES, torch.float32), "x": BF16}, BF16, 1e-2),
 }
+
+
+def cases(*names):
+    """The case names for parametrize, the bf16 ones marked `bf16`."""
+    return [pytest.param(name, marks=pytest.mark.bf16) if "bf16" in name else name for name in names]
 
 
 def make_inputs(shape, device, seed=0, x_shape=None, residual_shape=None):
@@ -78,7 +85,7 @@ def without(inputs, *names):
 # ----------------------------------------------------------------------------------------------
 # x_bias
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", list(DTYPES))
+@pytest.mark.parametrize("case", cases(*DTYPES))
 @pytest.mark.parametrize(
     "shape",
     [
@@ -97,7 +104,7 @@ def test_parity_with_x_bias_without_weight_or_bias(absent, case, device):
     check_parity(without(make_inputs((9, 33), device, seed=1), *absent), case)
 
 
-@pytest.mark.parametrize("case", ["fp32", "autocast"])
+@pytest.mark.parametrize("case", cases("fp32", "autocast", "autocast-bf16"))
 def test_parity_with_x_bias_and_dropout_with_the_seeds_mask(case, device):
     """Dropout falls on x + x_bias with the keep-mask of the given seed (`_common._dropout_mask`),
     in the forward and in every gradient, d(x_bias) included."""
@@ -229,42 +236,46 @@ def test_bad_seeds_are_refused(op, seed, error, device):
 # ----------------------------------------------------------------------------------------------
 # lowp_dtype
 # ----------------------------------------------------------------------------------------------
-# (dtype of x, residual and the parameters, autocast)
+# (dtype of x, of the residual and the parameters, autocast, lowp_dtype)
 LOWP_CASES = {
-    "fp32": (torch.float32, torch.float32, None),
-    "autocast": (HALF, torch.float32, HALF),
-    "fp16": (HALF, HALF, None),
+    "fp32": (torch.float32, torch.float32, None, HALF),
+    "autocast": (HALF, torch.float32, HALF, HALF),
+    "fp16": (HALF, HALF, None, HALF),
+    "autocast-bf16": (BF16, torch.float32, BF16, BF16),
 }
 
 
 def lowp_leaves(case, device, shape=(2, 11, 33)):
-    x_dtype, dtype, _ = LOWP_CASES[case]
+    x_dtype, dtype, _, _ = LOWP_CASES[case]
     x, residual, weight, bias, x_bias = float_inputs(shape, device, seed=5)
     return [x.to(x_dtype).requires_grad_()] + [t.to(dtype).requires_grad_() for t in (residual, weight, bias, x_bias)]
 
 
 def fused(case, leaves, seed, lowp_dtype=None):
     x, residual, weight, bias, x_bias = leaves
-    with torch.autocast(x.device.type, dtype=HALF, enabled=LOWP_CASES[case][2] is not None):
+    autocast = LOWP_CASES[case][2]
+    with torch.autocast(x.device.type, dtype=autocast or HALF, enabled=autocast is not None):
         return kernels.add_layer_norm(
             x, residual, weight, bias, 1e-5, 0.1, x_bias=x_bias, seed=seed, lowp_dtype=lowp_dtype
         )
 
 
-@pytest.mark.parametrize("case", list(LOWP_CASES))
+@pytest.mark.parametrize("case", cases(*LOWP_CASES))
 def test_y_low_is_y_cast_bit_for_bit(case, device):
     leaves = lowp_leaves(case, device)
     seed = _common.draw_seed(device)
-    y, y_low = fused(case, leaves, seed, HALF)
-    assert y_low.dtype == HALF and y_low.shape == y.shape
-    assert torch.equal(y_low, y.to(HALF))
+    lowp = LOWP_CASES[case][3]
+    y, y_low = fused(case, leaves, seed, lowp)
+    assert y_low.dtype == lowp and y_low.shape == y.shape
+    assert torch.equal(y_low, y.to(lowp))
     assert torch.equal(y, fused(case, leaves, seed))  # y is what it is without y_low
     assert y_low.data_ptr() != y.data_ptr()
 
 
 @pytest.mark.parametrize(
     "case, used",
-    [(case, used) for case in LOWP_CASES for used in ("both", "y", "y_low")
+    [pytest.param(case, used, marks=pytest.mark.bf16 if "bf16" in case else ())
+     for case in LOWP_CASES for used in ("both", "y", "y_low")
      # an fp16 y's two gradients are added in fp32, where autograd adds them in fp16
      if (case, used) != ("fp16", "both")],
 )
@@ -281,10 +292,11 @@ def test_gradients_through_y_and_y_low_are_autograds_bit_for_bit(case, used, dev
         terms = {"y": (y.float() * a).sum(), "y_low": (y_low.float() * b).sum()}
         return sum(terms.values()) if used == "both" else terms[used]
 
-    y, y_low = fused(case, leaves, seed, HALF)
+    lowp = LOWP_CASES[case][3]
+    y, y_low = fused(case, leaves, seed, lowp)
     grads = torch.autograd.grad(loss(y, y_low), leaves)
     y = fused(case, leaves, seed)
-    expected = torch.autograd.grad(loss(y, y.to(HALF)), leaves)
+    expected = torch.autograd.grad(loss(y, y.to(lowp)), leaves)
     for name, got, want in zip(LEAVES, grads, expected):
         assert got.dtype == want.dtype and torch.equal(got, want), name
 
@@ -408,8 +420,10 @@ def test_bad_lowp_dtype_is_refused(op, lowp_dtype, device):
         op(x, residual, weight, bias, 1e-5, lowp_dtype=lowp_dtype)
 
 
+@pytest.mark.bf16
 @pytest.mark.skipif(not kernels.INTERPRET, reason="bf16 is refused under Triton's interpreter only")
-def test_bf16_lowp_dtype_is_refused_under_the_interpreter(device):
+def test_bf16_lowp_dtype_is_refused_under_the_interpreter(device, uncorrected_interpreter):
+    """fp32 inputs, only y_low in bf16: refused as well."""
     x, residual, weight, bias, _ = float_inputs((3, 16), device)
     with pytest.raises(TypeError, match="lowp_dtype=torch.bfloat16 is not supported under Triton's interpreter"):
         kernels.add_layer_norm(x, residual, weight, bias, 1e-5, lowp_dtype=torch.bfloat16)

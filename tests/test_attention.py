@@ -1,7 +1,7 @@
 """The Triton attention kernel against the fp64 reference: outputs, gradients, masks, dropout.
 
 On a CPU the kernels run through Triton's interpreter (tests/conftest.py), so shapes stay small;
-bf16 runs on the GPU only (the interpreter's bf16 tl.dot is wrong).
+bf16 runs there too, through the interpreter as tests/interpreter_bf16.py corrects it.
 """
 import warnings
 
@@ -16,7 +16,7 @@ from tests.helpers import assert_max_diff, assert_within_torch_error, small_conf
 # dtype with its atol for the 2x-torch-error rule
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
 FP16 = pytest.param(torch.float16, 1e-3, id="fp16")
-BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.cuda)
+BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.bf16)
 DTYPES = [FP32, FP16, BF16]
 
 
@@ -170,12 +170,13 @@ class TestDropout:
         sigma = (self.p * (1 - self.p) / n) ** 0.5
         assert abs(keep.float().mean().item() - (1 - self.p)) <= 3 * sigma
 
-    def test_matches_the_reference_with_the_kernels_mask(self, device):
+    @pytest.mark.parametrize("dtype, atol", [FP32, BF16])
+    def test_matches_the_reference_with_the_kernels_mask(self, dtype, atol, device):
         B, H, Lq, Lk, D = 2, 2, 23, 30, 16
         q, k, v, do = make_inputs(B, H, Lq, Lk, D, device, seed=5)
         pad = padding(B, Lk, "all", device)  # includes rows whose keys are all masked
         torch.manual_seed(7)
-        ours = run(kernels.attention, q, k, v, do, torch.float32, key_padding_mask=pad, dropout_p=self.p)
+        ours = run(kernels.attention, q, k, v, do, dtype, key_padding_mask=pad, dropout_p=self.p)
         torch.manual_seed(7)
         keep = kernels.attention_dropout_mask(B, H, Lq, Lk, self.p, device)
 
@@ -184,9 +185,10 @@ class TestDropout:
             return (probs * keep / (1 - self.p)) @ v
 
         reference = run(with_mask, q, k, v, do, torch.float64)
-        torch_same = run(with_mask, q, k, v, do, torch.float32)
+        torch_same = run(with_mask, q, k, v, do, dtype)
         for name, a, r, t in zip(("out", "dq", "dk", "dv"), ours, reference, torch_same):
-            assert_within_torch_error(name, a, r, t, 1e-5)
+            assert a.dtype == dtype, name
+            assert_within_torch_error(name, a, r, t, atol)
 
     def test_same_seed_same_result_and_probs_show_the_drops(self, device):
         q, k, v, _ = make_inputs(1, 2, 16, 16, 16, device)
@@ -268,6 +270,7 @@ def _opcheck_args(device):
 CASES = pytest.mark.parametrize("case", [0, 1, 2], ids=["no mask", "padding+causal", "padding+causal+dropout"])
 
 
+@pytest.mark.versions
 @CASES
 def test_registered_op_schema_and_autograd(case, device):
     """torch.library's own checks of the op registration that run under the interpreter."""

@@ -142,7 +142,8 @@ def test_main_prints_the_table_and_writes_the_json(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "backend, dtype",
-    [("reference", torch.bfloat16), ("triton", torch.float16)],  # no bf16 under Triton's interpreter
+    # the Triton path in one dtype only: through the interpreter each one is a slow run
+    [("reference", torch.bfloat16), ("triton", torch.float16)],
 )
 def test_the_forward_plan_casts_once_and_gives_autocasts_results_bit_for_bit(backend, dtype, monkeypatch):
     """Under autocast a ForwardPlan casts all its layers' weights in one go and add + LayerNorm

@@ -152,7 +152,8 @@ def test_softmax_scale_must_be_positive_and_finite(op, scale):
 
 
 # ----------------------------------------------------------------------------------------------
-# bf16 under the interpreter: a clear error, never the interpreter's wrong bf16 products
+# bf16 under an interpreter that computes it wrongly (Triton's as it ships; the tests correct it,
+# tests/interpreter_bf16.py): a clear error, never the wrong bf16 products
 # ----------------------------------------------------------------------------------------------
 BF16_CALLS = {
     "attention": lambda t: kernels.attention(t(1, 1, 4, 16), t(1, 1, 4, 16), t(1, 1, 4, 16)),
@@ -163,15 +164,17 @@ BF16_CALLS = {
 }
 
 
+@pytest.mark.bf16
 @pytest.mark.skipif(not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use")
 @pytest.mark.parametrize("op", BF16_CALLS)
-def test_bf16_under_the_interpreter_is_refused(op):
+def test_bf16_under_the_interpreter_is_refused(op, uncorrected_interpreter):
     with pytest.raises(TypeError, match=rf"^{op}: bfloat16 is not supported under Triton's interpreter"):
         BF16_CALLS[op](lambda *shape: torch.randn(*shape, dtype=torch.bfloat16))
 
 
+@pytest.mark.bf16
 @pytest.mark.skipif(not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use")
-def test_bf16_autocast_under_the_interpreter_is_refused_too():
+def test_bf16_autocast_under_the_interpreter_is_refused_too(uncorrected_interpreter):
     x, w, b = torch.randn(3, 16), torch.randn(8, 16), torch.randn(8)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="bfloat16 is not supported"):
         kernels.linear_gelu(x, w, b)

@@ -13,7 +13,7 @@ from tests.test_add_layer_norm import kernels_of
 
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
 FP16 = pytest.param(torch.float16, 1e-3, id="fp16")
-BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.cuda)
+BF16 = pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.bf16)
 
 
 def make_inputs(x_shape, widths, device, seed=0):
@@ -224,7 +224,7 @@ def test_registered_op_fake_tensors_and_aot_dispatch():
     torch.library.opcheck(torch.ops.fastformer.feed_forward_fused.default, (x, w1, b1, w2, b2, "gelu"))
 
 
-def test_linear_act_is_the_op_and_linear_gelu_its_first_name(device):
+def test_linear_act_is_the_op_and_linear_gelu_its_first_name(device, uncorrected_interpreter):
     """linear_gelu gives linear_act's results bit for bit, either activation; each one's launch
     errors name the function called."""
     x, w, b = (t.float() for t in make_inputs((7, 32), [32, 24], device))
@@ -233,7 +233,7 @@ def test_linear_act_is_the_op_and_linear_gelu_its_first_name(device):
         assert torch.equal(kernels.linear_gelu(x, w, b, activation=activation), expected)
         reference = kernels.linear_act_reference(x, w, b, activation=activation)
         assert torch.equal(kernels.linear_gelu_reference(x, w, b, activation=activation), reference)
-    # refused: bf16 under the interpreter, CPU tensors on a GPU machine
+    # refused: bf16 under the uncorrected interpreter, CPU tensors on a GPU machine
     x, w, b = (t.cpu().to(torch.bfloat16) if INTERPRET else t.cpu() for t in (x, w, b))
     for name in ("linear_act", "linear_gelu"):
         with pytest.raises((TypeError, RuntimeError), match=rf"^{name}: "):

@@ -6,7 +6,7 @@ import torch
 import fastformer
 from tests.helpers import assert_within_torch_error, small_config, token_batch
 
-BF16 = pytest.param(torch.bfloat16, 1e-2, "gelu", id="bf16", marks=pytest.mark.cuda)
+BF16 = pytest.param(torch.bfloat16, 1e-2, "gelu", id="bf16", marks=pytest.mark.bf16)
 
 
 @pytest.mark.parametrize(
