@@ -20,7 +20,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ATOL = {"bf16": 3e-2, "fp16": 5e-3, "fp32": 1e-4}
 REFERENCE_SCORES_LIMIT_GB = 8  # the reference provider materializes (B, H, L, L) scores
 
-ATTENTION_PROVIDERS = ("fastformer", "reference", "sdpa", "flex", "compile")
+# fastformer_autotune: fastformer with every kernel config timed (kernels.autotuning) in place of each
+# kernel's rule picking one, so a GPU run shows what the rule leaves on the table
+ATTENTION_PROVIDERS = ("fastformer", "fastformer_autotune", "reference", "sdpa", "flex", "compile")
 MASKS = ("none", "causal", "padding", "padding_causal")
 
 
@@ -53,8 +55,14 @@ def _attention_inputs(B, H, L, D, dtype, mask, device, grad):
 
 def _attention_provider(provider, key_padding, causal, B, L, device):
     """fn(q, k, v) -> out for one provider, expressing the same mask."""
-    if provider == "fastformer":
-        return lambda q, k, v: kernels.attention(q, k, v, key_padding_mask=key_padding, causal=causal)
+    if provider in ("fastformer", "fastformer_autotune"):
+        tuned = provider == "fastformer_autotune"
+
+        def fn(q, k, v):
+            with kernels.autotuning(tuned):
+                return kernels.attention(q, k, v, key_padding_mask=key_padding, causal=causal)
+
+        return fn
     if provider == "reference":
         return lambda q, k, v: kernels.attention_reference(q, k, v, key_padding_mask=key_padding, causal=causal)
     if provider == "compile":
@@ -278,7 +286,7 @@ def ffn_cases(device, providers=("fastformer", "eager", "compile")):
 # ----------------------------------------------------------------------------------------------
 # the model
 # ----------------------------------------------------------------------------------------------
-MODEL_PROVIDERS = ("fastformer", "reference_fp32", "reference", "compile")
+MODEL_PROVIDERS = ("fastformer", "fastformer_autotune", "reference_fp32", "reference", "compile")
 
 
 def _review_batch(config, B, seq2seq, device, seed=0):
@@ -298,13 +306,14 @@ def _review_batch(config, B, seq2seq, device, seed=0):
 
 def model_case(kind, scenario, provider, device, B=128, config=None, amp=None):
     """MovieClassification train step (forward, backward, AdamW) or inference. Providers:
-    fastformer (Triton backend, bf16 autocast), reference_fp32 (as the tutorial runs), reference
-    (bf16 autocast), compile (torch.compile of the reference model, bf16 autocast)."""
+    fastformer (Triton backend, bf16 autocast; each kernel's rule picks its config), fastformer_autotune
+    (the same with every config timed), reference_fp32 (as the tutorial runs), reference (bf16
+    autocast), compile (torch.compile of the reference model, bf16 autocast)."""
     config = config or fastformer.Config.tutorial()
     amp = provider != "reference_fp32" if amp is None else amp
     params = {"scenario": scenario, "B": B, "n_layer": config.n_layer, "d_hidn": config.d_hidn, "amp": amp}
     case = Case(f"model_{kind}", provider, params, setup=None)
-    backend_name = "triton" if provider == "fastformer" else "reference"
+    backend_name = "triton" if provider.startswith("fastformer") else "reference"
 
     def setup():
         if provider == "compile":
@@ -319,8 +328,8 @@ def model_case(kind, scenario, provider, device, B=128, config=None, amp=None):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def logits():
-            with fastformer.use_backend(backend_name), torch.autocast(torch.device(device).type, torch.bfloat16,
-                                                                      enabled=amp):
+            with fastformer.use_backend(backend_name), kernels.autotuning(provider == "fastformer_autotune"), \
+                    torch.autocast(torch.device(device).type, torch.bfloat16, enabled=amp):
                 return forward(enc, dec)[0]
 
         def run():
@@ -385,6 +394,6 @@ def smoke_suite(device="cpu"):
         cases += [add_layer_norm_case(mode, 24, 16, p, device, dtype="fp32") for p in ("fastformer", "eager")]
     cases.append(attention_case("fwd", "fp32", 16, "causal", 2, 2, 16, "flex", device, "tiny"))  # skipped on a CPU
     for kind in ("train", "infer"):
-        # no autocast: Triton's interpreter computes bf16 dots wrongly, so smoke runs stay in fp32
+        # no autocast: Triton's interpreter as shipped computes bf16 dots wrongly, so smoke runs stay in fp32
         cases += [model_case(kind, "classify", p, device, B=2, config=tiny, amp=False) for p in ("reference_fp32", "fastformer")]
     return cases

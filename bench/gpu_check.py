@@ -225,7 +225,7 @@ QUICK = replace(
     train_steps=5,
     measure_warmup=2,
     measure_rep=5,
-    model_providers=tuple(p for p in suite.MODEL_PROVIDERS if p != "compile"),
+    model_providers=tuple(p for p in suite.MODEL_PROVIDERS if p not in ("compile", "fastformer_autotune")),
     model_variants=("fastformer_graphs",),
 )
 SMOKE = replace(

@@ -6,8 +6,9 @@ launchers (`_attn_forward`, `_linear_gelu_forward`, ...) are then called with CP
 as the model lays them out (fused-QKV views, Conv1d weight views), so Triton's JIT specializes each
 kernel from real arguments: 16-byte alignment of pointers and divisibility of integers by 16, as a
 launch on a GPU would. (Compiled without that specialization nothing pipelines, and the check
-would lie.) The autotuner's benchmarker compiles each config instead of timing it, so every config
-a launch can select is compiled.
+would lie.) A case runs with autotuning on (FASTFORMER_AUTOTUNE=1, `Case.autotune`) and the
+autotuner's benchmarker compiles each config instead of timing it, so every config a launch can
+select is compiled; or, as a GPU run does by default, with each launch's rule picking one.
 
 Each compile is recorded (`Record`; a kernel launched in passes, per pass): the config, the
 shared memory, registers and spills that ptxas reports (`ptxas -v`), the ptxas warnings (wgmma
@@ -16,8 +17,8 @@ serialization), whether every dot became a Hopper `wgmma` (TTGIR `ttng.warp_grou
 async copies into multi-buffered shared memory).
 `problems(record)` says which of the rules a record breaks; the test and the report share it.
 
-What this cannot see: run-time faults (illegal addresses, races), numerics on the GPU (bf16 dots
-in particular, which the interpreter gets wrong), occupancy and timing. The `cuda` tests
+What this cannot see: run-time faults (illegal addresses, races), numerics (the interpreter tests
+check those on a CPU, bf16 through tests/interpreter_bf16.py), occupancy and timing. The `cuda` tests
 and the benchmarks cover those on a GPU.
 
 The kernels must be imported without TRITON_INTERPRET (the interpreter replaces `triton.jit`
@@ -51,6 +52,9 @@ class Case:
     name: str
     run: Callable[[], object]
     dtype: str = ""
+    # True: the kernels autotune (FASTFORMER_AUTOTUNE=1), so every config a launch's rule keeps is
+    # compiled; False: each launch runs its rule's pick, as a GPU run does by default
+    autotune: bool = True
 
 
 @dataclasses.dataclass
@@ -169,6 +173,9 @@ def read_ttgir(ttgir: str) -> Dict[str, int]:
 # ----------------------------------------------------------------------------------------------
 # The dry-run driver
 # ----------------------------------------------------------------------------------------------
+DEVICE_NAME = "dry-run sm_90a (no GPU)"  # what the dry-run driver calls its device
+
+
 def _dry_run_driver(time_configs=True):
     """A Triton driver for an sm_90a GPU that is not there (Triton 3.6 to 3.9's driver interface).
     time_configs: the autotuner's benchmarker compiles every config it would time on a GPU;
@@ -188,6 +195,15 @@ def _dry_run_driver(time_configs=True):
 
         def unload_module(self, module):
             pass
+
+    class _Device:
+        """The torch device module of the driver: torch.cpu's, and the name of the device."""
+
+        def __getattr__(self, name):
+            return getattr(torch.cpu, name)
+
+        def get_device_name(self, device=None):
+            return DEVICE_NAME
 
     class _NoLaunch:
         def __init__(self, src, metadata):
@@ -229,7 +245,7 @@ def _dry_run_driver(time_configs=True):
             return torch.device("cpu")
 
         def get_device_interface(self):
-            return torch.cpu
+            return _Device()
 
         def get_benchmarker(self):
             return _compile_instead_of_timing if time_configs else _time_nothing
@@ -359,17 +375,20 @@ def _kernel_name(src):
 
 
 def _reset_jit_caches(module_names):
-    """Forget compiled kernels and autotuning results, so the next case goes through compile()
-    for every config again (the recorder's memo keeps that cheap)."""
+    """Forget compiled kernels and autotuning results, and keep none on disk, so the next case goes
+    through compile() for every config again (the recorder's memo keeps that cheap)."""
     import triton
+
+    from fastformer.kernels._configs import Configs
 
     for module_name in module_names:
         module = sys.modules[module_name]
         for value in vars(module).values():
-            fn = value
+            fn = value.autotuner if isinstance(value, Configs) else value
             while fn is not None:
                 if isinstance(fn, triton.runtime.Autotuner):
                     fn.cache.clear()
+                    fn.cache_results = False
                 if isinstance(fn, triton.runtime.JITFunction):
                     fn.device_caches.clear()
                     break
@@ -380,11 +399,14 @@ def run_cases(cases: List[Case], modules=("fastformer.kernels",)) -> List[Record
     """Compile what each case launches for sm_90a, in this process (which must not have imported
     the kernels under TRITON_INTERPRET). Returns one Record per (case, kernel, config); a case that
     fails outside compilation gives a Record with kernel "<launch>"."""
+    from fastformer.kernels import set_autotune
+
     kernel_modules = [name for name in sys.modules if any(name == m or name.startswith(m + ".") for m in modules)]
     with dry_run(), _Recorder() as recorder:
         for case in cases:
             recorder.case = case
             _reset_jit_caches(kernel_modules)
+            set_autotune(case.autotune)
             try:
                 case.run()
             except Exception as error:  # noqa: BLE001
@@ -394,6 +416,8 @@ def run_cases(cases: List[Case], modules=("fastformer.kernels",)) -> List[Record
                                error=f"{type(error).__name__}: {error}"[:400])
                     )
                     traceback.print_exc()
+            finally:
+                set_autotune(None)
     return recorder.records
 
 

@@ -204,6 +204,16 @@ def build_parser():
         help="pad each batch to its longest review rounded up to a multiple of 16 (at most the config's n_enc_seq), "
         "so that steps see few shapes (default: on with --cuda-graphs, else off)",
     )
+    train.add_argument(
+        "--precompile", action=argparse.BooleanOptionalAction,
+        help="compile the Triton kernels of every batch shape before the first step, in parallel, with a "
+        "progress bar (needs --pad-to-buckets, which makes the shapes known; default: on with it)",
+    )
+    train.add_argument(
+        "--autotune", action="store_true",
+        help="time every candidate config of each Triton kernel on first use and keep the fastest, cached on disk "
+        "per GPU model, instead of each kernel's rule picking one (as FASTFORMER_AUTOTUNE=1 does)",
+    )
     train.add_argument("--out", metavar="DIR", help="run directory (default runs/sentiment-<date>-<time>)")
     train.add_argument("--seed", type=int, help="seed of the initial weights, the split and the data order (default 0)")
     train.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")

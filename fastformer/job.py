@@ -14,10 +14,13 @@ train runs in steps, a function each:
    --resume (_trainer);
 5. the run directory (fastformer.run_dir), created or its run.json extended by rank 0 once every
    process has checked its inputs (_open_run_dir);
-6. the epochs, each ending in a checkpoint, and a checkpoint where --max-steps stops the run
+6. with --pad-to-buckets, the Triton kernels of every batch shape compiled before the first step
+   (fastformer.warmup; --precompile);
+7. the epochs, each ending in a checkpoint, and a checkpoint where --max-steps stops the run
    inside an epoch (_train_epochs).
 So a bad file or option leaves nothing behind.
 """
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -41,6 +44,7 @@ from fastformer.options import (
     TrainOptions,
     check_backend,
     check_demo_options,
+    check_precompile,
     check_resumable,
     check_run_options,
     check_texts,
@@ -82,6 +86,7 @@ from fastformer.training import (
     train_epoch,
 )
 from fastformer.version import __version__
+from fastformer.warmup import bucket_shapes, warm_up
 
 LABEL_NAMES = {2: ["negative", "positive"]}
 
@@ -111,7 +116,10 @@ def train(options=None, *, log=print, **kwargs):
     (fastformer.graphs; CUDA only, bf16 or no autocast), `compile` runs the model through
     torch.compile(model, fullgraph=True), and `pad_to_buckets` pads batches to bucket lengths
     (default: on with cuda_graphs, which needs it); check_step_options says which combinations
-    run. None of them changes what the run trains, so a resumed run may change them.
+    run. `precompile` compiles the kernels of the bucket shapes before the first step (default: on
+    with pad_to_buckets) and `autotune` times every kernel config instead of each kernel's rule
+    picking one (kernels.autotuning). None of them changes what the run trains beyond rounding, so
+    a resumed run may change them.
 
     Errors in the inputs raise ValueError/OSError before the vocab is trained and before anything
     is written. A NaN or infinite loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both
@@ -138,8 +146,10 @@ def train_inputs(inputs, *, log=print):
             check_world_size(options.resume, inputs.previous, launch)
         vocab = inputs.vocab
         _check_fits_device(inputs, inputs.config, vocab.get_piece_size() if vocab else N_SPECIAL, device)
-        steps = {"cuda_graphs": options.cuda_graphs, "compile": options.compile, "pad_to_buckets": pad_to_buckets}
-        with process_group(launch, device):
+        steps = {"cuda_graphs": options.cuda_graphs, "compile": options.compile, "pad_to_buckets": pad_to_buckets,
+                 "precompile": check_precompile(options.precompile, pad_to_buckets, options.compile)}
+        autotune = kernels.autotuning(True) if options.autotune else contextlib.nullcontext()
+        with process_group(launch, device), autotune:
             return _train(inputs, _Env(device, amp, launch, steps, log if launch.rank == 0 else quiet))
 
 
@@ -224,6 +234,8 @@ def _train(inputs, env):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     _log_header(env, data, vocab, trainer.model, session, run_info, where)
+    if env.steps["precompile"]:
+        _precompile(trainer, start.options["batch_size"], env)
     history = _train_epochs(trainer, start, env, options.max_steps)
     metrics = {"epochs": history, "test_accuracy": history[-1]["test_accuracy"]}
     stopped = ""
@@ -234,6 +246,17 @@ def _train(inputs, env):
     if stopped:
         env.log(f"`fastformer train --resume {start.run_dir}` continues it")
     return metrics
+
+
+def _precompile(trainer, batch_size, env):
+    """Compile the Triton kernels of the job's batch shapes before the first step (fastformer.warmup):
+    a shape per bucket that the train and test reviews' lengths reach. Nothing where the kernels
+    are not in use."""
+    lengths = trainer.train_loader.dataset.lengths() + trainer.test_loader.dataset.lengths()
+    shapes = bucket_shapes(trainer.model.config, batch_size, lengths)
+    done = warm_up(trainer.model, shapes, device=env.device, amp=env.amp, progress=env.launch.rank == 0)
+    if done["shapes"]:
+        env.log(f"compiled the kernels of {done['shapes']} batch shapes in {done['seconds']:.0f} s")
 
 
 def _position(trainer):
@@ -305,6 +328,7 @@ def _session(options, start, env):
         "kernels": kernels_in_use(env.device, env.amp),
         "amp": env.amp,
         **env.steps,
+        "autotune": kernels.autotune_enabled(),  # --autotune or FASTFORMER_AUTOTUNE=1
         "world_size": env.launch.world_size,
     }
 
@@ -350,7 +374,7 @@ def _log_header(env, data, vocab, model, session, run_info, where):
         f"d_hidn={config.d_hidn} n_head={config.n_head} d_ff={config.d_ff}"
     )
     env.log(f"  device   {env.device}{threads}{processes}, {session['kernels']} kernels (backend "
-            f"{session['backend']!r}), amp {env.amp}{step_mode(**env.steps)}")
+            f"{session['backend']!r}), amp {env.amp}{step_mode(env.steps['cuda_graphs'], env.steps['compile'], env.steps['pad_to_buckets'])}")
     env.log(f"  run dir  {where}")
 
 

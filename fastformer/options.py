@@ -111,6 +111,20 @@ def check_step_options(device, amp, kernels, distributed, *, cuda_graphs, compil
     return cuda_graphs if pad_to_buckets is None else pad_to_buckets
 
 
+def check_precompile(precompile, pad_to_buckets, compile):
+    """Raise ValueError for a --precompile that cannot be done; return whether to compile the job's
+    kernels before its first step (default: with --pad-to-buckets, which makes the batch shapes
+    known, unless --compile, whose kernels torch.compile builds). `pad_to_buckets` is the resolved
+    choice."""
+    if precompile and compile:
+        raise ValueError("--precompile and --compile are alternatives: torch.compile compiles the kernels of its "
+                         "own graph at its first step")
+    if precompile and not pad_to_buckets:
+        raise ValueError("--precompile needs --pad-to-buckets: the kernels are compiled for the batch shapes, and "
+                         "without buckets every review length is a shape")
+    return pad_to_buckets and not compile if precompile is None else precompile
+
+
 @dataclasses.dataclass
 class TrainOptions:
     """What `fastformer train` and fastformer.job.train take, field for option (--backend is
@@ -140,6 +154,8 @@ class TrainOptions:
     cuda_graphs: bool = False
     compile: bool = False
     pad_to_buckets: Optional[bool] = None  # None: on with cuda_graphs, which needs it
+    precompile: Optional[bool] = None  # None: on with pad_to_buckets (the kernels of its shapes before step 1)
+    autotune: bool = False  # time every kernel config (FASTFORMER_AUTOTUNE=1 does too) instead of the rule's pick
 
     @classmethod
     def from_args(cls, args):
@@ -177,13 +193,15 @@ class TrainOptions:
             check_choice("--dataset", self.dataset, DATASETS)
         check_choice("--backend", self.backend_name, BACKENDS)
         check_choice("--amp", self.amp, AMPS)
-        for name in ("bucket", "pad_to_buckets", "cuda_graphs", "compile"):
+        for name in ("bucket", "pad_to_buckets", "cuda_graphs", "compile", "precompile", "autotune"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{_option(name)} must be True or False, got {value!r}")
         check_device(self.device)
-        check_step_options(self.device, self.amp, _kernels_named(self.backend_name), None,
-                           cuda_graphs=self.cuda_graphs, compile=self.compile, pad_to_buckets=self.pad_to_buckets)
+        pad_to_buckets = check_step_options(self.device, self.amp, _kernels_named(self.backend_name), None,
+                                            cuda_graphs=self.cuda_graphs, compile=self.compile,
+                                            pad_to_buckets=self.pad_to_buckets)
+        check_precompile(self.precompile, pad_to_buckets, self.compile)
 
     def given(self):
         """The RUN_OPTIONS, None where not given."""

@@ -3,6 +3,9 @@
 Every op `name` has its oracle `name_reference` with the same signature. This package knows
 nothing of nn.Module or Config; `fastformer` chooses which of the pair to call.
 
+A kernel with several configs runs the one its rule picks; `set_autotune(True)` or
+FASTFORMER_AUTOTUNE=1 autotunes them instead, the results kept on disk per GPU (kernels._configs).
+
 This folder is the package `fastformer.kernels` (installed so by setup.py, found so from a
 checkout by fastformer/__init__.py): `from fastformer import kernels`.
 """
@@ -10,7 +13,8 @@ if __name__ != "fastformer.kernels":
     # a second copy would register the torch.library ops twice and patch the wrong module in tests
     raise ImportError(f"fastformer's ops are the package fastformer.kernels, not {__name__!r}: use `from fastformer import kernels`")
 
-from ._common import HAS_TRITON, INTERPRET  # noqa: E402
+from ._common import HAS_TRITON, INTERPRET, compile_only  # noqa: E402
+from ._configs import autotune_enabled, autotuning, set_autotune  # noqa: E402
 from .add_layer_norm import (
     add_layer_norm,
     add_layer_norm_dropout_mask,
@@ -29,6 +33,9 @@ __all__ = [
     "attention",
     "attention_dropout_mask",
     "attention_reference",
+    "autotune_enabled",
+    "autotuning",
+    "compile_only",
     "feed_forward",
     "feed_forward_fused",
     "feed_forward_reference",
@@ -36,4 +43,5 @@ __all__ = [
     "linear_act_reference",
     "linear_gelu",
     "linear_gelu_reference",
+    "set_autotune",
 ]

@@ -8,6 +8,8 @@ what a compiler can see):
   the accumulator in registers) and say the fp32 result (tl.dot's default changed in Triton 3.8).
 - Triton 3.6 to 3.9: no block pointers (`tl.make_block_ptr` raises in 3.9), no API added after 3.6.
 """
+import contextlib
+import contextvars
 import math
 import os
 import warnings
@@ -59,16 +61,48 @@ def warn_once(key, message):
 
 def launch(kernel):
     """How every op file launches a kernel: `launch(kernel)[grid](...)`, through
-    torch.library.wrap_triton, so that torch.compile traces the launch in place of a graph break.
+    torch.library.wrap_triton, so that torch.compile traces the launch in place of a graph break
+    (a kernel with several configs launches through its kernels._configs.Configs, which calls this).
     An absent optional tensor argument (a seed without dropout, a missing weight) is passed as a
     tensor the op already has, never read since its flag constexpr is off, and its strides as 0:
     an input (attention's q, add + LayerNorm's x), or for an absent output another output of the
     launch (add + LayerNorm passes y for the half-precision copy it was not asked to write).
-    Under the interpreter the kernel is launched as it is, as torch 2.13's wrap_triton does (2.11's
-    refuses it)."""
+    Inside `compile_only()` a launch compiles its kernel and runs nothing. Under the interpreter
+    the kernel is launched as it is, as torch 2.13's wrap_triton does (2.11's refuses it)."""
+    if _compile_only.get():
+        return _CompileOnly(kernel)
     if INTERPRET:
         return kernel
     return torch.library.wrap_triton(kernel)
+
+
+_compile_only = contextvars.ContextVar("fastformer_compile_only", default=False)
+
+
+@contextlib.contextmanager
+def compile_only():
+    """Inside the block, every kernel launch compiles what it would run and runs nothing: the
+    kernels' outputs are left as allocated (torch.empty), so what the ops return is garbage of the
+    right shapes, dtypes and strides. A launch on a key the autotuner has not tuned compiles every
+    config it would time, and times none. Under a triton.AsyncCompileMode the compiles are
+    submitted to its executor and the launches do not wait for them (fastformer.warmup)."""
+    token = _compile_only.set(True)
+    try:
+        yield
+    finally:
+        _compile_only.reset(token)
+
+
+class _CompileOnly:
+    """launch(kernel) inside compile_only(): `[grid](...)` is Triton's warm-up call, which specializes
+    and compiles the kernel for these arguments (asynchronously under AsyncCompileMode) and launches
+    nothing; an autotuner's warm-up does so for each config its pruning keeps."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.kernel.warmup(*args, grid=grid, **kwargs)
 
 
 def can_launch(*tensors):
@@ -185,42 +219,6 @@ def check_same_device(**tensors):
 def check_dropout_p(dropout_p):
     if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
-
-
-def autotune_configs(candidates, interpreter_config, keep=lambda meta, num_warps, num_stages: True):
-    """The kernel's autotune list: the kept candidates on a GPU, one config under the interpreter
-    (where autotuning is only slow). Each candidate is (meta dict, num_warps, num_stages)."""
-    if INTERPRET:
-        return [triton.Config(interpreter_config, num_warps=4, num_stages=1)]
-    return [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in candidates if keep(meta, w, s)]
-
-
-def gemm_tile_warps(meta):
-    """The GEMM tile rule of every matrix-product kernel here: an output tile of 128 x 128 or more
-    takes 8 warps (two warp groups, each a 64-row wgmma), a smaller one 4 (one warp group). Fewer
-    warps for a large tile spill its fp32 accumulator on sm_90a; more for a small one idle."""
-    return 8 if meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128 else 4
-
-
-def config_pruner(kernel, fits):
-    """`prune_configs_by={"early_config_prune": config_pruner(name, fits)}` for triton.autotune: of
-    the kernel's configs, a launch tries those `fits(meta, num_warps, num_stages, launch)` accepts,
-    `launch` being the launch's arguments by name (BLOCK_D, HAS_DROPOUT, LQ_BUCKET, ...). The rules say which
-    configs compile for sm_90a without spills or shared-memory overflow for those flags; the sm_90a
-    compile check (tests/test_sm90_compile.py) holds every rule to that. The interpreter's single
-    config is always kept."""
-
-    def prune(configs, named_args, **launch):
-        if INTERPRET:
-            return configs
-        launch = {**named_args, **launch}
-        kept = [c for c in configs if fits(c.kwargs, c.num_warps, c.num_stages, launch)]
-        if not kept:
-            flags = ", ".join(f"{k}={v}" for k, v in sorted(launch.items()) if k.isupper() and not isinstance(v, torch.Tensor))
-            raise RuntimeError(f"{kernel}: no autotune config fits the launch ({flags}); this is a bug in kernels/")
-        return kept
-
-    return prune
 
 
 def autocast_inputs(*tensors):
@@ -369,7 +367,7 @@ def _dropout_mask(keep, seed, dropout_p):
 # ----------------------------------------------------------------------------------------------
 # Two-pass reductions: a kernel writes partial sums per program, sum_partials adds them.
 # ----------------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["n_partials"])  # changes with the batch; bounds the loop and its mask only
 def _sum_partials_kernel(PARTIAL, OUT, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """OUT[c] = sum over p of PARTIAL[p, c], in fp32 and in a fixed order. Narrow column blocks give
     many programs; each loads its column block's partials two steps ahead."""

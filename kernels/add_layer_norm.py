@@ -87,7 +87,7 @@ def _add_ln_fwd_kernel(
     tl.store(RSTD + row, rstd)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "rows_per_program"])  # they change with the batch and bound masks only
 def _add_ln_bwd_kernel(
     X, R, W, XB, DY, DY_LOW, DX, DR, PARTIAL, MEAN, RSTD, SEED,
     stride_x, stride_r, stride_w, stride_xb, stride_dy, stride_dy_low, stride_dx, stride_dr, stride_partial,

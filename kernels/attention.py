@@ -22,8 +22,8 @@ and the probabilities regenerate the mask from. It is an input of the op: the mo
 seeds of a whole forward in one launch (`_common.draw_seeds`) and hands each call a view
 `seeds[i:i + 1]`; without one, `attention` draws its own (`draw_seed`, one launch) before the op.
 
-File order: kernels and their jit helpers (the backward kernel followed by its two autotuned
-launches, `_attn_bwd_dq` and `_attn_bwd_dkdv`), launchers (with `_Masking`, how a call masks,
+File order: kernels and their jit helpers, each kernel's candidate configs and rule, the launches
+with their configs (`_attn_fwd`, and the backward kernel's two, `_attn_bwd_dq` and `_attn_bwd_dkdv`), launchers (with `_Masking`, how a call masks,
 drops out and scales, built once per op call), the torch.library ops, the public `attention`, and
 the PyTorch reference.
 
@@ -39,8 +39,9 @@ has been timed on a GPU:
   714 before. Which costs more on a GPU is for the benchmarks to say.
 - The key-padding flags are loaded one key block ahead in the forward and dQ loops
   (_next_key_block), and once per program in dK/dV (its key block is fixed), so no loop waits on them.
-- Autotune lists are pruned per launch to configs that compile without spills or shared-memory
-  overflow, and to tiles no longer than the sequence (see _fits_lengths).
+- A launch runs the first of its kernel's candidates that compiles without spills or shared-memory
+  overflow for its flags and whose tiles are no longer than the sequence (the rules _fwd_fits,
+  _dq_fits, _dkdv_fits, with _fits_lengths); autotuning, on request, times every candidate they keep.
 - The head dim is a constexpr (HEAD_DIM), so the column mask of a head dim below its power-of-two
   block is known when compiling; and where every row stride is a multiple of 16 bytes but not of
   16 elements (head dim 72: rows 144 B apart), the launcher says so (ROW_ALIGN) and the kernels
@@ -61,14 +62,12 @@ from ._common import (
     INTERPRET,
     REFERENCE_DTYPES,
     autocast_inputs,
-    autotune_configs,
     check_dropout_p,
     check_dropout_rows,
     check_same_device,
     check_same_dtype,
     check_seed,
     check_tensor,
-    config_pruner,
     dot_precision,
     draw_seed,
     dropout_keep,
@@ -81,6 +80,7 @@ from ._common import (
     triton,
     warn_once,
 )
+from ._configs import Configs
 
 # The tutorial fills masked scores with -1e9; kept so fully masked rows average V uniformly.
 MASKED_SCORE = -1e9
@@ -261,27 +261,25 @@ def _masked_rows_value(
     return acc
 
 
+# Each kernel's tiles, in the order its rule prefers them (the first that fits the launch runs;
+# autotuning tries all that fit), each in _STAGES, in that order.
 # (BLOCK_M, BLOCK_N, num_warps): 4 warps (one warp group) per 64 query rows
-_FWD_TILES = [(64, 32, 4), (64, 64, 4), (128, 32, 8), (128, 64, 8), (128, 128, 8)]
+_FWD_TILES = [(128, 128, 8), (128, 64, 8), (64, 64, 4), (128, 32, 8), (64, 32, 4)]
 # (BLOCK_M, BLOCK_N, num_warps): the tiles are keys x queries, so wgmma's 64-row minimum falls on
 # BLOCK_N; 8 warps hold the two (BLOCK_N, BLOCK_D) fp32 accumulators without spilling (4 warps spill)
-_DKDV_TILES = [(32, 64, 8), (64, 64, 8), (32, 128, 8)]
+_DKDV_TILES = [(32, 128, 8), (64, 64, 8), (32, 64, 8)]
 # (BLOCK_M, BLOCK_N, num_warps): query rows are wgmma's rows, so BLOCK_M >= 64
-_DQ_TILES = [(64, 32, 4), (64, 64, 4), (128, 64, 8), (64, 128, 8)]
-_STAGES = (2, 3)
+_DQ_TILES = [(128, 64, 8), (64, 64, 4), (64, 32, 4), (64, 128, 8)]
+_STAGES = (3, 2)
 
 
-def _configs(tiles):
-    return autotune_configs(
-        [({"BLOCK_M": bm, "BLOCK_N": bn}, w, s) for bm, bn, w in tiles for s in _STAGES],
-        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16},
-    )
+def _candidates(tiles):
+    return [({"BLOCK_M": bm, "BLOCK_N": bn}, w, s) for bm, bn, w in tiles for s in _STAGES]
 
 
 def _fits_lengths(meta, launch, tiles):
     """A tile longer than the sequence (rounded up to a power of two) computes only padding: such
-    configs are not compiled, so short sequences compile and time fewer variants on first use.
-    The kernel's smallest tile always fits."""
+    configs are neither picked nor tried when autotuning. The kernel's smallest tile always fits."""
     min_m = min(bm for bm, _, _ in tiles)
     min_n = min(bn for _, bn, _ in tiles)
     return meta["BLOCK_M"] <= max(min_m, launch["LQ_BUCKET"]) and meta["BLOCK_N"] <= max(min_n, launch["LK_BUCKET"])
@@ -314,12 +312,13 @@ def _fwd_fits(meta, num_warps, num_stages, launch):
 
 
 _KEY = ["HEAD_DIM", "ROW_ALIGN", "BLOCK_D", "LQ_BUCKET", "LK_BUCKET", "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION"]
+# The buckets only key the configs: specialized, a bucket below 16 (and one of 1) would compile
+# anew. The lengths stay specialized: knowing that Lq or Lk is a multiple of 16 keeps the masks
+# of 16 rows or keys one predicate, which the kernels' tightest tiles need to fit their registers.
+_UNSPECIALIZED = ["LQ_BUCKET", "LK_BUCKET"]
 
 
-@triton.autotune(
-    configs=_configs(_FWD_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention forward", _fwd_fits)}
-)
-@triton.jit
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _attn_fwd_kernel(
     Q, K, V, O, LSE, SEED,
     PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
@@ -327,7 +326,7 @@ def _attn_fwd_kernel(
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     H, Lq, Lk, qk_scale, dropout_p,
-    LQ_BUCKET, LK_BUCKET,  # autotune keys only
+    LQ_BUCKET, LK_BUCKET,  # config keys only
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -420,7 +419,7 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     return True
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _attn_bwd_kernel(
     Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, SEED,
     PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
@@ -429,7 +428,7 @@ def _attn_bwd_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom,
     H, Lq, Lk, qk_scale, sm_scale, dropout_p,
-    LQ_BUCKET, LK_BUCKET,  # autotune keys only
+    LQ_BUCKET, LK_BUCKET,  # config keys only
     DQ_PASS: tl.constexpr,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -540,13 +539,17 @@ def _attn_bwd_kernel(
         _store_rows(_interleaved(DV, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dv)
 
 
-# Two launches of the one backward kernel, each with its own tiles and pruning rules.
-_attn_bwd_dq = triton.autotune(
-    configs=_configs(_DQ_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dQ", _dq_fits)}
-)(_attn_bwd_kernel)
-_attn_bwd_dkdv = triton.autotune(
-    configs=_configs(_DKDV_TILES), key=_KEY, prune_configs_by={"early_config_prune": config_pruner("attention dK/dV", _dkdv_fits)}
-)(_attn_bwd_kernel)
+# The kernels' launches with their configs; the backward kernel's two passes each have their own.
+_INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16}
+_attn_fwd = Configs(
+    _attn_fwd_kernel, "attention forward", _candidates(_FWD_TILES), _KEY, _fwd_fits, interpreter_meta=_INTERPRETER_TILE
+)
+_attn_bwd_dq = Configs(
+    _attn_bwd_kernel, "attention dQ", _candidates(_DQ_TILES), _KEY, _dq_fits, interpreter_meta=_INTERPRETER_TILE
+)
+_attn_bwd_dkdv = Configs(
+    _attn_bwd_kernel, "attention dK/dV", _candidates(_DKDV_TILES), _KEY, _dkdv_fits, interpreter_meta=_INTERPRETER_TILE
+)
 
 
 @triton.jit
@@ -590,7 +593,7 @@ def _attn_probs_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# Launchers: arguments checked by `attention`, block sizes from autotuning, grids flattened to one
+# Launchers: arguments checked by `attention`, block sizes from the kernels' Configs, grids flattened to one
 # axis so B * H may exceed 65535. Strides reach the kernels as scalars, (batch, head, row) per
 # tensor: torch.compile rejects tuple arguments on direct launches.
 # ----------------------------------------------------------------------------------------------
@@ -657,7 +660,7 @@ def _row_align(*tensors):
 
 
 def _buckets(Lq, Lk):
-    """The autotune keys of the sequence lengths: new lengths in one power of two reuse the tuning."""
+    """The config keys of the sequence lengths: new lengths in one power of two reuse the pick and the tuning."""
     return triton.next_power_of_2(Lq), triton.next_power_of_2(Lk)
 
 
@@ -678,7 +681,7 @@ def _attn_forward(q, k, v, masking, seed):
     Lk = k.shape[2]
     o = _interleaved_empty(B, H, Lq, D, q)
     lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
-    launch(_attn_fwd_kernel)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+    _attn_fwd[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, o, lse, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k, v),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), **masking.flags,
         ROW_ALIGN=_row_align(q, k, v),
@@ -700,11 +703,11 @@ def _attn_backward(do, q, k, v, o, lse, seed, masking):
     align = _row_align(q, k, v, do)
     scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
     # q stands in for the pointers only the other pass uses: DK and DV in the dQ pass, O and DQ in dK/dV
-    launch(_attn_bwd_dq)[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+    _attn_bwd_dq[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, o, do, lse, delta, dq, q, q, seed, *masking.mask_args, *_row_strides(q, k, v, do),
         *scalars, DQ_PASS=True, **masking.flags, ROW_ALIGN=align,
     )
-    launch(_attn_bwd_dkdv)[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
+    _attn_bwd_dkdv[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
         q, k, v, q, do, lse, delta, q, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
         *scalars, DQ_PASS=False, **masking.flags, ROW_ALIGN=align,
     )

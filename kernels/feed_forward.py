@@ -24,12 +24,10 @@ from ._common import (
     INTERPRET,
     REFERENCE_DTYPES,
     autocast_inputs,
-    autotune_configs,
     check_same_device,
     check_same_dtype,
     check_tensor,
     dot_precision,
-    gemm_tile_warps,
     launch,
     require_launchable,
     rows_view,
@@ -37,6 +35,7 @@ from ._common import (
     triton,
     vector_stride,
 )
+from ._configs import Configs, gemm_tile_warps
 from .linear_gelu import (
     TORCH_ACTIVATIONS,
     apply_activation,
@@ -46,26 +45,23 @@ from .linear_gelu import (
 )
 
 
-def _fused_configs():
+def _fused_candidates():
+    """The fused FFN's configs, the rule's preference first: the widest output tile (a hidden chunk
+    is recomputed once per output tile across d), then more rows, wider chunks, more stages. A
+    128-row tile with 64-wide hidden chunks spills on sm_90a beside a 64 or 256 wide output tile."""
     candidates = [
-        ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_F": bf, "BLOCK_K": bk}, w, s)
-        for bm in (64, 128)
-        for bn in (64, 128, 256)
-        for bf in (32, 64)
-        for bk in (32, 64)
-        for w in (4, 8)
-        for s in (2, 3)
+        ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_F": bf, "BLOCK_K": bf}, gemm_tile_warps({"BLOCK_M": bm, "BLOCK_N": bn}), s)
+        for bn in (256, 128, 64)
+        for bm in (128, 64)
+        for bf in (64, 32)
+        for s in (3, 2)
     ]
-    return autotune_configs(
-        candidates,
-        # a 128-row tile with 64-wide hidden chunks spills on sm_90a beside a 64 or 256 wide output
-        # tile (python -m bench.sm90_report)
-        keep=lambda meta, w, s: w == gemm_tile_warps(meta)
-        and meta["BLOCK_M"] * meta["BLOCK_N"] <= 128 * 256
-        and meta["BLOCK_F"] == meta["BLOCK_K"]
-        and not (meta["BLOCK_M"] == 128 and meta["BLOCK_F"] == 64 and meta["BLOCK_N"] != 128),
-        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_F": 16, "BLOCK_K": 16},
-    )
+    return [(meta, w, s) for meta, w, s in candidates if not (meta["BLOCK_M"] == 128 and meta["BLOCK_F"] == 64 and meta["BLOCK_N"] != 128)]
+
+
+def _fused_fits(meta, num_warps, num_stages, launch):
+    """No output tile wider than d needs (rounded up to a power of two; the 64-wide tiles always fit)."""
+    return meta["BLOCK_N"] <= max(64, triton.next_power_of_2(launch["D"]))
 
 
 # d up to which the fused FFN keeps x's rows in one block, in fp16/bf16 for d a multiple of 16: its
@@ -105,13 +101,12 @@ def _chunk_into_output(
     return tl.dot(h, w2, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
 
-@triton.autotune(configs=_fused_configs(), key=["M_BUCKET", "D", "F", "ACTIVATION", "DOT_PRECISION"])
-@triton.jit
+@triton.jit(do_not_specialize=["M", "M_BUCKET"])  # M bounds masks only; M_BUCKET keys the configs
 def _ffn_fused_fwd_kernel(
     X, W1, B1, W2, B2, Y,
     stride_xm, stride_w1f, stride_w1k, stride_b1, stride_w2n, stride_w2f, stride_b2, stride_ym,
     M, D, F,
-    M_BUCKET,  # autotune key only
+    M_BUCKET,  # config key only
     HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, ACTIVATION: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_D: tl.constexpr,  # next_power_of_2(D) when x's rows fit in one block (_one_block_d), else 0
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -169,12 +164,18 @@ def _ffn_fused_fwd_kernel(
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=out_mask)
 
 
+_ffn_fused_fwd = Configs(
+    _ffn_fused_fwd_kernel, "feed_forward_fused", _fused_candidates(), ["M_BUCKET", "D", "F", "ACTIVATION", "DOT_PRECISION"],
+    _fused_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_F": 16, "BLOCK_K": 16},
+)
+
+
 def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
     M, D = x2.shape
     F_ = w1.shape[0]
     y = torch.empty(M, D, dtype=x2.dtype, device=x2.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_N"]))  # noqa: E731
-    launch(_ffn_fused_fwd_kernel)[grid](
+    _ffn_fused_fwd[grid](
         x2, w1, x2 if b1 is None else b1, w2, x2 if b2 is None else b2, y,
         x2.stride(0), w1.stride(0), w1.stride(1), vector_stride(b1),
         w2.stride(0), w2.stride(1), vector_stride(b2), y.stride(0),

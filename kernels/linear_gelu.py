@@ -7,7 +7,8 @@ Apex and TransformerEngine epilogues offer only the tanh GELU, which is not the 
 training it also writes the pre-activation; the backward turns dY into dPre = dY * act'(pre) in one
 fused elementwise kernel, which also sums dPre's columns over its slab of rows for db (a second small
 kernel adds the slabs in a fixed order), then dX and dW come from tensor-core GEMMs.
-ReLU serves the seed models that use it (002, 004) through the same kernels.
+ReLU serves the models that use it (Aladdin Persson's seq2seq Transformer, the TensorFlow/Keras
+tutorial's) through the same kernels.
 
 The file, kernel and launcher keep the first name (`_linear_gelu_fwd_kernel`, `_linear_gelu_forward`:
 bench/sm90_cases.py, tests/test_sm90_compile.py and the committed sm_90a table name them), as does
@@ -23,12 +24,10 @@ from ._common import (
     INTERPRET,
     REFERENCE_DTYPES,
     autocast_inputs,
-    autotune_configs,
     check_same_device,
     check_same_dtype,
     check_tensor,
     dot_precision,
-    gemm_tile_warps,
     launch,
     last_dim_contiguous,
     require_launchable,
@@ -38,6 +37,7 @@ from ._common import (
     triton,
     vector_stride,
 )
+from ._configs import Configs, gemm_tile_warps
 
 # tl.constexpr: jit code may read module globals only when they are constexprs (see kernels/_common.py)
 SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
@@ -49,22 +49,24 @@ ACTIVATIONS = tuple(TORCH_ACTIVATIONS)
 GRAD_ROWS_PER_PROGRAM = 64 if INTERPRET else 256
 
 
-def _gemm_configs():
-    candidates = [
-        ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, w, s)
-        for bm in (64, 128)
-        for bn in (64, 128, 256)
-        for bk in (32, 64)
-        for w in (4, 8)
-        for s in (3, 4)
+def _gemm_candidates():
+    """The GEMM's configs, the rule's preference first: larger output tiles, then deeper K blocks,
+    then fewer stages. 128 x 256 tiles spill with the GELU epilogue on sm_90a."""
+    tiles = [(128, 128), (64, 256), (128, 64), (64, 128), (64, 64)]
+    blocks_k = [(64, 3), (32, 3), (32, 4)]  # (BLOCK_K, num_stages): 64-deep K blocks fit 3 stages
+    return [
+        ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, gemm_tile_warps({"BLOCK_M": bm, "BLOCK_N": bn}), s)
+        for bm, bn in tiles
+        for bk, s in blocks_k
     ]
-    return autotune_configs(
-        candidates,
-        # 128 x 256 tiles spill with the GELU epilogue on sm_90a (python -m bench.sm90_report)
-        keep=lambda meta, w, s: w == gemm_tile_warps(meta)
-        and meta["BLOCK_M"] * meta["BLOCK_N"] < 128 * 256
-        and (s == 3 or meta["BLOCK_K"] == 32),
-        interpreter_config={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
+
+
+def _gemm_fits(meta, num_warps, num_stages, launch):
+    """No block wider than the GEMM needs: BLOCK_N within N and BLOCK_K within K, each rounded up to
+    a power of two (the smallest candidate always fits). The rows M do not count: they change with
+    every batch, and a config chosen by them would compile anew."""
+    return meta["BLOCK_N"] <= max(64, triton.next_power_of_2(launch["N"])) and meta["BLOCK_K"] <= max(
+        32, triton.next_power_of_2(launch["K"])
     )
 
 
@@ -76,13 +78,14 @@ def apply_activation(a, ACTIVATION: tl.constexpr):
     return 0.5 * a * (1.0 + tl.erf(a * SQRT1_2))
 
 
-@triton.autotune(configs=_gemm_configs(), key=["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION"])
-@triton.jit
+# The rows M bound masks only (the offsets of a row take their alignment from the strides), and
+# M_BUCKET only keys the configs: specialized, a batch whose rows are not a multiple of 16 compiles anew.
+@triton.jit(do_not_specialize=["M", "M_BUCKET"])
 def _linear_gelu_fwd_kernel(
     X, W, B, Y, PRE,
     stride_xm, stride_wn, stride_wk, stride_b, stride_ym, stride_pm,
     M, N, K,
-    M_BUCKET,  # autotune key only
+    M_BUCKET,  # config key only
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PRE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -119,7 +122,7 @@ def _linear_gelu_fwd_kernel(
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y.to(Y.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # M bounds the slabs' masks only
 def _activation_grad_kernel(
     DY, PRE, DPRE, DB_PARTIAL,
     stride_dy, stride_pre, stride_dpre,
@@ -153,13 +156,19 @@ def _activation_grad_kernel(
         tl.store(DB_PARTIAL + pid_m * N + cols, tl.sum(db, 0), mask=col_ok)
 
 
+_linear_gelu_fwd = Configs(
+    _linear_gelu_fwd_kernel, "linear_act", _gemm_candidates(), ["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION"],
+    _gemm_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
+)
+
+
 def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
     M, K = x2.shape
     N = weight.shape[0]
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
     pre = torch.empty(M if store_pre else 0, N, dtype=x2.dtype, device=x2.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    launch(_linear_gelu_fwd_kernel)[grid](
+    _linear_gelu_fwd[grid](
         x2, weight, x2 if bias is None else bias, y, pre if store_pre else y,
         x2.stride(0), weight.stride(0), weight.stride(1), vector_stride(bias),
         y.stride(0), pre.stride(0) if store_pre else 0,
@@ -273,7 +282,8 @@ def linear_act(x, weight, bias, *, activation="gelu"):
         x: (..., K); weight: (N, K) (nn.Linear layout; any strides, so Conv1d weight views work);
             bias: (N,) or None. One dtype (fp16, bf16, fp32), one device. Under torch.autocast,
             fp32 inputs are cast to the autocast dtype, as F.linear would.
-        activation: "gelu" (exact erf, the tutorial's) or "relu" (the other seed models').
+        activation: "gelu" (exact erf, the tutorial's) or "relu" (Aladdin Persson's seq2seq
+            Transformer's and the Keras tutorial's).
 
     Returns:
         (..., N) in the inputs' dtype. fp32 uses IEEE dots unless TF32 is allowed for matmuls.

@@ -1,4 +1,4 @@
-"""The attention autotune lists as a GPU launch sees them: what the pruning rules keep per launch.
+"""The attention configs as a GPU launch sees them: what the rules keep per launch.
 
 The rules themselves (which configs compile for sm_90a without spills) are held to the compiler by
 tests/test_sm90_compile.py; here: every launch keeps a config, short sequences compile fewer, and
@@ -10,7 +10,7 @@ import itertools
 import pytest
 import triton
 
-from fastformer.kernels import _common
+from fastformer.kernels import _configs
 
 attention_module = importlib.import_module("fastformer.kernels.attention")  # the module; `kernels.attention` is the function
 
@@ -64,9 +64,8 @@ def test_short_sequences_compile_fewer_variants_on_first_use():
     assert first_use_compiles(64, False, 64) <= 12
 
 
-def test_the_pruner_reads_positional_length_buckets(monkeypatch):
-    monkeypatch.setattr(_common, "INTERPRET", False)  # the pruner passes everything through there
-    prune = _common.config_pruner("attention forward", attention_module._fwd_fits)
+def test_the_pruner_reads_positional_length_buckets():
+    prune = _configs._pruner("attention forward", attention_module._fwd_fits)
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=2) for bm, bn, w in attention_module._FWD_TILES]
     named_args = {"LQ_BUCKET": 64, "LK_BUCKET": 32}  # the autotuner's positional arguments
     kept_configs = prune(configs, named_args, BLOCK_D=64, HAS_DROPOUT=False, HAS_PAD=True, IS_CAUSAL=False, HAS_MASK=False)

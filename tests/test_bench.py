@@ -14,7 +14,7 @@ from bench.common import attention_flops, ffn_flops
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_KEYS = {"bench", "provider", "params", "ms", "tflops", "tokens_per_s", "peak_mem_mb"}
 BENCHES = {"attention_fwd", "attention_fwd_bwd", "ffn_fwd", "ffn_fwd_bwd", "add_layer_norm", "model_train", "model_infer"}
-PROVIDERS = {"fastformer", "fastformer_fused", "reference", "reference_fp32", "sdpa", "flex", "compile", "eager"}
+PROVIDERS = {"fastformer", "fastformer_autotune", "fastformer_fused", "reference", "reference_fp32", "sdpa", "flex", "compile", "eager"}
 
 
 def test_flop_formulas():

@@ -41,9 +41,10 @@ def test_train_arguments_become_one_train_options_with_the_apis_defaults():
     parser = build_parser()
     assert TrainOptions.from_args(parser.parse_args(["train"])) == TrainOptions()
     args = parser.parse_args(["train", "--backend", "reference", "--lr", "1e-3", "--no-bucket", "--cuda-graphs",
-                              "--n-output", "auto", "--max-steps", "7"])
+                              "--n-output", "auto", "--max-steps", "7", "--no-precompile", "--autotune"])
     assert TrainOptions.from_args(args) == TrainOptions(
-        backend_name="reference", lr=1e-3, bucket=False, cuda_graphs=True, n_output="auto", max_steps=7
+        backend_name="reference", lr=1e-3, bucket=False, cuda_graphs=True, n_output="auto", max_steps=7,
+        precompile=False, autotune=True,
     )
 
 
@@ -78,6 +79,9 @@ def test_help_and_version_do_not_import_torch_or_triton():
         ),
         (["demo", "--device", "tpu9"], "fastformer demo: error: --device tpu9: fastformer runs on cpu, cuda or cuda:N"),
         (["evaluate", "--run", "nowhere", "--batch-size", "0"], "fastformer evaluate: error: --batch-size must be positive"),
+        (["train", "--precompile"], "fastformer train: error: --precompile needs --pad-to-buckets"),
+        (["train", "--precompile", "--pad-to-buckets", "--compile"],
+         "fastformer train: error: --precompile and --compile are alternatives"),
     ],
 )
 def test_bad_options_are_one_line_exit_2(argv, message, capsys):
@@ -91,6 +95,7 @@ def test_train_help_lists_how_steps_run(capsys):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--cuda-graphs" in out and "--compile" in out and "--pad-to-buckets, --no-pad-to-buckets" in out
+    assert "--precompile, --no-precompile" in out and "--autotune" in out and "FASTFORMER_AUTOTUNE=1" in out
     assert "not yet measured on a GPU" in out
 
 

@@ -7,8 +7,8 @@ How it compiles without a GPU is in bench/sm90.py; the matrix (masks, dropout, h
 FFN and LayerNorm variants, fp16 and bf16) is `bench.sm90_cases.ci_cases`. A config that breaks a
 rule is removed from its kernel's list or pruned for the flags where it breaks, never exempted here.
 
-What this cannot see: faults at run time (illegal addresses, races), numerics on the GPU (bf16
-dots, which the interpreter gets wrong), occupancy and timing. The `cuda` tests and the
+What this cannot see: faults at run time (illegal addresses, races), numerics (the interpreter
+tests check them, bf16 included, on a CPU), occupancy and timing. The `cuda` tests and the
 benchmarks cover those on a GPU. The full table: `python -m bench.sm90_report` (bench/results/sm90-compile.md).
 """
 import ast

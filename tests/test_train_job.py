@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fastformer import Config, MovieClassification
-from fastformer import job, runtime
+from fastformer import job, kernels, runtime
 from fastformer.cli import main
 from fastformer.data import load_vocab
 from fastformer.options import TrainOptions
@@ -424,6 +424,30 @@ def test_pad_to_buckets_is_recorded_and_may_change_on_resume(files, tmp_path, ca
     run = json.loads((out / "run.json").read_text())
     assert (run["pad_to_buckets"], run["cuda_graphs"], run["compile"]) == (True, False, False)
     assert [r["pad_to_buckets"] for r in run["resumed"]] == [False]
+
+
+def test_pad_to_buckets_precompiles_the_shapes_of_the_data(files, tmp_path, monkeypatch, capsys):
+    """--pad-to-buckets knows the batch shapes, so the job compiles their kernels before the first
+    step (the compiling itself: tests/test_warmup.py); --no-precompile leaves it to the steps.
+    --autotune holds for the job only."""
+    calls = []
+
+    def warm_up(model, shapes, *, device, amp, progress):
+        calls.append({"shapes": shapes, "device": str(device), "amp": amp, "autotune": kernels.autotune_enabled(),
+                      "trained": any(p.grad is not None for p in model.parameters())})
+        return {"shapes": len(shapes), "seconds": 0.0}
+
+    monkeypatch.setattr(job, "warm_up", warm_up)
+    out = tmp_path / "run"
+    assert main(train_args(files, out, "--epochs", "1", "--pad-to-buckets", "--autotune", "--batch-size", "8")) == 0
+    assert not kernels.autotune_enabled()
+    assert len(calls) == 1 and calls[0]["device"] == "cpu" and calls[0]["amp"] == "off"
+    assert calls[0]["autotune"] and not calls[0]["trained"]
+    assert calls[0]["shapes"] == [(8, TINY["n_enc_seq"])]  # every review's bucket is n_enc_seq's (which bucket_shapes' test covers)
+    assert f"compiled the kernels of {len(calls[0]['shapes'])} batch shapes" in capsys.readouterr().out
+    assert main(train_args(files, tmp_path / "eager", "--epochs", "1", "--pad-to-buckets", "--no-precompile")) == 0
+    assert main(train_args(files, tmp_path / "unpadded", "--epochs", "1")) == 0
+    assert len(calls) == 1
 
 
 @pytest.mark.cuda

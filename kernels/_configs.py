@@ -1,0 +1,182 @@
+"""How a kernel with several configs is launched: the rule's one config by default, autotuning on request.
+
+A kernel whose block sizes, warps and stages are chosen per launch has a `Configs`: its jit
+function, its candidates `(meta, num_warps, num_stages)` in order of preference, and its rule
+`fits(meta, num_warps, num_stages, launch)`, `launch` being the launch's arguments by name. The
+rule rejects what does not compile cleanly for sm_90a for the launch's flags (spills, shared
+memory) and tiles the launch does not need; the sm_90a compile check holds every candidate to that.
+
+- By default a launch runs the first candidate that fits: one compile per kernel specialization,
+  no timing, as Inductor's heuristics and Liger's `calculate_settings` choose without measuring.
+  The pick depends only on the autotune key's arguments and the tensors' dtypes, and is kept per
+  key, so a launch costs a dictionary lookup. No triton.autotune is involved (Triton 3.6 times
+  the one config left after pruning).
+- With FASTFORMER_AUTOTUNE=1 in the environment, or `set_autotune(True)`, a launch goes through
+  triton.autotune over every candidate that fits: each new key compiles and times them on the
+  GPU, and the best is kept on disk (Triton's cache folder) for the next process, keyed also by
+  the GPU's name (`_Autotuner`).
+
+Under the interpreter there is one config, `interpreter_meta` with 4 warps and 1 stage, either way.
+Where the candidate lists and their order come from: docs/cold-start.md.
+"""
+import contextlib
+import os
+
+from ._common import HAS_TRITON, INTERPRET, launch, triton
+
+ENV_VAR = "FASTFORMER_AUTOTUNE"
+_autotune = None  # set_autotune's choice; None: the environment's
+
+
+def set_autotune(enabled):
+    """Autotune kernel configs (True), pick them by each kernel's rule (False), or follow
+    FASTFORMER_AUTOTUNE (None, the default). Takes effect at the next launch."""
+    global _autotune
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"set_autotune takes True, False or None, got {enabled!r}")
+    _autotune = enabled
+
+
+@contextlib.contextmanager
+def autotuning(enabled=True):
+    """set_autotune(enabled) inside the block, and the choice in force before it after the block
+    (how `fastformer train --autotune` scopes its choice to the job)."""
+    global _autotune
+    previous = _autotune
+    set_autotune(enabled)
+    try:
+        yield
+    finally:
+        _autotune = previous
+
+
+def autotune_enabled():
+    """Whether launches autotune: set_autotune's choice, else FASTFORMER_AUTOTUNE ("1": yes;
+    unset, "" or "0": no)."""
+    if _autotune is not None:
+        return _autotune
+    value = os.environ.get(ENV_VAR, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{ENV_VAR} must be 1 (autotune kernel configs) or 0 (pick them by rule), got {value!r}")
+    return value == "1"
+
+
+def gemm_tile_warps(meta):
+    """The GEMM tile rule of every matrix-product kernel here: an output tile of 128 x 128 or more
+    takes 8 warps (two warp groups, each a 64-row wgmma), a smaller one 4 (one warp group). Fewer
+    warps for a large tile spill its fp32 accumulator on sm_90a; more for a small one idle."""
+    return 8 if meta["BLOCK_M"] * meta["BLOCK_N"] >= 128 * 128 else 4
+
+
+def device_name():
+    """The name of the GPU the launches go to, as the active Triton driver's torch device module
+    gives it ("NVIDIA H100 80GB HBM3")."""
+    from triton.runtime.driver import driver
+
+    active = driver.active
+    return active.get_device_interface().get_device_name(active.get_current_device())
+
+
+if HAS_TRITON:  # without Triton nothing launches
+
+    class _Autotuner(triton.runtime.Autotuner):
+        """triton.autotune whose results go to disk (cache_results) and are read back only on the GPU
+        model that timed them. Triton's own disk key holds its version, the target (sm_90 for an
+        H100 and an H200 alike), the kernel's source and the jit functions it calls, the environment
+        variables that change compiles, the tuning key and the configs kept; this adds the GPU's
+        name to the tuning key. `self.cache` stays keyed as `run` reads it."""
+
+        def check_disk_cache(self, tuning_key, configs, bench_fn):
+            on_this_gpu = (*tuning_key, device_name())
+            found = super().check_disk_cache(on_this_gpu, configs, bench_fn)
+            if on_this_gpu in self.cache:  # read from disk: moved to the key run() looks up
+                self.cache[tuning_key] = self.cache.pop(on_this_gpu)
+            return found
+
+
+def _pruner(name, fits):
+    """triton.autotune's early_config_prune for `fits`: the configs that fit the launch."""
+
+    def prune(configs, named_args, **kwargs):
+        launch_args = {**named_args, **kwargs}
+        kept = [c for c in configs if fits(c.kwargs, c.num_warps, c.num_stages, launch_args)]
+        if not kept:
+            raise RuntimeError(f"{name}: no config fits the launch ({_flags(launch_args)}); this is a bug in kernels/")
+        return kept
+
+    return prune
+
+
+def _flags(launch_args):
+    return ", ".join(f"{k}={v}" for k, v in sorted(launch_args.items()) if k.isupper() and not hasattr(v, "dtype"))
+
+
+def _fits_always(meta, num_warps, num_stages, launch_args):
+    return True
+
+
+class Configs:
+    """A jit kernel and its configs. `Configs(...)[grid](*args, **kwargs)` launches it as
+    `launch(kernel)[grid]` does, with the rule's config or, when autotuning, the autotuner's.
+
+    Args:
+        kernel: the @triton.jit function.
+        name: what errors call it ("attention forward").
+        candidates: [(meta, num_warps, num_stages)], best first: meta is the dict of the config's
+            constexprs (BLOCK_M, ...).
+        key: the kernel arguments whose values select a config (triton.autotune's key); the rule
+            may read only these, the launch's constexprs and the tensors' dtypes.
+        fits: fits(meta, num_warps, num_stages, launch) -> bool, the rule; every launch must have
+            a candidate that fits (the test of each op file holds it to that).
+        interpreter_meta: the one config's meta under the interpreter.
+    """
+
+    def __init__(self, kernel, name, candidates, key, fits=_fits_always, *, interpreter_meta):
+        self.kernel = kernel
+        self.name = name
+        self.candidates = [(dict(meta), num_warps, num_stages) for meta, num_warps, num_stages in candidates]
+        self.key = list(key)
+        self.fits = fits
+        self.interpreter_meta = dict(interpreter_meta)
+        self.picks = {}  # key values and dtypes -> the rule's candidate
+        self.autotuner = None
+        if HAS_TRITON:
+            tried = [(self.interpreter_meta, 4, 1)] if INTERPRET else self.candidates
+            self.autotuner = _Autotuner(
+                kernel, kernel.arg_names, [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in tried],
+                self.key, None, None, prune_configs_by=None if INTERPRET else {"early_config_prune": _pruner(name, fits)},
+                cache_results=True,
+            )
+
+    def pick(self, launch_args):
+        """The rule's (meta, num_warps, num_stages) for a launch's arguments by name."""
+        if INTERPRET:
+            return self.interpreter_meta, 4, 1
+        dtypes = tuple(str(v.dtype) for v in launch_args.values() if hasattr(v, "dtype"))
+        key = (*(launch_args[name] for name in self.key), *dtypes)
+        try:
+            return self.picks[key]
+        except KeyError:
+            pass
+        except TypeError:  # a symbolic size while torch.compile traces: no memo
+            return self._first_fit(launch_args)
+        self.picks[key] = self._first_fit(launch_args)
+        return self.picks[key]
+
+    def _first_fit(self, launch_args):
+        for meta, num_warps, num_stages in self.candidates:
+            if self.fits(meta, num_warps, num_stages, launch_args):
+                return meta, num_warps, num_stages
+        raise RuntimeError(f"{self.name}: no config fits the launch ({_flags(launch_args)}); this is a bug in kernels/")
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            if autotune_enabled():
+                return launch(self.autotuner)[grid](*args, **kwargs)
+            meta, num_warps, num_stages = self.pick({**dict(zip(self.kernel.arg_names, args)), **kwargs})
+            return launch(self.kernel)[grid](*args, **kwargs, **meta, num_warps=num_warps, num_stages=num_stages)
+
+        return run
+
+    def __repr__(self):
+        return f"Configs({self.name!r}, {len(self.candidates)} candidates)"

@@ -1,0 +1,161 @@
+"""Each kernel's rule against its autotune list (kernels._configs.Configs): the rule picks, for every
+launch of the sm_90a check's matrix, the first candidate that autotuning would try, so the check,
+which compiles everything autotuning can try, covers every pick; and the switch between the rule
+and autotuning. Pure Python, no compile: the picks are held to the compiler by
+tests/test_sm90_compile.py and bench/cold_start.py.
+"""
+import importlib
+import itertools
+
+import pytest
+import torch
+import triton
+
+from bench.sm90_cases import HEAD_DIMS, LARGE, MASKS, TUTORIAL
+from fastformer import kernels
+from fastformer.kernels import _configs
+
+attention = importlib.import_module("fastformer.kernels.attention")
+linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")
+feed_forward = importlib.import_module("fastformer.kernels.feed_forward")
+
+ATTENTION = {"forward": attention._attn_fwd, "dQ": attention._attn_bwd_dq, "dK/dV": attention._attn_bwd_dkdv}
+# the CI matrix's lengths (256, 97 x 61, 4096, the model case's 64) and those of the model's decoder (1)
+LENGTHS = [(256, 256), (97, 61), (4096, 4096), (64, 64), (1, 1), (1, 64), (1, 256), (13, 20)]
+
+
+def tried(tuned, launch):
+    """What autotuning tries for the launch: the autotune list on a GPU, as its pruning keeps it."""
+    configs = [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in tuned.candidates]
+    kept = _configs._pruner(tuned.name, tuned.fits)(configs, {}, **launch)
+    return [(c.kwargs, c.num_warps, c.num_stages) for c in kept]
+
+
+def attention_launches():
+    for D, mask, dropout, (lq, lk) in itertools.product(HEAD_DIMS, MASKS, (False, True), LENGTHS):
+        pad, causal, dense = MASKS[mask]
+        yield {
+            "HEAD_DIM": D, "BLOCK_D": attention._head_block(D), "HAS_PAD": pad, "IS_CAUSAL": causal, "HAS_MASK": dense,
+            "HAS_DROPOUT": dropout, "LQ_BUCKET": triton.next_power_of_2(lq), "LK_BUCKET": triton.next_power_of_2(lk),
+        }
+
+
+@pytest.mark.parametrize("kernel", sorted(ATTENTION))
+def test_the_attention_rule_picks_the_first_config_autotuning_tries(kernel):
+    tuned = ATTENTION[kernel]
+    for launch in attention_launches():
+        kept = tried(tuned, launch)
+        assert kept, f"attention {kernel}: no config for {launch}"
+        assert tuned._first_fit(launch) == kept[0], f"attention {kernel}: {launch}"
+
+
+GEMM_SHAPES = [  # (N, K) of the matrix products: the CI matrix's FFNs both ways, and small ones
+    (TUTORIAL["d_ff"], TUTORIAL["d_hidn"]), (LARGE["d_ff"], LARGE["d_hidn"]), (64, 32), (48, 20), (1, 1), (300, 7),
+]
+
+
+def test_the_gemm_rule_picks_the_first_config_autotuning_tries():
+    tuned = linear_gelu._linear_gelu_fwd
+    for (N, K), store_pre in itertools.product(GEMM_SHAPES, (False, True)):
+        launch = {"N": N, "K": K, "M_BUCKET": 256, "STORE_PRE": store_pre, "ACTIVATION": "gelu", "DOT_PRECISION": "tf32"}
+        kept = tried(tuned, launch)
+        assert kept and tuned._first_fit(launch) == kept[0], launch
+        meta = kept[0][0]
+        assert meta["BLOCK_N"] <= max(64, triton.next_power_of_2(N)) and meta["BLOCK_K"] <= max(32, triton.next_power_of_2(K))
+
+
+def test_the_fused_ffn_rule_picks_the_first_config_autotuning_tries():
+    tuned = feed_forward._ffn_fused_fwd
+    for D, F in [(TUTORIAL["d_hidn"], TUTORIAL["d_ff"]), (LARGE["d_hidn"], LARGE["d_ff"]), (32, 64), (20, 40)]:
+        launch = {"D": D, "F": F, "M_BUCKET": 256, "ACTIVATION": "gelu", "DOT_PRECISION": "tf32"}
+        kept = tried(tuned, launch)
+        assert kept and tuned._first_fit(launch) == kept[0], launch
+
+
+def test_the_tutorial_encoders_forward_tiles_grow_with_the_reviews():
+    """The tutorial's shapes pick what docs/cold-start.md says they do (what bench.cold_start compiles)."""
+    train = {"HEAD_DIM": 64, "BLOCK_D": 64, "HAS_PAD": True, "IS_CAUSAL": False, "HAS_MASK": False, "HAS_DROPOUT": True}
+    picks = {
+        bucket: (attention._attn_fwd._first_fit({**train, "LQ_BUCKET": bucket, "LK_BUCKET": bucket})[0]["BLOCK_M"],
+                 attention._attn_fwd._first_fit({**train, "LQ_BUCKET": bucket, "LK_BUCKET": bucket})[0]["BLOCK_N"])
+        for bucket in (16, 32, 64, 128, 256)
+    }
+    assert picks == {16: (64, 32), 32: (64, 32), 64: (64, 64), 128: (128, 64), 256: (128, 64)}
+
+
+def test_a_pick_is_kept_per_key_and_dtypes(monkeypatch):
+    monkeypatch.setattr(_configs, "INTERPRET", False)
+    tuned = _configs.Configs(
+        attention._attn_fwd_kernel, "test", attention._candidates(attention._FWD_TILES), attention._KEY,
+        attention._fwd_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16},
+    )
+    calls = []
+
+    def counting_fits(*args):
+        calls.append(args)
+        return attention._fwd_fits(*args)
+
+    tuned.fits = counting_fits
+    launch = {**dict.fromkeys(attention._KEY, 0), "HEAD_DIM": 64, "BLOCK_D": 64, "LQ_BUCKET": 64, "LK_BUCKET": 64,
+              "HAS_PAD": True, "IS_CAUSAL": False, "HAS_MASK": False, "HAS_DROPOUT": False, "Q": torch.zeros(1, dtype=torch.float16)}
+    first = tuned.pick(launch)
+    asked = len(calls)
+    assert tuned.pick(launch) == first and len(calls) == asked  # the second launch looks it up
+    tuned.pick({**launch, "Q": torch.zeros(1, dtype=torch.bfloat16)})  # another dtype: the rule again
+    assert len(calls) > asked
+
+
+def test_the_switch_between_the_rule_and_autotuning(monkeypatch):
+    monkeypatch.delenv(_configs.ENV_VAR, raising=False)
+    assert not kernels.autotune_enabled()
+    monkeypatch.setenv(_configs.ENV_VAR, "1")
+    assert kernels.autotune_enabled()
+    kernels.set_autotune(False)
+    try:
+        assert not kernels.autotune_enabled()  # the Python switch wins over the environment
+    finally:
+        kernels.set_autotune(None)
+    assert kernels.autotune_enabled()
+    monkeypatch.setenv(_configs.ENV_VAR, "yes")
+    with pytest.raises(ValueError, match="FASTFORMER_AUTOTUNE must be 1"):
+        kernels.autotune_enabled()
+    with pytest.raises(TypeError, match="True, False or None"):
+        kernels.set_autotune("1")
+
+
+def test_autotuning_holds_inside_its_block_only(monkeypatch):
+    monkeypatch.setenv(_configs.ENV_VAR, "0")
+    with kernels.autotuning():
+        assert kernels.autotune_enabled()
+        with kernels.autotuning(False):
+            assert not kernels.autotune_enabled()
+        assert kernels.autotune_enabled()
+    assert not kernels.autotune_enabled()
+    with pytest.raises(KeyError), kernels.autotuning():
+        raise KeyError("inside")
+    assert _configs._autotune is None  # back to following the environment
+
+
+def test_a_launch_runs_the_rules_config_or_the_autotuner(monkeypatch):
+    launched = []
+
+    class Recorded:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append((self.kernel, kwargs))
+
+    monkeypatch.setattr(_configs, "launch", Recorded)
+    monkeypatch.setattr(_configs, "INTERPRET", False)  # the GPU's rule
+    tuned = linear_gelu._linear_gelu_fwd
+    launch = {"N": 1024, "K": 256, "M_BUCKET": 4096, "STORE_PRE": True, "ACTIVATION": "gelu", "DOT_PRECISION": "tf32"}
+    tuned[(1,)](**launch)
+    meta, num_warps, num_stages = tuned._first_fit(launch)
+    assert launched.pop() == (linear_gelu._linear_gelu_fwd_kernel, {**launch, **meta, "num_warps": num_warps, "num_stages": num_stages})
+    kernels.set_autotune(True)
+    try:
+        tuned[(1,)](**launch)
+    finally:
+        kernels.set_autotune(None)
+    assert launched.pop() == (tuned.autotuner, launch)
