@@ -15,6 +15,7 @@ setup(
     description="A drop-in, Triton-accelerated version of the classic tutorial Transformer",
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
     packages=find_packages(include=["fastformer", "fastformer.*"]) + ["fastformer.kernels"],
     package_dir={"fastformer.kernels": "kernels"},
     package_data={"fastformer.data": ["*.tsv"]},
@@ -28,11 +29,14 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest", "pytest-benchmark", "hypothesis"],
+        # mkdocs: tests/test_docs.py builds the manual (docs/) as CI does
+        "test": ["pytest", "pytest-benchmark", "hypothesis", "mkdocs", "mkdocs-material"],
         "bench": ["pytest", "pytest-benchmark"],
+        "docs": ["mkdocs", "mkdocs-material"],
     },
     entry_points={"console_scripts": ["fastformer = fastformer.cli:main"]},
     classifiers=[
+        "License :: OSI Approved :: BSD License",
         "Programming Language :: Python :: 3",
         "Operating System :: POSIX :: Linux",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",

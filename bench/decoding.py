@@ -1,6 +1,6 @@
 """Cached against full re-decoding: greedy generation with fastformer.compat.aladdinpersson.
 
-    python -m bench.decoding                       # 64 sequences of 128 tokens, 002's default sizes
+    python -m bench.decoding                       # 64 sequences of 128 tokens, the tutorial's default sizes
     python -m bench.decoding --batch 8 --length 32 --embed-size 128 --num-layers 2   # quicker
 
 Both modes decode the same tokens (checked here, and in tests/test_aladdinpersson.py); the cached

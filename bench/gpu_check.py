@@ -12,8 +12,8 @@ installs nothing and needs no network. The stages run in this order, whatever or
                Python versions; two ceilings measured on the spot: a bf16 GEMM of 8192^3
                (2 * 8192^3 FLOP per call) and a 1 GiB device-to-device copy (bytes read + written)
   tests        `pytest -m cuda` in a subprocess (bf16 parity included), writing junit.xml
-  compile      torch.compile(model, fullgraph=True) of MovieClassification and of the second
-               seed's Transformer: a train step (forward, loss, backward) checked finite, then the
+  compile      torch.compile(model, fullgraph=True) of MovieClassification and of Aladdin
+               Persson's einsum seq2seq Transformer: a train step (forward, loss, backward) checked finite, then the
                eval-mode logits against eager; on failure, Dynamo's graph breaks by reason and place
   determinism  attention forward + backward repeated on one input (without and with dropout), and
                train steps of the tutorial model from one seed, twice: every output, gradient and
@@ -182,7 +182,7 @@ class Plan:
     tests_filter: Optional[str]  # pytest -k for the cuda tests; None runs them all
     config: dict  # Config.tutorial overrides for the compile, determinism and model stages
     compile_layers: Optional[int]  # n_layer / num_layers for the compile stage; None keeps the config's
-    aladdinpersson: dict  # the second seed's Transformer and its batch, for the compile stage
+    aladdinpersson: dict  # Aladdin Persson's seq2seq Transformer and its batch, for the compile stage
     model_batch: int
     compile_rep: int
     attention_shape: tuple  # (B, H, L, D) for the determinism stage
@@ -408,7 +408,7 @@ class Run:
         self.plan = PLANS[mode]
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda" if self.cuda else "cpu")
-        # bf16 autocast on a GPU; fp32 on a CPU, where the interpreter computes bf16 dots wrongly
+        # bf16 autocast on a GPU; fp32 on a CPU, where Triton's interpreter as shipped computes bf16 dots wrongly
         self.amp = "bf16" if self.cuda else "off"
         self.env = dict(environment(self.device), bf16_gemm_tflops=None, d2d_copy_gbps=None)
         self.started = _now()
@@ -711,7 +711,7 @@ def _movie_classification(run):
 
 
 def _aladdinpersson(run):
-    """The second seed's Transformer (dropout 0.1) on padded sources, with teacher forcing."""
+    """Aladdin Persson's einsum seq2seq Transformer (dropout 0.1) on padded sources, with teacher forcing."""
     sizes = dict(run.plan.aladdinpersson)
     vocab, n, length = sizes.pop("vocab"), sizes.pop("batch"), sizes.pop("length")
     if run.plan.compile_layers is not None:

@@ -1,6 +1,6 @@
 """Device kernels per step of the tutorial's workload: `python -m bench.launches`.
 
-The tutorial's train step is launch-bound (issue #16): at batch 128 of short reviews a kernel runs
+The tutorial's train step is launch-bound (docs/launches.md): at batch 128 of short reviews a kernel runs
 for microseconds, so the number of kernels per step sets the step's time. This counts them for
 MovieClassification with the tutorial's Config, per train step (forward, loss, backward, AdamW
 step, as `fastformer train` runs it) and per inference step, for three providers:

@@ -1,4 +1,5 @@
-"""fastformer: the classic tutorial Transformer, drop-in, with Triton kernels on CUDA.
+"""fastformer: the Transformer of paul-hyun's tutorial (https://paul-hyun.github.io/transformer-01/),
+drop-in, with Triton kernels on CUDA.
 
     from fastformer import Config, MovieClassification   # instead of the tutorial's classes
 

@@ -143,7 +143,8 @@ def _add_runtime_options(parser):
 def build_parser():
     parser = _Parser(
         prog="fastformer",
-        description="The tutorial Transformer, drop-in, with Triton kernels on CUDA.",
+        description="The Transformer of paul-hyun's tutorial (paul-hyun.github.io/transformer-01), drop-in, "
+        "with Triton kernels on CUDA.",
     )
     parser.add_argument("--version", action="version", version=f"fastformer {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -1,8 +1,8 @@
 """CUDA graphs of the train step and of evaluation: `fastformer train --cuda-graphs`.
 
 At batch 128 of reviews 10 to 60 pieces long, a kernel of the tutorial's model runs for
-microseconds and an eager train step launches about 700 of them (README, "Kernels per
-step"), so the GPU waits on the CPU. A CUDA graph records a step's kernels once and replays them
+microseconds and an eager train step launches hundreds of them (docs/launches.md counts
+them), so the GPU waits on the CPU. A CUDA graph records a step's kernels once and replays them
 all with one launch. `GraphedSteps` does this for MovieClassification:
 
 - One graph per kind of step (train, or the evaluation forward), model mode and batch shape. The

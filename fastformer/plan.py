@@ -1,6 +1,6 @@
 """What the layers of one Encoder or Decoder forward share, made once for all of them.
 
-The tutorial's train step is launch-bound (issue #16): at batch 128 of short reviews a kernel does
+The tutorial's train step is launch-bound (docs/launches.md): at batch 128 of short reviews a kernel does
 microseconds of work, so a step costs about what it launches. `ForwardPlan` does once per forward
 what each layer would otherwise do for itself:
 

@@ -1,8 +1,9 @@
-"""Training utilities from the seed documents: schedules, the padding-masked loss, and the loops.
+"""Training utilities from the tutorials: schedules, the padding-masked loss, and the loops.
 
 - `linear_warmup_decay`: the tutorial's training script, AdamW with the learning rate rising
   linearly over the warm-up steps, then falling linearly to 0 at the last step.
-- `inverse_sqrt_warmup`: 004's schedule, lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+- `inverse_sqrt_warmup`: the TensorFlow/Keras Transformer tutorial's schedule,
+  lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
 - `sequence_cross_entropy`: cross-entropy over sequence outputs that ignores padding positions.
 - `train_epoch` / `evaluate`: the tutorial's train_epoch and eval_epoch for MovieClassification,
   with tqdm bars showing loss, accuracy and tokens/s, and optional autocast. `train_epoch` raises
@@ -43,8 +44,8 @@ def linear_warmup_decay(step, warmup_steps, total_steps):
 
 
 def inverse_sqrt_warmup(step, d_model, warmup_steps=4000):
-    """004's learning rate at `step` (counted from 1): d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
-    Step 0 is treated as step 1."""
+    """The Keras tutorial's learning rate at `step` (counted from 1):
+    d_model^-0.5 * min(step^-0.5, step * warmup^-1.5). Step 0 is treated as step 1."""
     step = max(step, 1)
     return d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
@@ -54,12 +55,12 @@ def linear_warmup_decay_scheduler(optimizer, warmup_steps, total_steps):
 
 
 def inverse_sqrt_scheduler(optimizer, d_model, warmup_steps=4000):
-    """004's schedule as a LambdaLR; give the optimizer lr=1.0, since the schedule is the lr."""
+    """The Keras tutorial's schedule as a LambdaLR; give the optimizer lr=1.0, since the schedule is the lr."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: inverse_sqrt_warmup(step + 1, d_model, warmup_steps))
 
 
 def sequence_cross_entropy(logits, targets, pad_idx):
-    """Mean cross-entropy over the positions whose target is not padding (004's masked loss).
+    """Mean cross-entropy over the positions whose target is not padding (the Keras tutorial's masked loss).
 
     logits: (bs, n_seq, n_vocab); targets: (bs, n_seq). A batch of padding only gives 0.
     """

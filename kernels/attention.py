@@ -10,7 +10,7 @@ keys are all masked); the backward recomputes the probabilities from it, in one 
 in two passes (dQ per query block, then dK/dV per key block; the constexpr DQ_PASS picks the
 pass's code, so each compiles to its own), so no atomics and bitwise-reproducible gradients.
 
-A call is its kernels and nothing else on the device (the train step is launch-bound, issue #16):
+A call is its kernels and nothing else on the device (the train step is launch-bound, see docs/launches.md):
 the dQ pass computes delta = rowsum(dO * O) for its rows and hands it to dK/dV; each program
 finds where its batch's padding starts by scanning the key-padding flags itself, and dK/dV finds
 whether a (batch, head) has fully masked rows by scanning its lse, so no per-call bookkeeping runs

@@ -1,5 +1,5 @@
-"""A plain-PyTorch transcription of the second seed's Transformer (002, aladdinpersson's), written
-for these tests as the oracle that fastformer.compat.aladdinpersson must match: einsum attention,
+"""A plain-PyTorch transcription of the einsum seq2seq Transformer of Aladdin Persson's tutorial,
+written for these tests as the oracle that fastformer.compat.aladdinpersson must match: einsum attention,
 masks with nonzero = keep filled with -1e20, scores scaled by 1/sqrt(embed_size), dropout after
 LayerNorm, learned positions, and make_src_mask / make_trg_mask."""
 import torch

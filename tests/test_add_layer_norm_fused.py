@@ -1,4 +1,4 @@
-"""add_layer_norm's keyword arguments that cut launches (issue #16): x_bias, added in the forward
+"""add_layer_norm's keyword arguments that cut launches (docs/launches.md): x_bias, added in the forward
 and reduced with dW and db in the backward; a seed passed in; y's fp16/bf16 copy written by the
 same kernel, whose gradient the backward adds itself. Parity with the fp64 reference, bit-exact
 casts and gradients, launch counts, argument checks."""

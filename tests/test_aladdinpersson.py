@@ -1,6 +1,6 @@
-"""fastformer.compat.aladdinpersson against a transcription of 002 (tests/aladdinpersson.py):
-signatures, strict checkpoint loading, outputs and gradients on both backends, masks, training
-steps, and cached greedy decoding."""
+"""fastformer.compat.aladdinpersson against a transcription of Aladdin Persson's Transformer
+(tests/aladdinpersson.py): signatures, strict checkpoint loading, outputs and gradients on both
+backends, masks, training steps, and cached greedy decoding."""
 import inspect
 
 import pytest
@@ -46,7 +46,7 @@ def test_signatures_match_002(name):
 
 
 def test_same_seed_gives_the_same_initial_weights():
-    """Modules are built in 002's order, so torch.manual_seed reproduces 002's initialization."""
+    """Modules are built in the original's order, so torch.manual_seed reproduces its initialization."""
     torch.manual_seed(1)
     a = theirs.Transformer(**SMALL).state_dict()
     torch.manual_seed(1)
@@ -58,9 +58,9 @@ def test_same_seed_gives_the_same_initial_weights():
 
 def test_checkpoint_loads_strictly_and_outputs_match_on_the_reference_backend(tmp_path):
     reference, _ = pair()
-    torch.save(reference.state_dict(), tmp_path / "002.pt")
+    torch.save(reference.state_dict(), tmp_path / "original.pt")
     model = ours.Transformer(**SMALL)
-    model.load_state_dict(torch.load(tmp_path / "002.pt"), strict=True)
+    model.load_state_dict(torch.load(tmp_path / "original.pt"), strict=True)
     src, trg = batch()
     with fastformer.use_backend("reference"):
         for mode in (True, False):
@@ -80,9 +80,9 @@ def test_gradients_match_002_on_the_reference_backend():
         assert_max_diff(f"grad {name}", param.grad, theirs_grads[name].grad, 1e-5)
 
 
-def test_modules_take_002s_dense_masks():
+def test_modules_take_the_originals_dense_masks():
     """Encoder and Decoder called directly with make_src_mask / make_trg_mask tensors, and a
-    SelfAttention with a per-head mask (the dense path), match 002."""
+    SelfAttention with a per-head mask (the dense path), match the original."""
     reference, model = pair()
     src, trg = batch()
     src_mask, trg_mask = reference.make_src_mask(src), reference.make_trg_mask(trg)
@@ -133,7 +133,7 @@ def test_bad_arguments():
 
 
 @pytest.mark.parametrize("dtype, atol", [pytest.param(torch.float32, 1e-5, id="fp32"),
-                                         pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.cuda)])
+                                         pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.bf16)])
 def test_triton_backend_matches_reference_outputs_and_all_gradients(dtype, atol, device):
     """Shared weights: the Triton backend vs the reference backend in the same dtype, both against
     the reference backend in fp64."""

@@ -1,6 +1,6 @@
 """attention's `seed`: a one-element int64 tensor, such as the view `draw_seeds(n, device)[i:i + 1]`
 of the seeds a model draws once per forward, decides the dropout mask alone, and no seed is drawn
-for the call (issue #16). The bad seeds are in tests/test_ops_reference.py's argument table.
+for the call (a call is its kernels alone). The bad seeds are in tests/test_ops_reference.py's argument table.
 """
 import pytest
 import torch

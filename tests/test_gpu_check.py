@@ -151,8 +151,9 @@ def test_smoke_summary_and_log(smoke):
 
 @CPU_ONLY
 def test_bench_report_renders_the_results_for_committing(smoke, tmp_path, capsys):
-    """The README's commit step: `python -m bench.report --from results.json` writes the report's
-    files from the records measured, with no GPU; a second file's duplicate records are dropped."""
+    """The GPU check's commit step (docs/benchmarks.md): `python -m bench.report --from results.json`
+    writes the report's files from the records measured, with no GPU; a second file's duplicate
+    records are dropped."""
     from bench import report
 
     results = str(smoke[1] / "results.json")

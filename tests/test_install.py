@@ -60,6 +60,16 @@ def test_setup_ships_the_kernels_folder_inside_fastformer():
     assert '"kernels.*"' not in setup and 'include=["kernels"' not in setup
 
 
+def test_setup_declares_the_licence():
+    """LICENSE holds the BSD 3-Clause licence, and the package metadata declares it (License:
+    BSD-3-Clause and the classifier); docs/licences.md says which outside data has which licence."""
+    licence = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert licence.startswith("BSD 3-Clause License") and "Copyright (c) 2026, the fastformer authors" in licence
+    setup = (REPO / "setup.py").read_text()
+    assert 'license="BSD-3-Clause"' in setup
+    assert '"License :: OSI Approved :: BSD License"' in setup
+
+
 def _run(python, *args, cwd):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the checkout on the path
     result = subprocess.run([str(python), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)

@@ -32,7 +32,7 @@ def test_linear_warmup_decay_scheduler_drives_the_optimizer():
 
 
 def test_inverse_sqrt_warmup_values():
-    """004's formula: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), peak at step = warmup."""
+    """The Keras tutorial's formula: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), peak at step = warmup."""
     d, warmup = 512, 4000
     assert inverse_sqrt_warmup(1, d, warmup) == pytest.approx(d**-0.5 * warmup**-1.5)
     assert inverse_sqrt_warmup(warmup, d, warmup) == pytest.approx(d**-0.5 * warmup**-0.5)

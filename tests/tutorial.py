@@ -1,8 +1,9 @@
 """The tutorial's Transformer transcribed in plain PyTorch, as its users run it: the drop-in oracle.
 
-Written for these tests from the tutorial's description (seeds 000 and 003): dense boolean masks,
-masked_fill(-1e9), fp32 softmax, Conv1d FFN with erf GELU, post-LayerNorm. fastformer must load this
-model's state_dict with strict=True and match its outputs.
+Written for these tests from the tutorial's description (paul-hyun's "Transformer 구현하기" posts and
+the NSMC sentiment notebook): dense boolean masks, masked_fill(-1e9), fp32 softmax, Conv1d FFN with
+erf GELU, post-LayerNorm. fastformer must load this model's state_dict with strict=True and match
+its outputs.
 """
 import math
 

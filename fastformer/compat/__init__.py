@@ -1,4 +1,5 @@
-"""Drop-in versions of other Transformer codebases the user's documents describe, on fastformer's kernels.
+"""Drop-in versions of other tutorials' Transformers, on fastformer's kernels.
 
-- `fastformer.compat.aladdinpersson`: the second seed's (002) einsum Transformer.
+- `fastformer.compat.aladdinpersson`: the einsum seq2seq Transformer of Aladdin Persson's tutorial
+  (`transformer_from_scratch.py` in aladdinpersson/Machine-Learning-Collection).
 """

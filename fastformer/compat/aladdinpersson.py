@@ -1,15 +1,15 @@
-"""The second seed's Transformer (002, aladdinpersson's), drop-in, on fastformer's kernels.
+"""The einsum seq2seq Transformer of Aladdin Persson's tutorial, drop-in, on fastformer's kernels.
 
     # from transformer import Transformer
     from fastformer.compat.aladdinpersson import Transformer
 
-Constructors, forward signatures, parameter names and numerics are 002's, so its checkpoints load
-with strict=True and give the same outputs:
+Constructors, forward signatures, parameter names and numerics are that code's
+(`transformer_from_scratch.py`), so its checkpoints load with strict=True and give the same outputs:
 
 - SelfAttention projects each head with one Linear(head_dim, head_dim, bias=False) shared by the
   heads (`values`, `keys`, `queries`), then `fc_out`; scores are scaled by 1/sqrt(embed_size)
   (not head_dim), as that code does.
-- Masks are 002's: nonzero = keep, broadcast against (N, heads, query_len, key_len); the source
+- Masks are that code's: nonzero = keep, broadcast against (N, heads, query_len, key_len); the source
   mask is (N, 1, 1, src_len) and the target mask (N, 1, trg_len, trg_len) lower-triangular.
 - TransformerBlock: dropout(norm1(attention + query)), then a ReLU feed-forward
   nn.Sequential(Linear, ReLU, Linear) and dropout(norm2(ff + x)): dropout after LayerNorm.
@@ -35,7 +35,7 @@ from fastformer.model import check_token_ids
 
 
 def attention_mask(mask, n, heads, q_len, k_len, name="mask"):
-    """002's mask (nonzero = keep, broadcastable to (n, heads, q_len, k_len)) as an AttentionMask:
+    """The original's mask (nonzero = keep, broadcastable to (n, heads, q_len, k_len)) as an AttentionMask:
     a key-padding vector when it has the (n or 1, 1, 1, k_len) form, else a dense view."""
     if mask is None or isinstance(mask, AttentionMask):
         return AttentionMask.of(mask)
@@ -56,7 +56,7 @@ def attention_mask(mask, n, heads, q_len, k_len, name="mask"):
 
 
 def add_norm(norm, x, residual):
-    """norm(x + residual) through the fused add + LayerNorm op (002 applies dropout after it)."""
+    """norm(x + residual) through the fused add + LayerNorm op (the original applies dropout after it)."""
     return backend.add_layer_norm(x, residual, norm.weight, norm.bias, norm.eps, 0.0)
 
 
@@ -132,7 +132,7 @@ class TransformerBlock(nn.Module):
         return self.finish(self.attention(value, key, query, mask), query)
 
     def finish(self, attention, query):
-        """Everything after the attention: add + norm, feed-forward, add + norm, with 002's dropouts."""
+        """Everything after the attention: add + norm, feed-forward, add + norm, with the original's dropouts."""
         x = self.dropout(add_norm(self.norm1, attention, query))
         first, second = self.feed_forward[0], self.feed_forward[2]
         forward = backend.feed_forward(x, first.weight, first.bias, second.weight, second.bias, "relu")
@@ -147,7 +147,7 @@ def _check_ids(name, ids, stack):
 
 
 def _embed(stack, x):
-    """How 002's Encoder and Decoder begin: the ids x (N, L) checked, then dropout(word + position
+    """How the original's Encoder and Decoder begin: the ids x (N, L) checked, then dropout(word + position
     embeddings); with the mask's head count (the layers' attention heads)."""
     _check_ids("x", x, stack)
     n, seq_length = x.shape
@@ -160,7 +160,7 @@ class Encoder(nn.Module):
     def __init__(self, src_vocab_size, embed_size, num_layers, heads, device, forward_expansion, dropout, max_length):
         super().__init__()
         self.embed_size = embed_size
-        self.device = device  # kept for 002's signature; positions follow the inputs' device
+        self.device = device  # kept for the original's signature; positions follow the inputs' device
         self.word_embedding = nn.Embedding(src_vocab_size, embed_size)
         self.position_embedding = nn.Embedding(max_length, embed_size)
         self.layers = nn.ModuleList(
@@ -218,7 +218,7 @@ class LayerCache(NamedTuple):
 class Decoder(nn.Module):
     def __init__(self, trg_vocab_size, embed_size, num_layers, heads, forward_expansion, dropout, device, max_length):
         super().__init__()
-        self.device = device  # kept for 002's signature; positions follow the inputs' device
+        self.device = device  # kept for the original's signature; positions follow the inputs' device
         self.word_embedding = nn.Embedding(trg_vocab_size, embed_size)
         self.position_embedding = nn.Embedding(max_length, embed_size)
         self.layers = nn.ModuleList(
