@@ -272,10 +272,11 @@ class Encoder(nn.Module):
         self.pos_emb = sinusoid_embedding(config.n_enc_seq, config.d_hidn)
         self.layers = nn.ModuleList([EncoderLayer(config) for _ in range(config.n_layer)])
 
-    def forward(self, inputs):
+    def forward(self, inputs, *, ids_name=None):
         """inputs: (bs, n_enc_seq) token ids. Returns (bs, n_enc_seq, d_hidn) and a list of each
-        layer's probabilities (or None)."""
-        check_token_ids("inputs", inputs, self.config.n_enc_seq, self.config.n_enc_vocab)
+        layer's probabilities (or None). `ids_name` is what errors call the ids (default "inputs"):
+        the caller's name for them (Transformer's `enc_inputs`)."""
+        check_token_ids(ids_name or "inputs", inputs, self.config.n_enc_seq, self.config.n_enc_vocab)
         # (bs, n_enc_seq)
         pad = inputs.eq(self.config.i_pad)
         outputs = self.enc_emb(inputs) + self.pos_emb(position_ids(inputs, pad))
@@ -380,7 +381,7 @@ class Transformer(nn.Module):
         """Returns dec_outputs (bs, n_dec_seq, d_hidn) and the encoder self-, decoder self- and
         decoder-encoder attention probabilities, one list entry per layer (or None)."""
         check_same_batch(enc_inputs, dec_inputs)
-        enc_outputs, enc_self_attn_probs = self.encoder(enc_inputs)
+        enc_outputs, enc_self_attn_probs = self.encoder(enc_inputs, ids_name="enc_inputs")
         dec_outputs, dec_self_attn_probs, dec_enc_attn_probs = self.decoder(dec_inputs, enc_inputs, enc_outputs)
         return dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
 

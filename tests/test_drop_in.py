@@ -167,10 +167,12 @@ def test_bad_token_inputs_raise_clear_errors():
     config = small_config()
     model = fastformer.MovieClassification(config)
     dec = torch.full((2, 1), 2)
-    with pytest.raises(ValueError, match="inputs has length 30, longer than the config's maximum 24"):
+    with pytest.raises(ValueError, match="^enc_inputs has length 30, longer than the config's maximum 24"):
         model(torch.ones(2, 30, dtype=torch.long), dec)
-    with pytest.raises(ValueError, match=r"inputs must be a \(bs, n_seq\) tensor of token ids"):
+    with pytest.raises(ValueError, match=r"^enc_inputs must be a \(bs, n_seq\) tensor of token ids"):
         model(torch.ones(2, 3, 4, dtype=torch.long), dec)
+    with pytest.raises(ValueError, match="^inputs has length 30"):  # the Encoder's own argument
+        model.transformer.encoder(torch.ones(2, 30, dtype=torch.long))
     with pytest.raises(ValueError, match="dec_inputs"):
         model(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 1))
 
@@ -234,6 +236,6 @@ def test_token_ids_outside_the_vocabulary_name_the_input_and_the_value(bad, wher
     vocab = config.n_enc_vocab if where == "enc" else config.n_dec_vocab
     value = vocab if bad == "vocab" else bad
     (enc if where == "enc" else dec)[0, 0] = value
-    name = "inputs" if where == "enc" else "dec_inputs"
+    name = "enc_inputs" if where == "enc" else "dec_inputs"
     with pytest.raises(ValueError, match=rf"^{name} holds token id {value}, outside \[0, {vocab}\)"):
         model(enc, dec)

@@ -65,6 +65,8 @@ CASES = [
     ("label-yes", f"{TRAIN} --train {{label_yes}}", "{label_yes} line 2: label must be an integer, got 'yes'"),
     ("label-empty", f"{TRAIN} --train {{label_empty}}", "{label_empty} line 2: label must be an integer, got ''"),
     ("label-nan", f"{TRAIN} --train {{label_nan}}", "{label_nan} line 2: label must be an integer, got 'nan'"),
+    ("label-huge", f"{TRAIN} --train {{label_huge}}",
+     "{label_huge} line 2: label '1000000000000000000000' is no class number (it has 18 digits or more)"),
     ("label-out-of-range", f"{TRAIN} --train {{three}}", "line 4: review 2 has label 2, outside the 2 classes 0..1"),
     ("test-label-out-of-range", f"{TRAIN} --test {{three}}", "test file {three} line 4: review 2 has label 2"),
     ("classes-with-a-gap", f"{TRAIN} --train {{gap}} --n-output auto", "labels go up to 3 but no review has label 2"),
@@ -145,6 +147,7 @@ def paths(tmp_path_factory):
         "label_yes": b"id\tdocument\tlabel\n1\tgood\tyes\n",
         "label_empty": b"id\tdocument\tlabel\n1\tgood\t\n",
         "label_nan": b"id\tdocument\tlabel\n1\tgood\tnan\n",
+        "label_huge": b"id\tdocument\tlabel\n1\tgood\t1000000000000000000000\n",
         "jsonl_09": f"{good}1.0}}\n{bad}0.9}}\n".encode(),
         "jsonl_true": f"{good}true}}\n".encode(),
         "jsonl_inf": f"{good}1e400}}\n".encode(),
@@ -236,7 +239,7 @@ def test_devices_and_backends_that_are_not_there_are_refused_before_any_work(pat
 def test_token_ids_that_are_not_integers_name_their_dtype():
     model = fastformer.MovieClassification(small_config())
     enc, dec = token_batch(small_config())
-    with pytest.raises(ValueError, match=r"^inputs must hold integer token ids \(torch.long\), got torch.float32$"):
+    with pytest.raises(ValueError, match=r"^enc_inputs must hold integer token ids \(torch.long\), got torch.float32$"):
         model(enc.float(), dec)
     with pytest.raises(ValueError, match=r"^dec_inputs must be a \(bs, n_seq\) tensor of token ids, got shape \(5,\)$"):
         model(enc, dec[:, 0])

@@ -70,7 +70,8 @@ def shown(value, limit=40):
 def parse_label(value):
     """The class number a label holds, or None when it is not an integer: an int (not a bool), a
     float with no fraction, or text that reads as one (`1`, `-1`, `1.0`; exactly, so that
-    `1.0000000000000001` is not 1)."""
+    `1.0000000000000001` is not 1). Text of an integer with MAX_LABEL_DIGITS digits or more raises
+    _HugeLabel before it becomes a huge int."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -83,13 +84,25 @@ def parse_label(value):
         number = decimal.Decimal(value.strip())
     except decimal.InvalidOperation:
         return None
-    if not number.is_finite() or number != number.to_integral_value() or number.adjusted() >= MAX_LABEL_DIGITS:
+    if not number.is_finite() or number != number.to_integral_value():
         return None
+    if number.adjusted() >= MAX_LABEL_DIGITS:
+        raise _HugeLabel
     return int(number)
 
 
+class _HugeLabel(Exception):
+    """parse_label's text is an integer of MAX_LABEL_DIGITS digits or more: no class number."""
+
+
 def _label(value, path, line_no):
-    label = parse_label(value)
+    try:
+        label = parse_label(value)
+    except _HugeLabel:
+        raise ValueError(
+            f"{path} line {line_no}: label {shown(value)} is no class number (it has {MAX_LABEL_DIGITS} digits or "
+            "more); labels are the classes 0, 1, ..."
+        ) from None
     if label is None:
         raise ValueError(
             f"{path} line {line_no}: label must be an integer, got {shown(value)}; labels are the classes 0, 1, ..."
