@@ -5,7 +5,8 @@ what a compiler can see):
 - No plain globals inside jit code: use tl.constexpr. A module constant read by a kernel must be
   `NAME = tl.constexpr(value)`; the interpreter accepts a plain float, the compiler rejects it.
 - `tl.dot(a, b, acc, input_precision=..., out_dtype=tl.float32)`: accumulate in place (wgmma keeps
-  the accumulator in registers) and say the fp32 result (tl.dot's default changed in Triton 3.8).
+  the accumulator in registers) and say the fp32 result (tl.dot's default differs between the
+  supported Triton versions: 3.8 changed it).
 - Triton 3.6 to 3.9: no block pointers (`tl.make_block_ptr` raises in 3.9), no API added after 3.6.
 """
 import contextlib
@@ -163,6 +164,7 @@ def _bf16_probe(A, B, C, X, Y, N: tl.constexpr):
         C: (N, N) fp32, row-major: A @ B accumulated in fp32.
         X: (N,) fp32 values to round.
         Y: (N,) bf16: X rounded to nearest even.
+        N: the side of the matrices and the length of X and Y, a power of two of at least 16 (tl.dot's minimum).
     """
     offs = tl.arange(0, N)
     tile = offs[:, None] * N + offs[None, :]
@@ -314,8 +316,8 @@ def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
     BLOCK_N multiples of 4) in the given rows, each kept with probability 1 - dropout_p.
 
     Why 4 at a time: a Philox call is ten rounds of 32-bit multiplies and yields 128 bits; using
-    one 32-bit word of each call, as tl.rand does, made dropout cost 50 to 165 registers in the
-    attention kernels. The words are compared as integers with dropout_p * 2**32."""
+    one 32-bit word of each call, as tl.rand does, costs the attention kernels far more registers
+    (the figures are in docs/kernels.md). The words are compared as integers with dropout_p * 2**32."""
     tl.static_assert(BLOCK_N % 4 == 0, "dropout_keep decides columns in groups of 4")
     groups = col_start // 4 + tl.arange(0, BLOCK_N // 4)
     c0 = (groups[None, :] + 0 * rows[:, None]).to(tl.uint32)
@@ -331,6 +333,17 @@ def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _dropout_mask_kernel(KEEP, SEED, n_rows, n_cols, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keep-mask of one (BLOCK_M, BLOCK_N) tile of a (n_rows, n_cols) view, as the kernels draw it
+    (dropout_keep). Grid: cdiv(n_rows, BLOCK_M) * cdiv(n_cols, BLOCK_N) programs on one axis.
+
+    Args:
+        KEEP: (n_rows, n_cols) uint8, contiguous: the output, 1 = kept, 0 = dropped.
+        SEED: (1,) int64, the dropout seed (always present: this kernel draws nothing else).
+        n_rows, n_cols: the view's rows (Philox's row counter, < 2**32) and columns.
+        dropout_p: probability of dropping an element, in [0, 1).
+        BLOCK_M: rows per program.
+        BLOCK_N: columns per program, a multiple of 4 (dropout_keep decides 4 columns per Philox call).
+    """
     n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
     pid = tl.program_id(0)
     rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -370,7 +383,17 @@ def _dropout_mask(keep, seed, dropout_p):
 @triton.jit(do_not_specialize=["n_partials"])  # changes with the batch; bounds the loop and its mask only
 def _sum_partials_kernel(PARTIAL, OUT, n_partials, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     """OUT[c] = sum over p of PARTIAL[p, c], in fp32 and in a fixed order. Narrow column blocks give
-    many programs; each loads its column block's partials two steps ahead."""
+    many programs; each loads its column block's partials two steps ahead. Grid: cdiv(n_cols, BLOCK_N).
+
+    Args:
+        PARTIAL: (n_partials, n_cols), contiguous, fp32 as every caller makes it: one row of partial
+            sums per program of the first pass.
+        OUT: (n_cols,), contiguous: the sums, written in OUT's dtype.
+        n_partials: PARTIAL's rows, may be 0 (OUT is then zeros); not specialized: it changes with the batch.
+        n_cols: PARTIAL's columns and OUT's length.
+        BLOCK_P: partial rows added per loop step.
+        BLOCK_N: columns per program.
+    """
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)

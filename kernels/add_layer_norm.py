@@ -60,7 +60,33 @@ def _add_ln_fwd_kernel(
     WRITE_LOW: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One row: y = layer_norm(residual + dropout(x + x_bias)), and (WRITE_LOW) y cast once more,
-    from y's own dtype, to Y_LOW's."""
+    from y's own dtype, to Y_LOW's. Grid: (n_rows,), one row per program. Launched by _add_ln_forward.
+
+    Args:
+        X: (n_rows, n_cols) the sublayer output's rows (rows_view of x), fp16, bf16 or fp32, unit column stride.
+        R: (n_rows, n_cols) the residual's rows, unit column stride; its dtype may differ from X's.
+        W: (n_cols,) LayerNorm weight, any stride; a stand-in (X) when HAS_WEIGHT is off.
+        B: (n_cols,) LayerNorm bias, any stride; a stand-in (X) when HAS_BIAS is off.
+        XB: (n_cols,) x_bias, the bias of the layer that made x, any stride and dtype; a stand-in (X)
+            when HAS_X_BIAS is off.
+        Y: (n_rows, n_cols) output, contiguous, in the op's output dtype (fp32 under autocast).
+        Y_LOW: (n_rows, n_cols) output in fp16 or bf16, contiguous: y cast; a stand-in (Y, never
+            written) when WRITE_LOW is off.
+        MEAN, RSTD: (n_rows,) fp32 outputs: each row's mean and 1/std, for the backward.
+        SEED: (1,) int64 dropout seed; a stand-in (X) when HAS_DROPOUT is off.
+        stride_x, stride_r: the row strides in elements of X and R.
+        stride_w, stride_b, stride_xb: the strides in elements of W, B and XB; 0 for an absent one.
+        stride_y: Y's row stride in elements.
+        stride_y_low: Y_LOW's row stride in elements; 0 when absent.
+        n_cols: the row's width d.
+        eps: LayerNorm epsilon.
+        dropout_p: the dropout probability, in [0, 1); read only under HAS_DROPOUT.
+        HAS_WEIGHT, HAS_BIAS: W, B are read (else weight 1, bias 0).
+        HAS_X_BIAS: XB is read and added to x in fp32 before dropout.
+        HAS_DROPOUT: SEED and dropout_p are read: x + x_bias dropped with Philox (dropout_keep).
+        WRITE_LOW: Y_LOW is written.
+        BLOCK_N: the whole row, n_cols padded to a power of two of at least 4 (_row_block).
+    """
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     ok = cols < n_cols
@@ -101,7 +127,43 @@ def _add_ln_bwd_kernel(
     (PARAM_GRADS) the sum of dy * xhat (dW) and of dy (db), then (X_BIAS_GRAD) the sum of the
     gradient of x + x_bias, in the row's last n_cols columns.
     NUM_STAGES > 1 has Triton load x, residual, dy (and dy_low) NUM_STAGES - 1 steps ahead (async
-    copies into shared memory on sm_80+): a loop without a dot is pipelined only when asked."""
+    copies into shared memory on sm_80+): a loop without a dot is pipelined only when asked.
+    Grid: (cdiv(n_rows, rows_per_program),) (_bwd_grid). Launched by _add_layer_norm_backward_op.
+
+    Args:
+        X: (n_rows, n_cols) the forward's x rows, fp16, bf16 or fp32, unit column stride.
+        R: (n_rows, n_cols) the forward's residual rows, unit column stride.
+        W: (n_cols,) LayerNorm weight, any stride; a stand-in (X) when HAS_WEIGHT is off.
+        XB: (n_cols,) x_bias, any stride and dtype; a stand-in (X) when HAS_X_BIAS is off.
+        DY: (n_rows, n_cols) the gradient of y, unit column stride.
+        DY_LOW: (n_rows, n_cols) the gradient of y's low-precision cast, unit column stride; a stand-in
+            (DY) when HAS_DY_LOW is off.
+        DX: (n_rows, n_cols) output in X's dtype, contiguous: the gradient of x.
+        DR: (n_rows, n_cols) output in R's dtype, contiguous: the gradient of the residual.
+        PARTIAL: (programs, k * n_cols) fp32, contiguous, output: row pid holds this program's sums,
+            k blocks of n_cols: dW then db (PARAM_GRADS), then d(x_bias) (X_BIAS_GRAD); (0, 0) when k = 0.
+        MEAN, RSTD: (n_rows,) fp32: the forward's row means and 1/std.
+        SEED: (1,) int64, the forward's dropout seed; a stand-in (X) when HAS_DROPOUT is off.
+        stride_x, stride_r: the row strides in elements of X and R.
+        stride_w, stride_xb: the strides in elements of W and XB; 0 for an absent one.
+        stride_dy: DY's row stride in elements.
+        stride_dy_low: DY_LOW's row stride in elements; 0 when absent.
+        stride_dx, stride_dr: the row strides in elements of DX and DR.
+        stride_partial: PARTIAL's row stride, k * n_cols: d(x_bias) goes to its last n_cols columns.
+        n_rows: rows; bounds the masks only, not specialized.
+        n_cols: the row's width d.
+        rows_per_program: the rows of a program, a multiple of BLOCK_M (_bwd_grid); not specialized.
+        dropout_p: the forward's dropout probability; read only under HAS_DROPOUT.
+        HAS_WEIGHT: W is read (else weight 1).
+        HAS_X_BIAS: XB is read and added to x in fp32, as the forward did, to recompute the normalized row.
+        HAS_DY_LOW: DY_LOW is read and added to DY in fp32.
+        HAS_DROPOUT: SEED and dropout_p are read: the forward's mask is regenerated (dropout_keep).
+        PARAM_GRADS: the dW and db sums are written to PARTIAL.
+        X_BIAS_GRAD: the d(x_bias) sums are written to PARTIAL.
+        BLOCK_M: rows per step of the loop.
+        BLOCK_N: the whole row, n_cols padded to a power of two of at least 4 (_row_block).
+        NUM_STAGES: the loop's pipeline depth (1: not pipelined; _bwd_tile).
+    """
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols

@@ -23,20 +23,16 @@ seeds of a whole forward in one launch (`_common.draw_seeds`) and hands each cal
 `seeds[i:i + 1]`; without one, `attention` draws its own (`draw_seed`, one launch) before the op.
 
 File order: kernels and their jit helpers, each kernel's candidate configs and rule, the launches
-with their configs (`_attn_fwd`, and the backward kernel's two, `_attn_bwd_dq` and `_attn_bwd_dkdv`), launchers (with `_Masking`, how a call masks,
-drops out and scales, built once per op call), the torch.library ops, the public `attention`, and
-the PyTorch reference.
+with their configs (`_attn_fwd`, and the backward kernel's two, `_attn_bwd_dq` and
+`_attn_bwd_dkdv`), launchers (with `_Masking`, how a call masks, drops out and scales, built once
+per op call), the torch.library ops, the public `attention`, and the PyTorch reference.
 
-What the sm_90a compile check (python -m bench.sm90_report, CI matrix, Triton 3.9; and the same
-matrix on Triton 3.6, the GPU machines' version) shows and the code does about it; nothing here
-has been timed on a GPU:
-- Dropout draws four keep decisions per Philox call (kernels._common.dropout_keep). Against one
-  per call, the forward at head dim 64 no longer spills in 128 x 64 (40 B before) or 64 x 64
-  (32 B), and 128 x 128 spills 52 B instead of 952 B. The four words are interleaved into the
-  tile through shared memory, and since then ptxas notes wgmma serialization (C7515) in every dQ
-  config with dropout and in dK/dV with dropout and no padding: 66 rows of the CI table's 830
-  (54 dQ, 12 dK/dV; 81 of 859 before dQ with dropout dropped its 128-key blocks) instead of 10 of
-  714 before. Which costs more on a GPU is for the benchmarks to say.
+Why the kernels are shaped so for sm_90a (what the sm_90a compile check, python -m bench.sm90_report,
+shows for each choice, per Triton version, is in docs/kernels.md):
+- Dropout draws four keep decisions per Philox call (kernels._common.dropout_keep): one per call
+  costs so many registers that the forward's tiles spill. The price is that the four words reach
+  the tile interleaved through shared memory, where ptxas serializes wgmma (note C7515) in the
+  backward's passes with dropout; which costs more on a GPU is for the benchmarks to say.
 - The key-padding flags are loaded one key block ahead in the forward and dQ loops
   (_next_key_block), and once per program in dK/dV (its key block is fixed), so no loop waits on them.
 - A launch runs the first of its kernel's candidates that compiles without spills or shared-memory
@@ -45,9 +41,8 @@ has been timed on a GPU:
 - The head dim is a constexpr (HEAD_DIM), so the column mask of a head dim below its power-of-two
   block is known when compiling; and where every row stride is a multiple of 16 bytes but not of
   16 elements (head dim 72: rows 144 B apart), the launcher says so (ROW_ALIGN) and the kernels
-  hint it (tl.multiple_of). Before, head dim 72 compiled to scalar loads: all 36 of its rows in a
-  contiguous and a fused-QKV layout broke a rule (26 spilled, up to 480 B; no dot loop
-  pipelined); now none does, as head dim 80 (fp16, padding, sm_90a, Triton 3.9).
+  hint it (tl.multiple_of): without the hint Triton cannot prove the rows 16-byte aligned and
+  compiles scalar loads, with which the tiles spill and the dot loops do not pipeline.
 - Not done: D = 72, 80 or 96 run a 128-wide head block (tl.arange needs a power of two), so their
   dots pay for 128 columns.
 """
@@ -286,14 +281,14 @@ def _fits_lengths(meta, launch, tiles):
 
 
 def _fwd_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills (python -m bench.sm90_report, on Triton 3.9 and
-    3.6). Dropout draws four keep decisions per Philox call (kernels._common.dropout_keep) and
-    still costs registers: with it, key blocks of at most 64. The 128 x 128 tile at head dim 64
-    spills 24 to 32 bytes on Triton 3.6 with padding and a causal mask (255 registers; 250 on 3.9)
-    and needs 254 or 255 with a dense mask alone, so there it takes one kind of mask at most. At head
-    dim 128 (72 to 128) the 128 x 128 tile spills and fills shared memory, 64 x 64 spills 4 to 40
-    bytes (in 3 stages; with dropout; in 2 stages at head dims 72 and 80 with Lq != Lk, the full
-    matrix), and 128 x 64 with dropout spills in 2 stages."""
+    """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m bench.sm90_report;
+    the figures are in docs/kernels.md). Dropout draws four keep decisions per Philox call
+    (kernels._common.dropout_keep) and still costs registers: with it, key blocks of at most 64.
+    The 128 x 128 tile at head dim 64 is at the register limit: with two kinds of mask it spills
+    (padding and causal, on 3.6), so it takes one kind of mask at most. At head dim 128 (72 to 128)
+    the 128 x 128 tile spills and overflows shared memory, 64 x 64 spills (in 3 stages; with
+    dropout; in the full matrix, in 2 stages at head dims 72 and 80 with Lq != Lk), and 128 x 64
+    with dropout spills in 2 stages."""
     if not _fits_lengths(meta, launch, _FWD_TILES):
         return False
     tile, dropout = (meta["BLOCK_M"], meta["BLOCK_N"]), launch["HAS_DROPOUT"]
@@ -330,6 +325,44 @@ def _attn_fwd_kernel(
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
+    """The forward of one query block of one (batch, head): O = softmax(masked Q K^T * scale) V with
+    an online softmax in fp32, over the key blocks the block can see, and each row's log-sum-exp.
+    Grid: cdiv(Lq, BLOCK_M) * B * H programs on one axis (_query_block). Launched by _attn_forward.
+
+    Args:
+        Q: (B, H, Lq, D) queries, fp16, bf16 or fp32; any strides with a unit last one.
+        K, V: (B, H, Lk, D) keys and values in Q's dtype; any strides with a unit last one.
+        O: (B, H, Lq, D) output in Q's dtype, laid out as (B, Lq, H, D) contiguous (_interleaved).
+        LSE: (B, H, Lq) fp32, contiguous, output: each row's log-sum-exp in base 2, +inf for a row
+            whose keys are all masked.
+        SEED: (1,) int64 dropout seed; a stand-in (q) when HAS_DROPOUT is off.
+        PAD: (B, Lk) bool key-padding mask, True = padding; a stand-in (q) when HAS_PAD is off.
+        stride_pb, stride_pn: PAD's strides in elements (batch, key); 0 when absent.
+        MASK: (B, H or 1, Lq, Lk) bool dense mask, True = masked (a (B, Lq, Lk) mask viewed with a head
+            dim); a stand-in (q) when HAS_MASK is off.
+        stride_mb, stride_mh, stride_mm, stride_mn: MASK's strides in elements (batch, head, query, key);
+            stride_mh is 0 for a mask shared by the heads, all are 0 when absent.
+        stride_qb, stride_qh, stride_qm: Q's strides in elements (batch, head, row).
+        stride_kb, stride_kh, stride_kn: K's strides in elements (batch, head, row).
+        stride_vb, stride_vh, stride_vn: V's strides in elements (batch, head, row).
+        H: heads (the grid flattens batch and head into one axis).
+        Lq, Lk: query and key lengths.
+        qk_scale: softmax_scale * log2(e): the scores are computed in base 2.
+        dropout_p: the dropout probability, in [0, 1); read only under HAS_DROPOUT.
+        LQ_BUCKET, LK_BUCKET: next_power_of_2 of Lq and of Lk: keys of the config choice only, unused
+            by the code and not specialized.
+        HAS_PAD: PAD is read: keys flagged True are masked, and key blocks past the batch's last real key skipped.
+        IS_CAUSAL: key j > query i is masked (top-left aligned), and key blocks above the diagonal skipped.
+        HAS_MASK: MASK is read: the general, slower path.
+        HAS_DROPOUT: SEED and dropout_p are read: probabilities dropped with Philox (dropout_keep).
+        DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
+        HEAD_DIM: D, a constexpr so that the mask of the columns past D is known when compiling.
+        ROW_ALIGN: every (batch, head, row) stride of Q, K and V is a multiple of it (_row_align: the
+            elements in 16 bytes, else 1), hinted with tl.multiple_of.
+        BLOCK_D: the head block, D padded to a power of two of at least 16 (_head_block).
+        BLOCK_M: query rows per program.
+        BLOCK_N: keys per step of the loop over key blocks.
+    """
     bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
     k_bh, v_bh, pad_b, mask_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN)
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -379,14 +412,13 @@ def _attn_fwd_kernel(
 
 
 def _dkdv_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills (python -m bench.sm90_report). At head dim 128,
-    64 x 64 spills (12 B in 2 stages with padding and a causal mask, since the padding scans moved
-    into the kernel), so only 32 query rows a block.
+    """What compiles for sm_90a without spills (python -m bench.sm90_report; the figures are in
+    docs/kernels.md). At head dim 128, 64 x 64 spills (with padding and a causal mask: the kernel
+    scans the padding itself), so only 32 query rows a block.
 
     The one known exception, from the full matrix (bench.sm90_cases.full_cases): with a dense mask
-    and dropout at head dim 128 (72 to 128) even 32 x 64 spills on Triton 3.9, 4 to 8 bytes in 2
-    stages (24 to 28 in 3), and the list has no smaller tile; 2 stages are kept. The model never
-    passes a dense mask."""
+    and dropout at head dim 128 (72 to 128) even 32 x 64 spills on Triton 3.9, and the list has no
+    smaller tile; 2 stages, which spill least, are kept. The model never passes a dense mask."""
     if not _fits_lengths(meta, launch, _DKDV_TILES):
         return False
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
@@ -394,18 +426,17 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
         if launch["HAS_DROPOUT"]:
             return tile == (32, 64) and (num_stages == 2 or not launch["HAS_MASK"])
         return tile in ((32, 64), (32, 128))
-    # a dense mask with dropout: 64 x 64 spills 36 to 56 bytes
+    # a dense mask with dropout: 64 x 64 spills
     return not (launch["HAS_MASK"] and launch["HAS_DROPOUT"] and tile == (64, 64))
 
 
 def _dq_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills (python -m bench.sm90_report, on Triton 3.9 and
-    3.6). With dropout, key blocks of at most 64: the 64 x 128 tile spills 4 to 84 bytes on
-    Triton 3.6 at head dims 16 to 64 (on 3.9 it needs 249 to 254 registers, and with a dense mask
-    spills 32 bytes in 3 stages). At head dim 128 (72 to 128): the 64 x 128 tile in 3 stages needs
-    229,376 B of shared memory on Triton 3.9 and 245,760 B on 3.6 with a dense mask (the limit is
-    232,448), and with padding alone spills 20 B in 2 stages on 3.9; with dropout and a causal or
-    dense mask, 64 x 64 and 128 x 64 spill 4 to 64 bytes on 3.9 or 3.6, so 64 x 32 it is."""
+    """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m bench.sm90_report;
+    the figures are in docs/kernels.md). With dropout, key blocks of at most 64: the 64 x 128 tile
+    spills on Triton 3.6 at head dims 16 to 64 and is at the register limit on 3.9. At head dim 128
+    (72 to 128): the 64 x 128 tile in 3 stages overflows shared memory with a dense mask (on 3.6)
+    and with padding spills in 2 stages, so it runs in 2 stages without padding only; with dropout
+    and a causal or dense mask, 64 x 64 and 128 x 64 spill, so 64 x 32 it is."""
     if not _fits_lengths(meta, launch, _DQ_TILES):
         return False
     dropout = launch["HAS_DROPOUT"]
@@ -435,7 +466,53 @@ def _attn_bwd_kernel(
 ):
     """The backward, one kernel in two launches (_attn_bwd_dq, then _attn_bwd_dkdv). DQ_PASS is a
     constexpr: each pass compiles to its own branch alone, and the pointers only the other pass
-    uses (DK and DV in the dQ pass, O and DQ in dK/dV) are stand-ins, never touched."""
+    uses (DK and DV in the dQ pass, O and DQ in dK/dV) are stand-ins, never touched.
+    Grid: cdiv(Lq, BLOCK_M) * B * H programs in the dQ pass (one per query block), cdiv(Lk, BLOCK_N)
+    * B * H in the dK/dV pass (one per key block), on one axis. Launched by _attn_backward.
+
+    Args:
+        Q: (B, H, Lq, D) the forward's queries, fp16, bf16 or fp32; any strides with a unit last one.
+        K, V: (B, H, Lk, D) the forward's keys and values in Q's dtype; any strides with a unit last one.
+        O: (B, H, Lq, D) the forward's output, laid out as (B, Lq, H, D) contiguous (_interleaved);
+            read by the dQ pass, a stand-in (q) in the dK/dV pass.
+        DO: (B, H, Lq, D) the gradient of O in Q's dtype; any strides with a unit last one.
+        LSE: (B, H, Lq) fp32, contiguous: the forward's log-sum-exp (base 2, +inf: all keys masked).
+        DELTA: (B, H, Lq) fp32, contiguous: rowsum(dO * O), written by the dQ pass, read by dK/dV.
+        DQ: (B, H, Lq, D) output in Q's dtype, laid out as (B, Lq, H, D) contiguous; written by the dQ
+            pass, a stand-in (q) in the dK/dV pass.
+        DK, DV: (B, H, Lk, D) outputs in Q's dtype, laid out as (B, Lk, H, D) contiguous; written by
+            the dK/dV pass, stand-ins (q) in the dQ pass.
+        SEED: (1,) int64, the forward's dropout seed; a stand-in (q) when HAS_DROPOUT is off.
+        PAD: (B, Lk) bool key-padding mask, True = padding; a stand-in (q) when HAS_PAD is off.
+        stride_pb, stride_pn: PAD's strides in elements (batch, key); 0 when absent.
+        MASK: (B, H or 1, Lq, Lk) bool dense mask, True = masked (a (B, Lq, Lk) mask viewed with a head
+            dim); a stand-in (q) when HAS_MASK is off.
+        stride_mb, stride_mh, stride_mm, stride_mn: MASK's strides in elements (batch, head, query, key);
+            stride_mh is 0 for a mask shared by the heads, all are 0 when absent.
+        stride_qb, stride_qh, stride_qm: Q's strides in elements (batch, head, row).
+        stride_kb, stride_kh, stride_kn: K's strides in elements (batch, head, row).
+        stride_vb, stride_vh, stride_vn: V's strides in elements (batch, head, row).
+        stride_dob, stride_doh, stride_dom: DO's strides in elements (batch, head, row).
+        H: heads (the grid flattens batch and head into one axis).
+        Lq, Lk: query and key lengths.
+        qk_scale: softmax_scale * log2(e): the scores are computed in base 2.
+        sm_scale: softmax_scale, which dQ and dK are multiplied by.
+        dropout_p: the dropout probability, in [0, 1); read only under HAS_DROPOUT.
+        LQ_BUCKET, LK_BUCKET: next_power_of_2 of Lq and of Lk: keys of the config choice only, unused
+            by the code and not specialized.
+        DQ_PASS: True: the dQ pass (and DELTA); False: the dK/dV pass.
+        HAS_PAD: PAD is read: keys flagged True are masked, and key blocks past the batch's last real key skipped.
+        IS_CAUSAL: key j > query i is masked (top-left aligned), and key blocks above the diagonal skipped.
+        HAS_MASK: MASK is read: the general, slower path.
+        HAS_DROPOUT: SEED and dropout_p are read: probabilities dropped with Philox (dropout_keep).
+        DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
+        HEAD_DIM: D, a constexpr so that the mask of the columns past D is known when compiling.
+        ROW_ALIGN: every (batch, head, row) stride of Q, K, V and DO is a multiple of it (_row_align: the
+            elements in 16 bytes, else 1), hinted with tl.multiple_of.
+        BLOCK_D: the head block, D padded to a power of two of at least 16 (_head_block).
+        BLOCK_M: query rows per program (dQ) or per step of the loop over query blocks (dK/dV).
+        BLOCK_N: keys per step of the loop over key blocks (dQ) or per program (dK/dV).
+    """
     if DQ_PASS:
         # dQ of one query block, looping over the key blocks it can see. It also writes its rows'
         # delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV pass, launched next.
@@ -562,7 +639,39 @@ def _attn_probs_kernel(
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One (BLOCK_M, BLOCK_N) tile of the probabilities, exactly exp2(s - lse), into (B, H, Lq, Lk)."""
+    """One (BLOCK_M, BLOCK_N) tile of the probabilities, exactly exp2(s - lse), into (B, H, Lq, Lk),
+    after dropout as they multiplied V (1/Lk for a row whose keys are all masked). Grid: cdiv(Lq,
+    BLOCK_M) * cdiv(Lk, BLOCK_N) * B * H programs on one axis. Launched by _attn_probs.
+
+    Args:
+        Q: (B, H, Lq, D) queries, fp16, bf16 or fp32; any strides with a unit last one.
+        K: (B, H, Lk, D) keys in Q's dtype; any strides with a unit last one.
+        LSE: (B, H, Lq) fp32, contiguous: the forward's log-sum-exp (base 2, +inf: all keys masked).
+        P: (B, H, Lq, Lk) output in Q's dtype, contiguous: the probabilities.
+        SEED: (1,) int64, the forward's dropout seed; a stand-in (q) when HAS_DROPOUT is off.
+        PAD: (B, Lk) bool key-padding mask, True = padding; a stand-in (q) when HAS_PAD is off.
+        stride_pb, stride_pn: PAD's strides in elements (batch, key); 0 when absent.
+        MASK: (B, H or 1, Lq, Lk) bool dense mask, True = masked (a (B, Lq, Lk) mask viewed with a head
+            dim); a stand-in (q) when HAS_MASK is off.
+        stride_mb, stride_mh, stride_mm, stride_mn: MASK's strides in elements (batch, head, query, key);
+            stride_mh is 0 for a mask shared by the heads, all are 0 when absent.
+        stride_qb, stride_qh, stride_qm: Q's strides in elements (batch, head, row).
+        stride_kb, stride_kh, stride_kn: K's strides in elements (batch, head, row).
+        H: heads (the grid flattens batch and head into one axis).
+        Lq, Lk: query and key lengths.
+        qk_scale: softmax_scale * log2(e): the scores are computed in base 2.
+        dropout_p: the dropout probability, in [0, 1); read only under HAS_DROPOUT.
+        HAS_PAD: PAD is read: keys flagged True are masked.
+        IS_CAUSAL: key j > query i is masked (top-left aligned).
+        HAS_MASK: MASK is read: the general, slower path.
+        HAS_DROPOUT: SEED and dropout_p are read: probabilities dropped with Philox (dropout_keep).
+        DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
+        HEAD_DIM: D, a constexpr so that the mask of the columns past D is known when compiling.
+        ROW_ALIGN: every (batch, head, row) stride of Q and K is a multiple of it (_row_align: the
+            elements in 16 bytes, else 1), hinted with tl.multiple_of.
+        BLOCK_D: the head block, D padded to a power of two of at least 16 (_head_block).
+        BLOCK_M, BLOCK_N: the tile's query rows and keys.
+    """
     n_m_blocks = tl.cdiv(Lq, BLOCK_M)
     n_n_blocks = tl.cdiv(Lk, BLOCK_N)
     pid = tl.program_id(0)

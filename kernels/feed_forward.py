@@ -65,9 +65,9 @@ def _fused_fits(meta, num_warps, num_stages, launch):
 
 
 # d up to which the fused FFN keeps x's rows in one block, in fp16/bf16 for d a multiple of 16: its
-# loop over d_ff is then pipelined on sm_90a, and every config fits in shared memory (229,376 B at
-# most). Other widths compile unpipelined that way and spill, and fp32's FMA dots spill at any
-# width, so those run the two loops. The interpreter's bound is lower so that the tests run both.
+# loop over d_ff is then pipelined on sm_90a, and every config fits in shared memory (the figure is
+# in docs/kernels.md). Other widths compile unpipelined that way and spill, and fp32's FMA dots spill
+# at any width, so those run the two loops. The interpreter's bound is lower so that the tests run both.
 MAX_ONE_BLOCK_D = 32 if INTERPRET else 256
 
 
@@ -111,6 +111,35 @@ def _ffn_fused_fwd_kernel(
     BLOCK_D: tl.constexpr,  # next_power_of_2(D) when x's rows fit in one block (_one_block_d), else 0
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """One (BLOCK_M, BLOCK_N) tile of Y = act(X @ W1.T + B1) @ W2.T + B2, streaming over d_ff in chunks
+    of BLOCK_F so that the (M, F) activation stays on chip. Grid: (cdiv(M, BLOCK_M), cdiv(D, BLOCK_N)).
+    Launched by _ffn_fused_forward.
+
+    Args:
+        X: (M, D) input rows (rows_view of x), fp16, bf16 or fp32, unit column stride.
+        W1: (F, D) first weight in X's dtype, nn.Linear layout, any strides (a Conv1d weight's view).
+        B1: (F,) first bias in X's dtype, any stride; a stand-in (X) when HAS_B1 is off.
+        W2: (D, F) second weight in X's dtype, nn.Linear layout, any strides.
+        B2: (D,) second bias in X's dtype, any stride; a stand-in (X) when HAS_B2 is off.
+        Y: (M, D) output in X's dtype, contiguous.
+        stride_xm: X's row stride in elements.
+        stride_w1f, stride_w1k: W1's strides in elements (row f, column k).
+        stride_b1: B1's stride in elements; 0 when absent.
+        stride_w2n, stride_w2f: W2's strides in elements (row n, column f).
+        stride_b2: B2's stride in elements; 0 when absent.
+        stride_ym: Y's row stride in elements.
+        M: rows; bounds the masks only, not specialized.
+        D, F: the model width d and the hidden width d_ff.
+        M_BUCKET: next_power_of_2(M): a key of the config choice only, unused by the code, not specialized.
+        HAS_B1, HAS_B2: B1, B2 are read and added.
+        ACTIVATION: "gelu" (exact erf) or "relu" (apply_activation).
+        DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
+        BLOCK_D: next_power_of_2(D) when x's rows fit in one block (_one_block_d): the loop over d_ff is
+            then the only loop; 0: a loop over D in BLOCK_K steps inside each chunk.
+        BLOCK_M, BLOCK_N: the output tile.
+        BLOCK_F: the width of a d_ff chunk.
+        BLOCK_K: the step of the loop over D when BLOCK_D is 0 (every config makes it BLOCK_F).
+    """
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -222,8 +251,8 @@ def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
     The first GEMM runs in Triton with the bias and GELU fused into its epilogue (`linear_act`);
     the second is a cuBLAS GEMM with bias. This is also the no-grad path: the fully fused
     `feed_forward_fused` is kept beside it, and becomes the no-grad path only for the shapes where
-    the GPU benchmark (bench/, ffn_fwd, provider fastformer_fused) shows it wins, which has not
-    been measured yet.
+    the GPU benchmark (bench/, ffn_fwd, provider fastformer_fused) shows it wins (where that stands:
+    docs/kernels.md).
 
     Args:
         x: (..., d); w1: (d_ff, d); b1: (d_ff,); w2: (d, d_ff); b2: (d,). nn.Linear layout.

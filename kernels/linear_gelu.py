@@ -89,6 +89,33 @@ def _linear_gelu_fwd_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PRE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
+    """One (BLOCK_M, BLOCK_N) tile of Y = act(X @ W.T + B), the bias and activation applied to the fp32
+    accumulator, and (STORE_PRE) of the pre-activation. Grid: cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)
+    programs on one axis, in grouped order. Launched by _linear_gelu_forward.
+
+    Args:
+        X: (M, K) input rows (rows_view of x), fp16, bf16 or fp32, unit column stride.
+        W: (N, K) weight in X's dtype, nn.Linear layout, any strides (a Conv1d weight's view).
+        B: (N,) bias in X's dtype, any stride; a stand-in (X) when HAS_BIAS is off.
+        Y: (M, N) output in X's dtype, contiguous.
+        PRE: (M, N) output in X's dtype, contiguous: X @ W.T + B, saved for the backward; a stand-in
+            (Y, never written) when STORE_PRE is off.
+        stride_xm: X's row stride in elements.
+        stride_wn, stride_wk: W's strides in elements (row n, column k).
+        stride_b: B's stride in elements; 0 when absent.
+        stride_ym: Y's row stride in elements.
+        stride_pm: PRE's row stride in elements; 0 when absent.
+        M: rows; bounds the masks only, not specialized (it changes with every batch).
+        N, K: output and input features.
+        M_BUCKET: next_power_of_2(M): a key of the config choice only, unused by the code, not specialized.
+        HAS_BIAS: B is read and added.
+        ACTIVATION: "gelu" (exact erf) or "relu" (apply_activation).
+        STORE_PRE: PRE is written (a forward that the backward will need).
+        DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
+        BLOCK_M, BLOCK_N: the output tile.
+        BLOCK_K: the step of the loop over K.
+        GROUP_M: row blocks that take each column block of W in turn, while it is in L2.
+    """
     # grouped ordering: GROUP_M row blocks share each column block of W while it is in L2
     pid = tl.program_id(0)
     n_m_blocks = tl.cdiv(M, BLOCK_M)
@@ -132,7 +159,25 @@ def _activation_grad_kernel(
     """dPre = dY * act'(pre) in fp32 over a slab of rows_per_program rows and BLOCK_N columns, and
     (BIAS_GRAD) the slab's column sums of dPre as stored: DB_PARTIAL[pid_m]. The slab's rows are
     loaded two steps ahead (a loop without a dot is pipelined only when asked).
-    GELU'(a) = Phi(a) + a * phi(a); ReLU'(a) = [a > 0]."""
+    GELU'(a) = Phi(a) + a * phi(a); ReLU'(a) = [a > 0].
+    Grid: (cdiv(M, rows_per_program), cdiv(N, BLOCK_N)). Launched by _activation_backward_op.
+
+    Args:
+        DY: (M, N) the gradient of Y, fp16, bf16 or fp32, unit column stride.
+        PRE: (M, N) the forward's pre-activation, unit column stride.
+        DPRE: (M, N) output in PRE's dtype: dY * act'(pre).
+        DB_PARTIAL: (cdiv(M, rows_per_program), N) fp32, contiguous, output: row pid_m holds the column
+            sums of this program's slab of DPRE; an empty (0, N) tensor, never written, when BIAS_GRAD is off.
+        stride_dy, stride_pre, stride_dpre: the row strides in elements of DY, PRE and DPRE.
+        M: rows; bounds the slabs' masks only, not specialized.
+        N: columns.
+        rows_per_program: rows of a slab, GRAD_ROWS_PER_PROGRAM, a multiple of BLOCK_M (fixed, so that db's
+            summation order does not depend on the GPU).
+        ACTIVATION: "gelu" (exact erf) or "relu": which derivative.
+        BIAS_GRAD: DB_PARTIAL is written (the bias needs a gradient).
+        BLOCK_M: rows per step of the loop over the slab.
+        BLOCK_N: columns per program.
+    """
     pid_m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
