@@ -111,7 +111,7 @@ CUDA_FP32_AUTOCAST = {  # ops CUDA's autocast runs in fp32, casting half inputs,
 LAYERS = [  # (function or class of the model's code, layer type): an op takes the innermost on its stack
     (fastformer.model.check_token_ids, "token-id checks"),
     (fastformer.model.position_ids, "embedding + masks"),
-    (fastformer.plan.ForwardPlan.add_norm, "add + LayerNorm"),
+    (fastformer.plan.LayerPlan.add_norm, "add + LayerNorm"),
     (fastformer.plan.gather_weights, "weight cat + cast"),
     (fastformer.plan.dropout_seeds, "dropout seeds"),
     (fastformer.model.ScaledDotProductAttention, "attention"),

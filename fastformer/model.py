@@ -10,9 +10,10 @@ the tutorial's, so its checkpoints load with strict=True. Three things differ, a
   reference backend (as the tutorial does) and None on the Triton fast path, which never builds them.
 - Encoder and Decoder make a `ForwardPlan` (fastformer.plan) for their layers, which shares across
   them what each would do for itself: weights cast once, dropout seeds drawn once, the decoder's
-  cross-attention keys and values projected in one product. The layers take their part of it as a
-  keyword-only `plan` argument (ScaledDotProductAttention a `seed`), and make their own when
-  called alone.
+  cross-attention keys and values projected in one product. Each layer takes its part as a
+  keyword-only `plan` and hands its children theirs (ScaledDotProductAttention a `seed`); called
+  alone, a layer makes its own, and an attention or feed-forward runs on its parameters. With a
+  plan, a sublayer's last bias and dropout are fused into the add + LayerNorm that follows it.
 """
 import torch
 import torch.nn as nn
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 from fastformer import backend
 from fastformer.config import check_config
 from fastformer.masks import AttentionMask, get_sinusoid_encoding_table
-from fastformer.plan import ForwardPlan, active_p
+from fastformer.plan import ForwardPlan, Hidden, Pending, active_p
 
 ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
 
@@ -142,38 +143,43 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self):
         return f"n_head={self.config.n_head}, d_head={self.config.d_head}"
 
-    def forward(self, Q, K, V, attn_mask):
+    def forward(self, Q, K, V, attn_mask, *, plan=None):
         """Q: (bs, n_q_seq, d_hidn); K, V: (bs, n_k_seq, d_hidn). Returns (bs, n_q_seq, d_hidn) and
-        the probabilities (bs, n_head, n_q_seq, n_k_seq) or None."""
-        if Q is K and K is V:  # self-attention: one product
-            inputs = [(Q, "QKV")]
-        elif K is V:
-            inputs = [(Q, "Q"), (K, "KV")]
+        the probabilities (bs, n_head, n_q_seq, n_k_seq) or None.
+
+        plan: the layer's AttentionPlan (fastformer.plan), None when called alone. With one, Q is
+        a Hidden, K and V are Q (self-attention) or are read as the plan's keys_values; the output
+        linear's bias and the dropout are left to the layer's add + LayerNorm, which fuses them, and
+        the output is Pending."""
+        if plan is None:
+            q_s, k_s, v_s = self.project(Q, K, V)
+            output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, self.linear.weight, self.linear.bias)
+            return self.dropout(output), attn_prob
+        if plan.keys_values is None:  # self-attention: one product
+            q_s, k_s, v_s = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 3)
         else:
-            inputs = [(Q, "Q"), (K, "K"), (V, "V")]
-        q_s, k_s, v_s = [head for x, names in inputs for head in self.heads_of(x, *self.projection(names), len(names))]
-        output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, self.linear.weight, self.linear.bias)
-        return self.dropout(output), attn_prob
+            (q_s,) = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 1)
+            k_s, v_s = plan.keys_values
+        output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, plan.out_weight, seed=plan.attn_seed)
+        return Pending(output, self.linear.bias, active_p(self.dropout), plan.out_seed), attn_prob
 
-    def projection(self, names):
-        """(weight, bias) of the projections named (e.g. "KV": W_K and W_V) as one: the parameters,
-        concatenated when there are several."""
-        linears = [getattr(self, f"W_{name}") for name in names]
-        if len(linears) == 1:
-            return linears[0].weight, linears[0].bias
+    def project(self, Q, K, V):
+        """The (bs, n_head, n_seq, d_head) heads of W_Q(Q), W_K(K) and W_V(V), in one product for
+        the inputs that are one tensor."""
+        if Q is K and K is V:  # self-attention
+            return self.heads_of(Q, *self.concat(self.W_Q, self.W_K, self.W_V), 3)
+        (q_s,) = self.heads_of(Q, self.W_Q.weight, self.W_Q.bias, 1)
+        if K is V:
+            k_s, v_s = self.heads_of(K, *self.concat(self.W_K, self.W_V), 2)
+            return q_s, k_s, v_s
+        (k_s,) = self.heads_of(K, self.W_K.weight, self.W_K.bias, 1)
+        (v_s,) = self.heads_of(V, self.W_V.weight, self.W_V.bias, 1)
+        return q_s, k_s, v_s
+
+    @staticmethod
+    def concat(*linears):
+        """(weight, bias) of nn.Linears as one."""
         return torch.cat([lin.weight for lin in linears]), torch.cat([lin.bias for lin in linears])
-
-    def weight_groups(self, prefix, projections):
-        """{key: (tensors, shape)} of what a ForwardPlan gathers for this module: the projections
-        named (e.g. "QKV": W_Q, W_K and W_V as one) and the output linear's weight. The output
-        linear's bias goes to add + LayerNorm as it is."""
-        linears = [getattr(self, f"W_{name}") for name in projections]
-        rows = sum(lin.out_features for lin in linears)
-        return {
-            f"{prefix}.{projections}.weight": ([lin.weight for lin in linears], (rows, self.config.d_hidn)),
-            f"{prefix}.{projections}.bias": ([lin.bias for lin in linears], (rows,)),
-            f"{prefix}.linear.weight": ([self.linear.weight], self.linear.weight.shape),
-        }
 
     def heads_of(self, x, weight, bias, n):
         """The n (bs, n_head, n_seq, d_head) heads of the projection F.linear(x, weight, bias), whose
@@ -185,9 +191,8 @@ class MultiHeadAttention(nn.Module):
         return [h.transpose(1, 2) for h in heads]
 
     def attend(self, q_s, k_s, v_s, attn_mask, weight, bias=None, seed=None):
-        """The attention of the heads, then the output linear with `weight` and `bias` (None: the
-        layers add it in add + LayerNorm), without the output dropout (the layers fuse it there too).
-        seed: the attention dropout's seed, or None."""
+        """The attention of the heads, then the output linear with `weight` and `bias` (None: left
+        to add + LayerNorm), without the output dropout. seed: the attention dropout's, or None."""
         batch_size = q_s.size(0)
         context, attn_prob = self.scaled_dot_attn(q_s, k_s, v_s, attn_mask, seed=seed)
         # (bs, n_q_seq, n_head * d_head): free when the kernel wrote context head-interleaved
@@ -212,32 +217,27 @@ class PoswiseFeedForwardNet(nn.Module):
     def extra_repr(self):
         return f"activation={self.activation!r}"
 
-    def forward(self, inputs):
-        """inputs: (bs, n_seq, d_hidn) -> (bs, n_seq, d_hidn)."""
-        # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
-        w1, w2 = self.conv1.weight.squeeze(-1), self.conv2.weight.squeeze(-1)
-        return self.dropout(self.transform(inputs, w1, self.conv1.bias, w2, self.conv2.bias))
+    def forward(self, inputs, *, plan=None):
+        """inputs: (bs, n_seq, d_hidn) -> (bs, n_seq, d_hidn).
 
-    def weight_groups(self, prefix):
-        """{key: (tensors, shape)} of what a ForwardPlan gathers for this module: conv1's weight and
-        bias and conv2's weight, as nn.Linear's. conv2's bias goes to add + LayerNorm as it is."""
-        d_hidn, d_ff = self.config.d_hidn, self.config.d_ff
-        return {
-            f"{prefix}.w1": ([self.conv1.weight], (d_ff, d_hidn)),
-            f"{prefix}.b1": ([self.conv1.bias], (d_ff,)),
-            f"{prefix}.w2": ([self.conv2.weight], (d_hidn, d_ff)),
-        }
+        plan: the layer's FeedForwardPlan (fastformer.plan), None when called alone. With one,
+        inputs is a Hidden; conv2's bias and the dropout are left to the layer's add + LayerNorm,
+        which fuses them, and the output is Pending."""
+        if plan is None:
+            # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
+            w1, w2 = self.conv1.weight.squeeze(-1), self.conv2.weight.squeeze(-1)
+            return self.dropout(self.transform(inputs, w1, self.conv1.bias, w2, self.conv2.bias))
+        output = self.transform(inputs.low, plan.w1, plan.b1, plan.w2)
+        return Pending(output, self.conv2.bias, active_p(self.dropout), plan.out_seed)
 
     def transform(self, inputs, w1, b1, w2, b2=None):
         """conv2(act(conv1(inputs))) with these weights (nn.Linear layout), without the output
-        dropout, which the layers fuse into add + LayerNorm with b2 (None here)."""
+        dropout; b2 None leaves conv2's bias to add + LayerNorm."""
         # the ops take one dtype: the cast autocast gives a product's input, when the weights are cast
         return backend.feed_forward(inputs.to(w1.dtype), w1, b1, w2, b2, self.activation)
 
 
 class EncoderLayer(nn.Module):
-    dropout_sites = 3  # their seeds, in order: attention, add + LayerNorm 1 and 2
-
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -246,21 +246,20 @@ class EncoderLayer(nn.Module):
         self.pos_ffn = PoswiseFeedForwardNet(config)
         self.layer_norm2 = nn.LayerNorm(config.d_hidn, eps=config.layer_norm_epsilon)
 
-    def weight_groups(self):
-        return {**self.self_attn.weight_groups("self_attn", "QKV"), **self.pos_ffn.weight_groups("pos_ffn")}
-
     def forward(self, inputs, attn_mask, *, plan=None):
-        """inputs: (bs, n_enc_seq, d_hidn); plan: this layer's part of its Encoder's ForwardPlan
-        (None: the layer makes its own). Returns (bs, n_enc_seq, d_hidn) and the self-attention
-        probabilities (bs, n_head, n_enc_seq, n_enc_seq) or None."""
-        if plan is None:
+        """inputs: (bs, n_enc_seq, d_hidn). Returns (bs, n_enc_seq, d_hidn) and the self-attention
+        probabilities (bs, n_head, n_enc_seq, n_enc_seq) or None.
+
+        plan: this layer's LayerPlan of its Encoder's ForwardPlan, None when called alone (the layer
+        makes its own). With one, inputs and outputs are Hidden pairs."""
+        if plan is None:  # called alone: a plan of its own, tensors in and out
             plan = ForwardPlan([self], inputs).layers[0]
-        attn, ffn, w = self.self_attn, self.pos_ffn, plan.weights
-        q_s, k_s, v_s = attn.heads_of(plan.low(inputs), *plan.projection("self_attn.QKV"), 3)
-        att_outputs, attn_prob = attn.attend(q_s, k_s, v_s, attn_mask, w["self_attn.linear.weight"], seed=plan.seed(0))
-        att_outputs = plan.add_norm(self.layer_norm1, att_outputs, inputs, attn.dropout, attn.linear.bias, 1)
-        ffn_outputs = ffn.transform(plan.low(att_outputs), w["pos_ffn.w1"], w["pos_ffn.b1"], w["pos_ffn.w2"])
-        ffn_outputs = plan.add_norm(self.layer_norm2, ffn_outputs, att_outputs, ffn.dropout, ffn.conv2.bias, 2)
+            outputs, attn_prob = self.forward(Hidden.of(inputs), attn_mask, plan=plan)
+            return outputs.x, attn_prob
+        att_outputs, attn_prob = self.self_attn(inputs, inputs, inputs, attn_mask, plan=plan.self_attn)
+        att_outputs = plan.add_norm(self.layer_norm1, att_outputs, inputs)
+        ffn_outputs = self.pos_ffn(att_outputs, plan=plan.pos_ffn)
+        ffn_outputs = plan.add_norm(self.layer_norm2, ffn_outputs, att_outputs)
         return ffn_outputs, attn_prob
 
 
@@ -283,15 +282,14 @@ class Encoder(nn.Module):
         attn_mask = AttentionMask(key_padding_mask=pad)
         attn_probs = []
         plan = ForwardPlan(self.layers, outputs)
+        hidden = Hidden.of(outputs)
         for layer, layer_plan in zip(self.layers, plan.layers):
-            outputs, attn_prob = layer(outputs, attn_mask, plan=layer_plan)
+            hidden, attn_prob = layer(hidden, attn_mask, plan=layer_plan)
             attn_probs.append(attn_prob)
-        return outputs, attn_probs
+        return hidden.x, attn_probs
 
 
 class DecoderLayer(nn.Module):
-    dropout_sites = 5  # their seeds, in order: self-attention, add + LayerNorm 1, cross-attention, 2, 3
-
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -302,40 +300,29 @@ class DecoderLayer(nn.Module):
         self.pos_ffn = PoswiseFeedForwardNet(config)
         self.layer_norm3 = nn.LayerNorm(config.d_hidn, eps=config.layer_norm_epsilon)
 
-    def weight_groups(self):
-        """What a ForwardPlan gathers for this layer; W_K and W_V of the cross-attention it gathers
-        for all the decoder's layers at once (fastformer.plan.cross_kv_groups)."""
-        return {
-            **self.self_attn.weight_groups("self_attn", "QKV"),
-            **self.dec_enc_attn.weight_groups("dec_enc_attn", "Q"),
-            **self.pos_ffn.weight_groups("pos_ffn"),
-        }
-
     def forward(self, dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask, *, plan=None):
-        """dec_inputs: (bs, n_dec_seq, d_hidn); enc_outputs: (bs, n_enc_seq, d_hidn), read through
-        the plan's cross-attention keys and values; plan: this layer's part of its Decoder's
-        ForwardPlan (None: the layer makes its own). Returns (bs, n_dec_seq, d_hidn) and the self-
-        and cross-attention probabilities (or None)."""
-        if plan is None:
+        """dec_inputs: (bs, n_dec_seq, d_hidn); enc_outputs: (bs, n_enc_seq, d_hidn). Returns
+        (bs, n_dec_seq, d_hidn) and the self- and cross-attention probabilities (or None).
+
+        plan: this layer's LayerPlan of its Decoder's ForwardPlan, None when called alone (the layer
+        makes its own). With one, dec_inputs and the outputs are Hidden pairs, and the cross-attention
+        reads enc_outputs through the plan's keys and values."""
+        if plan is None:  # called alone: a plan of its own, tensors in and out
             plan = ForwardPlan([self], dec_inputs, enc_outputs).layers[0]
-        self_attn, cross, ffn, w = self.self_attn, self.dec_enc_attn, self.pos_ffn, plan.weights
-        q_s, k_s, v_s = self_attn.heads_of(plan.low(dec_inputs), *plan.projection("self_attn.QKV"), 3)
-        self_att_outputs, self_attn_prob = self_attn.attend(
-            q_s, k_s, v_s, self_attn_mask, w["self_attn.linear.weight"], seed=plan.seed(0)
+            outputs, *attn_probs = self.forward(
+                Hidden.of(dec_inputs), enc_outputs, self_attn_mask, dec_enc_attn_mask, plan=plan
+            )
+            return outputs.x, *attn_probs
+        self_att_outputs, self_attn_prob = self.self_attn(
+            dec_inputs, dec_inputs, dec_inputs, self_attn_mask, plan=plan.self_attn
         )
-        self_att_outputs = plan.add_norm(
-            self.layer_norm1, self_att_outputs, dec_inputs, self_attn.dropout, self_attn.linear.bias, 1
+        self_att_outputs = plan.add_norm(self.layer_norm1, self_att_outputs, dec_inputs)
+        dec_enc_att_outputs, dec_enc_attn_prob = self.dec_enc_attn(
+            self_att_outputs, enc_outputs, enc_outputs, dec_enc_attn_mask, plan=plan.dec_enc_attn
         )
-        (q_s,) = cross.heads_of(plan.low(self_att_outputs), *plan.projection("dec_enc_attn.Q"), 1)
-        k_s, v_s = plan.keys_values
-        dec_enc_att_outputs, dec_enc_attn_prob = cross.attend(
-            q_s, k_s, v_s, dec_enc_attn_mask, w["dec_enc_attn.linear.weight"], seed=plan.seed(2)
-        )
-        dec_enc_att_outputs = plan.add_norm(
-            self.layer_norm2, dec_enc_att_outputs, self_att_outputs, cross.dropout, cross.linear.bias, 3
-        )
-        ffn_outputs = ffn.transform(plan.low(dec_enc_att_outputs), w["pos_ffn.w1"], w["pos_ffn.b1"], w["pos_ffn.w2"])
-        ffn_outputs = plan.add_norm(self.layer_norm3, ffn_outputs, dec_enc_att_outputs, ffn.dropout, ffn.conv2.bias, 4)
+        dec_enc_att_outputs = plan.add_norm(self.layer_norm2, dec_enc_att_outputs, self_att_outputs)
+        ffn_outputs = self.pos_ffn(dec_enc_att_outputs, plan=plan.pos_ffn)
+        ffn_outputs = plan.add_norm(self.layer_norm3, ffn_outputs, dec_enc_att_outputs)
         return ffn_outputs, self_attn_prob, dec_enc_attn_prob
 
 
@@ -360,13 +347,14 @@ class Decoder(nn.Module):
         dec_enc_attn_mask = AttentionMask(key_padding_mask=enc_inputs.eq(self.config.i_pad))
         self_attn_probs, dec_enc_attn_probs = [], []
         plan = ForwardPlan(self.layers, dec_outputs, enc_outputs)
+        hidden = Hidden.of(dec_outputs)
         for layer, layer_plan in zip(self.layers, plan.layers):
-            dec_outputs, self_attn_prob, dec_enc_attn_prob = layer(
-                dec_outputs, enc_outputs, self_attn_mask, dec_enc_attn_mask, plan=layer_plan
+            hidden, self_attn_prob, dec_enc_attn_prob = layer(
+                hidden, enc_outputs, self_attn_mask, dec_enc_attn_mask, plan=layer_plan
             )
             self_attn_probs.append(self_attn_prob)
             dec_enc_attn_probs.append(dec_enc_attn_prob)
-        return dec_outputs, self_attn_probs, dec_enc_attn_probs
+        return hidden.x, self_attn_probs, dec_enc_attn_probs
 
 
 class Transformer(nn.Module):

@@ -15,12 +15,16 @@ what each layer would otherwise do for itself:
   (the reference ops use torch's dropout and ignore them).
 - copies in the autocast dtype: under autocast, add + LayerNorm also writes its fp32 output in the
   autocast dtype, for the next product to read (no cast kernel), and adds the two outputs'
-  gradients inside its backward (no cast back, no add).
+  gradients inside its backward (no cast back, no add). The pair travels as a `Hidden`.
 
 Attention's output projection and the feed-forward's second product leave out their biases, which
 add + LayerNorm adds (x + bias, before the dropout, as the tutorial's order has it) and whose
-gradients it sums beside its own (no aten.sum).
+gradients it sums beside its own (no aten.sum): a planned sublayer returns a `Pending` output.
 """
+import itertools
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
 import torch
 import torch.nn as nn
 
@@ -31,6 +35,74 @@ from fastformer.kernels._common import draw_seeds
 def active_p(dropout):
     """An nn.Dropout's probability when it is active (training), else 0."""
     return dropout.p if dropout.training else 0.0
+
+
+class Hidden(NamedTuple):
+    """A hidden state between the sublayers: x for the residual and LayerNorm, low the same values
+    in autocast's dtype for the next product (x itself when there is no copy: autocast casts it)."""
+
+    x: torch.Tensor  # (bs, n_seq, d_hidn)
+    low: torch.Tensor
+
+    @classmethod
+    def of(cls, x):
+        """x with no copy: what the first layer gets, or a layer called alone."""
+        return cls(x, x)
+
+
+class Pending(NamedTuple):
+    """A sublayer's output before its last bias and its dropout, which add + LayerNorm applies."""
+
+    x: torch.Tensor  # (bs, n_seq, d_hidn)
+    bias: torch.Tensor  # (d_hidn,)
+    dropout_p: float
+    seed: Optional[torch.Tensor]  # the dropout kernel's, or None
+
+
+@dataclass
+class AttentionPlan:
+    """What a MultiHeadAttention of a layer runs with: its input projections as one product (W_Q,
+    W_K and W_V for self-attention; W_Q alone for cross-attention, whose keys and values come
+    projected for all the decoder's layers at once), the output linear's weight (its bias goes to
+    add + LayerNorm), and the seeds of the attention's dropout and of the output's."""
+
+    in_weight: torch.Tensor  # (n * n_head * d_head, d_hidn)
+    in_bias: torch.Tensor  # (n * n_head * d_head,)
+    out_weight: torch.Tensor  # (d_hidn, n_head * d_head)
+    attn_seed: Optional[torch.Tensor] = None
+    out_seed: Optional[torch.Tensor] = None
+    keys_values: Optional[tuple] = None  # cross-attention: (k_s, v_s), each (bs, n_head, n_enc_seq, d_head)
+
+
+@dataclass
+class FeedForwardPlan:
+    """What a PoswiseFeedForwardNet of a layer runs with: conv1's weight and bias and conv2's weight
+    as nn.Linear's (conv2's bias goes to add + LayerNorm), and the output dropout's seed."""
+
+    w1: torch.Tensor  # (d_ff, d_hidn)
+    b1: torch.Tensor  # (d_ff,)
+    w2: torch.Tensor  # (d_hidn, d_ff)
+    out_seed: Optional[torch.Tensor] = None
+
+
+@dataclass
+class LayerPlan:
+    """One EncoderLayer's or DecoderLayer's part of a ForwardPlan, a field per sublayer (named as
+    the layer's children), and the autocast dtype add + LayerNorm writes its copy in (or None)."""
+
+    dtype: Optional[torch.dtype]
+    self_attn: AttentionPlan
+    pos_ffn: FeedForwardPlan
+    dec_enc_attn: Optional[AttentionPlan] = None
+
+    def add_norm(self, layer_norm, sublayer, residual):
+        """layer_norm(residual + dropout(sublayer + its bias)) through the fused op, with its copy
+        in the autocast dtype. sublayer: Pending; residual: Hidden. Returns a Hidden."""
+        out = backend.add_layer_norm(
+            sublayer.x, residual.x, layer_norm.weight, layer_norm.bias, layer_norm.eps, sublayer.dropout_p,
+            x_bias=sublayer.bias, seed=sublayer.seed, lowp_dtype=self.dtype,
+        )
+        return Hidden.of(out) if self.dtype is None else Hidden(*out)
 
 
 def autocast_dtype(layers, like):
@@ -48,112 +120,90 @@ def autocast_dtype(layers, like):
 
 
 def gather_weights(groups, dtype):
-    """{key: tensor} for groups {key: (tensors, shape)}: each group's tensors concatenated and
-    viewed as its shape. In `dtype`, one concatenation and one cast for all groups, split into views
-    (the backward of one split is one concatenation of the gradients); with dtype None, the tensors
-    as they are, concatenated only for groups of several."""
+    """For groups [(tensors, shape)], each group's tensors concatenated and viewed as its shape, in
+    order. In `dtype`, one concatenation and one cast for all groups, split into views (the backward
+    of one split is one concatenation of the gradients); with dtype None, the tensors as they are,
+    concatenated only for groups of several."""
     if dtype is None:
-        return {
-            key: (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).view(shape)
-            for key, (tensors, shape) in groups.items()
-        }
-    flat = torch.cat([t.reshape(-1) for tensors, _ in groups.values() for t in tensors]).to(dtype)
-    pieces = flat.split([sum(t.numel() for t in tensors) for tensors, _ in groups.values()])
-    return {key: piece.view(shape) for (key, (_, shape)), piece in zip(groups.items(), pieces)}
+        return [(tensors[0] if len(tensors) == 1 else torch.cat(tensors)).view(shape) for tensors, shape in groups]
+    flat = torch.cat([t.reshape(-1) for tensors, _ in groups for t in tensors]).to(dtype)
+    pieces = flat.split([sum(t.numel() for t in tensors) for tensors, _ in groups])
+    return [piece.view(shape) for (_, shape), piece in zip(groups, pieces)]
+
+
+def projection_groups(linears):
+    """The weight groups of nn.Linears as one product: their weights, their biases."""
+    rows = sum(lin.out_features for lin in linears)
+    return [([lin.weight for lin in linears], (rows, linears[0].in_features)), ([lin.bias for lin in linears], (rows,))]
+
+
+def attention_groups(attn, projections):
+    """The weight groups of an AttentionPlan, in its fields' order: the projections (attn's W_Q,
+    W_K, W_V, or some) as one product, and the output linear's weight."""
+    return projection_groups(projections) + [([attn.linear.weight], attn.linear.weight.shape)]
+
+
+def feed_forward_groups(ffn):
+    """The weight groups of a FeedForwardPlan, in its fields' order (Conv1d weights as nn.Linear's)."""
+    return [
+        ([ffn.conv1.weight], ffn.conv1.weight.shape[:2]),
+        ([ffn.conv1.bias], ffn.conv1.bias.shape),
+        ([ffn.conv2.weight], ffn.conv2.weight.shape[:2]),
+    ]
 
 
 def dropout_seeds(layers, like):
-    """(n_layer, dropout_sites) int64 seeds, one per dropout site of each layer, in one draw; None
-    when no dropout is active or the kernels do not run on `like` (the reference draws its own)."""
+    """(n_layer, n_dropout) int64 seeds, one per nn.Dropout of each layer, in one draw; None when
+    no dropout is active or the kernels do not run on `like` (the reference draws its own)."""
     dropouts = [m for layer in layers for m in layer.modules() if isinstance(m, nn.Dropout)]
     if not any(active_p(m) > 0.0 for m in dropouts) or not backend.uses_triton(like, matmul=False):
         return None
-    return draw_seeds(len(layers) * layers[0].dropout_sites, like.device).view(len(layers), -1)
+    return draw_seeds(len(dropouts), like.device).view(len(layers), -1)
+
+
+def layer_seeds(seeds, i):
+    """An iterator over layer i's dropout seeds (one-element views), in the order of its nn.Dropout
+    modules: an attention's probabilities, then its output; the feed-forward's output."""
+    if seeds is None:
+        return itertools.repeat(None)
+    return iter([seeds[i, j : j + 1] for j in range(seeds.size(1))])
+
+
+def take(items, n):
+    """The next n items of an iterator."""
+    return [next(items) for _ in range(n)]
 
 
 class ForwardPlan:
-    """The shared part of one Encoder or Decoder forward (see the module docstring); `layers[i]`
-    is the LayerPlan layer i runs with.
+    """The shared part of one Encoder or Decoder forward (see the module docstring): `layers[i]` is
+    the LayerPlan layer i runs with.
 
     layers: EncoderLayers or DecoderLayers (one kind); inputs: what the first layer gets;
     enc_outputs: for DecoderLayers, the encoder output their cross-attention reads."""
 
     def __init__(self, layers, inputs, enc_outputs=None):
-        self.dtype = autocast_dtype(layers, inputs)
-        self._copies = []  # (tensor, its copy in self.dtype), made by add_norm
-        groups = {f"{i}.{key}": group for i, layer in enumerate(layers) for key, group in layer.weight_groups().items()}
-        if enc_outputs is not None:
-            groups.update(cross_kv_groups(layers))
-        weights = gather_weights(groups, self.dtype)
+        dtype = autocast_dtype(layers, inputs)
+        decoder = enc_outputs is not None
+        groups = []
+        if decoder:  # every layer's cross-attention W_K and W_V, as one product
+            crosses = [layer.dec_enc_attn for layer in layers]
+            groups += projection_groups([lin for attn in crosses for lin in (attn.W_K, attn.W_V)])
+        for layer in layers:
+            attn = layer.self_attn
+            groups += attention_groups(attn, [attn.W_Q, attn.W_K, attn.W_V])
+            if decoder:
+                groups += attention_groups(layer.dec_enc_attn, [layer.dec_enc_attn.W_Q])
+            groups += feed_forward_groups(layer.pos_ffn)
+        weights = iter(gather_weights(groups, dtype))
         seeds = dropout_seeds(layers, inputs)
         keys_values = [None] * len(layers)
-        if enc_outputs is not None:
-            heads = layers[0].dec_enc_attn.heads_of(
-                self.low(enc_outputs), weights["cross.KV.weight"], weights["cross.KV.bias"], 2 * len(layers)
-            )
+        if decoder:
+            heads = layers[0].dec_enc_attn.heads_of(enc_outputs, *take(weights, 2), 2 * len(layers))
             keys_values = [tuple(heads[2 * i : 2 * i + 2]) for i in range(len(layers))]
-        self.layers = [
-            LayerPlan(
-                self,
-                {key.split(".", 1)[1]: w for key, w in weights.items() if key.startswith(f"{i}.")},
-                None if seeds is None else seeds[i],
-                keys_values[i],
-            )
-            for i in range(len(layers))
-        ]
-
-    def low(self, x):
-        """x's copy in the autocast dtype when add_norm made one, else x (autocast casts it at use)."""
-        for tensor, copy in self._copies:
-            if tensor is x:
-                return copy
-        return x
-
-    def add_norm(self, layer_norm, x, residual, dropout, x_bias, seed):
-        """layer_norm(residual + dropout(x + x_bias)) through the fused op, keeping its copy in the
-        autocast dtype for `low`."""
-        out = backend.add_layer_norm(
-            x, residual, layer_norm.weight, layer_norm.bias, layer_norm.eps, active_p(dropout),
-            x_bias=x_bias, seed=seed, lowp_dtype=self.dtype,
-        )
-        if self.dtype is None:
-            return out
-        y, copy = out
-        self._copies.append((y, copy))
-        return y
-
-
-def cross_kv_groups(layers):
-    """The weight groups of every decoder layer's W_K and W_V, as one projection."""
-    attns = [layer.dec_enc_attn for layer in layers]
-    d_hidn = attns[0].W_K.in_features
-    rows = sum(a.W_K.out_features + a.W_V.out_features for a in attns)
-    return {
-        "cross.KV.weight": ([w for a in attns for w in (a.W_K.weight, a.W_V.weight)], (rows, d_hidn)),
-        "cross.KV.bias": ([b for a in attns for b in (a.W_K.bias, a.W_V.bias)], (rows,)),
-    }
-
-
-class LayerPlan:
-    """One layer's part of a ForwardPlan: its weights by key (see the layers' `weight_groups`), its
-    dropout seeds, and for a decoder layer the cross-attention's (k_s, v_s) heads."""
-
-    def __init__(self, forward_plan, weights, seeds, keys_values):
-        self.forward_plan = forward_plan
-        self.weights = weights
-        self.seeds = seeds
-        self.keys_values = keys_values
-
-    def projection(self, name):
-        """(weight, bias) of the projection `name`, e.g. "self_attn.QKV"."""
-        return self.weights[f"{name}.weight"], self.weights[f"{name}.bias"]
-
-    def seed(self, site):
-        """The seed of dropout site `site` (a one-element view), or None."""
-        return None if self.seeds is None else self.seeds[site : site + 1]
-
-    def low(self, x):
-        return self.forward_plan.low(x)
-
-    def add_norm(self, layer_norm, x, residual, dropout, x_bias, site):
-        return self.forward_plan.add_norm(layer_norm, x, residual, dropout, x_bias, self.seed(site))
+        self.layers = []
+        for i in range(len(layers)):
+            seed = layer_seeds(seeds, i)
+            self_attn = AttentionPlan(*take(weights, 3), *take(seed, 2))
+            dec_enc_attn = AttentionPlan(*take(weights, 3), *take(seed, 2), keys_values[i]) if decoder else None
+            pos_ffn = FeedForwardPlan(*take(weights, 3), next(seed))
+            self.layers.append(LayerPlan(dtype, self_attn, pos_ffn, dec_enc_attn))

@@ -115,7 +115,7 @@ def test_model_traces_as_one_graph_on_the_reference_backend():
 @pytest.mark.versions
 def test_model_traces_as_one_graph_under_autocast_with_its_forward_plan():
     """Under bf16 autocast the ForwardPlan casts the weights once and hands the products the half
-    copies add + LayerNorm writes (found by identity): torch.compile(fullgraph=True) traces that as
+    copies add + LayerNorm writes (Hidden pairs): torch.compile(fullgraph=True) traces that as
     one graph, forward and backward, with eager's results bit for bit."""
     config = small_config(dropout=0.0)
     model = fastformer.MovieClassification(config)

@@ -44,8 +44,9 @@ def test_exports_the_tutorial_names():
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)
 def test_signatures_match_the_tutorial(name):
-    """The tutorial's parameters, in its order; anything more is keyword-only with a default (a
-    layer's `plan`, the attention's `seed`), so every call the tutorial's code makes binds the same."""
+    """The tutorial's parameters, in its order; anything more is keyword-only with a default (the
+    `plan` of a layer, an attention or a feed-forward, ScaledDotProductAttention's `seed`, the
+    Encoder's `ids_name`), so every call the tutorial's code makes binds the same."""
     ours, theirs = getattr(fastformer, name), getattr(tutorial, name)
     assert list(inspect.signature(ours.__init__).parameters) == ["self", "config"]
     params = list(inspect.signature(ours.forward).parameters.values())
