@@ -436,7 +436,8 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     spills on Triton 3.6 at head dims 16 to 64 and is at the register limit on 3.9. At head dim 128
     (72 to 128): the 64 x 128 tile in 3 stages overflows shared memory with a dense mask (on 3.6)
     and with padding spills in 2 stages, so it runs in 2 stages without padding only; with dropout
-    and a causal or dense mask, 64 x 64 and 128 x 64 spill, so 64 x 32 it is."""
+    the 128 x 64 tile is at the register limit (with padding alone it spills on Triton 3.6), so
+    64-row tiles only, and with a causal or dense mask 64 x 64 spills too, so 64 x 32 it is."""
     if not _fits_lengths(meta, launch, _DQ_TILES):
         return False
     dropout = launch["HAS_DROPOUT"]
@@ -447,6 +448,8 @@ def _dq_fits(meta, num_warps, num_stages, launch):
             return num_stages == 2 and not launch["HAS_PAD"]
         if dropout and (launch["IS_CAUSAL"] or launch["HAS_MASK"]):
             return (meta["BLOCK_M"], meta["BLOCK_N"]) == (64, 32)
+        if dropout:
+            return meta["BLOCK_M"] == 64
     return True
 
 
