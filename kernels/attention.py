@@ -485,34 +485,15 @@ def _attn_bwd_kernel(
             pass, a stand-in (q) in the dK/dV pass.
         DK, DV: (B, H, Lk, D) outputs in Q's dtype, laid out as (B, Lk, H, D) contiguous; written by
             the dK/dV pass, stand-ins (q) in the dQ pass.
-        SEED: (1,) int64, the forward's dropout seed; a stand-in (q) when HAS_DROPOUT is off.
-        PAD: (B, Lk) bool key-padding mask, True = padding; a stand-in (q) when HAS_PAD is off.
-        stride_pb, stride_pn: PAD's strides in elements (batch, key); 0 when absent.
-        MASK: (B, H or 1, Lq, Lk) bool dense mask, True = masked (a (B, Lq, Lk) mask viewed with a head
-            dim); a stand-in (q) when HAS_MASK is off.
-        stride_mb, stride_mh, stride_mm, stride_mn: MASK's strides in elements (batch, head, query, key);
-            stride_mh is 0 for a mask shared by the heads, all are 0 when absent.
-        stride_qb, stride_qh, stride_qm: Q's strides in elements (batch, head, row).
-        stride_kb, stride_kh, stride_kn: K's strides in elements (batch, head, row).
-        stride_vb, stride_vh, stride_vn: V's strides in elements (batch, head, row).
+        SEED: the forward's dropout seed, so the backward drops what the forward dropped.
         stride_dob, stride_doh, stride_dom: DO's strides in elements (batch, head, row).
-        H: heads (the grid flattens batch and head into one axis).
-        Lq, Lk: query and key lengths.
-        qk_scale: softmax_scale * log2(e): the scores are computed in base 2.
         sm_scale: softmax_scale, which dQ and dK are multiplied by.
-        dropout_p: the dropout probability, in [0, 1); read only under HAS_DROPOUT.
-        LQ_BUCKET, LK_BUCKET: next_power_of_2 of Lq and of Lk: keys of the config choice only, unused
-            by the code and not specialized.
         DQ_PASS: True: the dQ pass (and DELTA); False: the dK/dV pass.
-        HAS_PAD: PAD is read: keys flagged True are masked, and key blocks past the batch's last real key skipped.
-        IS_CAUSAL: key j > query i is masked (top-left aligned), and key blocks above the diagonal skipped.
-        HAS_MASK: MASK is read: the general, slower path.
-        HAS_DROPOUT: SEED and dropout_p are read: probabilities dropped with Philox (dropout_keep).
-        DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
-        HEAD_DIM: D, a constexpr so that the mask of the columns past D is known when compiling.
+        PAD, MASK, their strides, the strides of Q, K and V, H, Lq, Lk, qk_scale, dropout_p,
+            LQ_BUCKET, LK_BUCKET, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM,
+            BLOCK_D: as in _attn_fwd_kernel.
         ROW_ALIGN: every (batch, head, row) stride of Q, K, V and DO is a multiple of it (_row_align: the
             elements in 16 bytes, else 1), hinted with tl.multiple_of.
-        BLOCK_D: the head block, D padded to a power of two of at least 16 (_head_block).
         BLOCK_M: query rows per program (dQ) or per step of the loop over query blocks (dK/dV).
         BLOCK_N: keys per step of the loop over key blocks (dQ) or per program (dK/dV).
     """
@@ -646,33 +627,11 @@ def _attn_probs_kernel(
     after dropout as they multiplied V (1/Lk for a row whose keys are all masked). Grid: cdiv(Lq,
     BLOCK_M) * cdiv(Lk, BLOCK_N) * B * H programs on one axis. Launched by _attn_probs.
 
-    Args:
-        Q: (B, H, Lq, D) queries, fp16, bf16 or fp32; any strides with a unit last one.
-        K: (B, H, Lk, D) keys in Q's dtype; any strides with a unit last one.
+    Args (those it shares with _attn_fwd_kernel mean what they mean there: Q, K, SEED, PAD, MASK,
+    their strides, H, Lq, Lk, qk_scale, dropout_p and the constexprs):
         LSE: (B, H, Lq) fp32, contiguous: the forward's log-sum-exp (base 2, +inf: all keys masked).
         P: (B, H, Lq, Lk) output in Q's dtype, contiguous: the probabilities.
-        SEED: (1,) int64, the forward's dropout seed; a stand-in (q) when HAS_DROPOUT is off.
-        PAD: (B, Lk) bool key-padding mask, True = padding; a stand-in (q) when HAS_PAD is off.
-        stride_pb, stride_pn: PAD's strides in elements (batch, key); 0 when absent.
-        MASK: (B, H or 1, Lq, Lk) bool dense mask, True = masked (a (B, Lq, Lk) mask viewed with a head
-            dim); a stand-in (q) when HAS_MASK is off.
-        stride_mb, stride_mh, stride_mm, stride_mn: MASK's strides in elements (batch, head, query, key);
-            stride_mh is 0 for a mask shared by the heads, all are 0 when absent.
-        stride_qb, stride_qh, stride_qm: Q's strides in elements (batch, head, row).
-        stride_kb, stride_kh, stride_kn: K's strides in elements (batch, head, row).
-        H: heads (the grid flattens batch and head into one axis).
-        Lq, Lk: query and key lengths.
-        qk_scale: softmax_scale * log2(e): the scores are computed in base 2.
-        dropout_p: the dropout probability, in [0, 1); read only under HAS_DROPOUT.
-        HAS_PAD: PAD is read: keys flagged True are masked.
-        IS_CAUSAL: key j > query i is masked (top-left aligned).
-        HAS_MASK: MASK is read: the general, slower path.
-        HAS_DROPOUT: SEED and dropout_p are read: probabilities dropped with Philox (dropout_keep).
-        DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
-        HEAD_DIM: D, a constexpr so that the mask of the columns past D is known when compiling.
-        ROW_ALIGN: every (batch, head, row) stride of Q and K is a multiple of it (_row_align: the
-            elements in 16 bytes, else 1), hinted with tl.multiple_of.
-        BLOCK_D: the head block, D padded to a power of two of at least 16 (_head_block).
+        SEED: the forward's dropout seed, so the dropped probabilities are the ones that multiplied V.
         BLOCK_M, BLOCK_N: the tile's query rows and keys.
     """
     n_m_blocks = tl.cdiv(Lq, BLOCK_M)
