@@ -66,7 +66,7 @@ CASES = [
     ("label-empty", f"{TRAIN} --train {{label_empty}}", "{label_empty} line 2: label must be an integer, got ''"),
     ("label-nan", f"{TRAIN} --train {{label_nan}}", "{label_nan} line 2: label must be an integer, got 'nan'"),
     ("label-huge", f"{TRAIN} --train {{label_huge}}",
-     "{label_huge} line 2: label '1000000000000000000000' is no class number (it has 18 digits or more)"),
+     "{label_huge} line 2: label '1000000000000000000000' is no class number (an integer of 18 digits or more)"),
     ("label-out-of-range", f"{TRAIN} --train {{three}}", "line 4: review 2 has label 2, outside the 2 classes 0..1"),
     ("test-label-out-of-range", f"{TRAIN} --test {{three}}", "test file {three} line 4: review 2 has label 2"),
     ("classes-with-a-gap", f"{TRAIN} --train {{gap}} --n-output auto", "labels go up to 3 but no review has label 2"),

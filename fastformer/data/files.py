@@ -100,8 +100,8 @@ def _label(value, path, line_no):
         label = parse_label(value)
     except _HugeLabel:
         raise ValueError(
-            f"{path} line {line_no}: label {shown(value)} is no class number (it has {MAX_LABEL_DIGITS} digits or "
-            "more); labels are the classes 0, 1, ..."
+            f"{path} line {line_no}: label {shown(value)} is no class number (an integer of {MAX_LABEL_DIGITS} "
+            "digits or more); labels are the classes 0, 1, ..."
         ) from None
     if label is None:
         raise ValueError(
