@@ -111,7 +111,7 @@ def test_smoke_stage_details(smoke):
     assert stages["bench"]["failed"] == 0 and stages["bench"]["measured"] >= 5
     model = stages["model"]
     assert {(r["bench"], r["provider"]) for r in model["rows"]} == {
-        (b, p) for b in ("model_train", "model_infer") for p in ("fastformer", "reference_fp32")}
+        (b, p) for b in ("model_train", "model_infer") for p in ("fastformer", "fastformer_autotune", "reference_fp32")}
     assert all(r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None for r in model["rows"])
     assert model["mfu_note"].startswith("needs CUDA")
 
