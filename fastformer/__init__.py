@@ -7,37 +7,9 @@ The names below are imported on first use, so that `import fastformer.cli` (and 
 `fastformer --help`) does not load torch and Triton.
 """
 import importlib
-import importlib.abc
-import importlib.util
-import sys
-from pathlib import Path
 
 from fastformer.version import __version__
 
-
-class _CheckoutKernels(importlib.abc.MetaPathFinder):
-    """fastformer's ops live in the repository's top-level kernels/ folder and install as
-    `fastformer.kernels` (setup.py's package_dir), so that they never take the top-level name
-    `kernels`, which belongs to another project on PyPI. Run from a checkout, where fastformer/ has
-    no kernels/ inside, this finds `fastformer.kernels` in the folder beside it. It only locates
-    the package: nothing is imported until a module asks for it. It goes first on sys.meta_path,
-    so that the checkout's fastformer never runs with another copy's kernels (an editable install
-    of a second checkout has a finder of its own for the same name)."""
-
-    def __init__(self, folder):
-        self.folder = folder
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "fastformer.kernels":
-            return None
-        return importlib.util.spec_from_file_location(
-            fullname, self.folder / "__init__.py", submodule_search_locations=[str(self.folder)]
-        )
-
-
-_here = Path(__file__).resolve().parent
-if not (_here / "kernels").is_dir() and (_here.parent / "kernels" / "__init__.py").is_file():
-    sys.meta_path.insert(0, _CheckoutKernels(_here.parent / "kernels"))
 
 _EXPORTS = {
     "AttentionMask": "fastformer.masks",
@@ -69,10 +41,28 @@ def __getattr__(name):
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     elif name in _SUBMODULES:
         value = importlib.import_module(f"fastformer.{name}")
+    elif name == "kernels":
+        value = _import_kernels()
     else:
         raise AttributeError(f"module 'fastformer' has no attribute {name!r}")
     globals()[name] = value
     return value
+
+
+def _import_kernels():
+    """`from fastformer import kernels`, with a way out where the ops are not installed: they live in
+    the repository's top-level kernels/ folder, which setup.py installs as `fastformer.kernels`, so a
+    checkout imports them only once installed (`pip install -e .`)."""
+    try:
+        return importlib.import_module("fastformer.kernels")
+    except ModuleNotFoundError as error:
+        if error.name != "fastformer.kernels":
+            raise
+        raise ModuleNotFoundError(
+            "fastformer's ops (fastformer.kernels) are not installed: setup.py installs the "
+            "repository's kernels/ folder under that name; from a checkout, run `pip install -e .` first",
+            name="fastformer.kernels",
+        ) from None
 
 
 def __dir__():

@@ -6,12 +6,34 @@ nothing of nn.Module or Config; `fastformer` chooses which of the pair to call.
 A kernel with several configs runs the one its rule picks; `set_autotune(True)` or
 FASTFORMER_AUTOTUNE=1 autotunes them instead, the results kept on disk per GPU (kernels._configs).
 
-This folder is the package `fastformer.kernels` (installed so by setup.py, found so from a
-checkout by fastformer/__init__.py): `from fastformer import kernels`.
+This folder is the package `fastformer.kernels`: setup.py installs it under that name (a checkout
+needs `pip install -e .`), so that fastformer never takes the top-level name `kernels`, which belongs
+to another project on PyPI. Import it as `from fastformer import kernels`.
 """
+import sys
+from pathlib import Path
+
 if __name__ != "fastformer.kernels":
     # a second copy would register the torch.library ops twice and patch the wrong module in tests
     raise ImportError(f"fastformer's ops are the package fastformer.kernels, not {__name__!r}: use `from fastformer import kernels`")
+
+
+def _check_same_copy():
+    """The ops must come from the copy of the repository whose `fastformer` is running: installed,
+    kernels/ sits inside fastformer/; in a checkout, beside it. Two checkouts mix when one is
+    installed in editable mode and Python runs from the other: its fastformer/ is found on the path
+    and, having no kernels/ inside, takes the installed copy's. (Importing this package imported its
+    parent first, so `fastformer` is in sys.modules; nothing of it is loaded here.)"""
+    here = Path(__file__).resolve().parent
+    running = Path(sys.modules["fastformer"].__file__).resolve().parent
+    if running not in (here.parent, here.parent / "fastformer"):
+        raise ImportError(
+            f"fastformer is imported from {running} but its ops from another copy, {here}: "
+            f"install the copy you run (`pip install -e .` in {running.parent}) or run the installed one"
+        )
+
+
+_check_same_copy()
 
 from ._common import HAS_TRITON, INTERPRET, compile_only  # noqa: E402
 from ._configs import autotune_enabled, autotuning, set_autotune  # noqa: E402

@@ -19,9 +19,9 @@ import fastformer
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_a_checkout_imports_the_ops_as_fastformer_kernels_only():
-    """From a checkout the ops load as fastformer.kernels (the finder in fastformer/__init__.py),
-    and nothing of fastformer's imports a top-level `kernels`."""
+def test_the_ops_import_as_fastformer_kernels_only():
+    """Installed in editable mode (the README's first command), the checkout's kernels/ folder is
+    `fastformer.kernels`, and nothing of fastformer's imports a top-level `kernels`."""
     from fastformer import kernels
 
     assert kernels.__name__ == "fastformer.kernels"
@@ -29,29 +29,52 @@ def test_a_checkout_imports_the_ops_as_fastformer_kernels_only():
     assert "kernels" not in sys.modules or not Path(sys.modules["kernels"].__file__).resolve().is_relative_to(REPO)
 
 
-def test_a_checkout_takes_its_own_kernels_over_another_installs(tmp_path):
-    """With fastformer imported from a checkout while another copy is installed in editable mode
-    (whose finder maps fastformer.kernels to that copy's kernels/), the ops still come from the
-    checkout's own kernels/ folder: code and kernels never mix between two copies."""
-    other = tmp_path / "other" / "kernels"
-    other.mkdir(parents=True)
-    (other / "__init__.py").write_text("raise ImportError('the other copy was imported')\n")
+def _copy_of_fastformer(tmp_path):
+    """A second copy of the package, fastformer/ alone, as in another checkout."""
+    shutil.copytree(REPO / "fastformer", tmp_path / "fastformer", ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def test_a_checkout_never_runs_with_another_copys_ops(tmp_path):
+    """Python running a checkout's fastformer/ while another copy is installed in editable mode
+    (whose finder maps fastformer.kernels to that copy's kernels/, as setuptools' does): the ops
+    refuse to load, naming both copies, rather than mix one copy's code with the other's kernels."""
+    _copy_of_fastformer(tmp_path)
     script = f"""
-import importlib.abc, importlib.util, sys
-class EditableFinder(importlib.abc.MetaPathFinder):  # as an editable install of another copy does
-    def find_spec(self, fullname, path=None, target=None):
+import importlib.util, sys
+class EditableFinder:  # the finder an editable install of the other copy appends
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
         if fullname == "fastformer.kernels":
             return importlib.util.spec_from_file_location(
-                fullname, {str(other / "__init__.py")!r}, submodule_search_locations=[{str(other)!r}]
+                fullname, {str(REPO / "kernels" / "__init__.py")!r},
+                submodule_search_locations=[{str(REPO / "kernels")!r}],
             )
-sys.meta_path.insert(0, EditableFinder())
-sys.path.insert(0, {str(REPO)!r})
+sys.meta_path.append(EditableFinder)
 from fastformer import kernels
-print(kernels.__file__)
 """
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert Path(result.stdout.strip()).resolve() == REPO / "kernels" / "__init__.py"
+    assert result.returncode != 0
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith("ImportError: fastformer is imported from"), result.stderr[-3000:]
+    assert str(tmp_path / "fastformer") in message and str(REPO / "kernels") in message
+
+
+def test_an_uninstalled_checkout_says_to_install_it(tmp_path):
+    """Without an install (`python -S`: no site-packages, so no editable finder) `fastformer.kernels`
+    does not exist, and `from fastformer import kernels` says what to run."""
+    _copy_of_fastformer(tmp_path)
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", "from fastformer import kernels"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ModuleNotFoundError: fastformer's ops (fastformer.kernels) are not installed: setup.py installs "
+        "the repository's kernels/ folder under that name; from a checkout, run `pip install -e .` first"
+    )
 
 
 def test_setup_ships_the_kernels_folder_inside_fastformer():
