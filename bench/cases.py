@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 import fastformer
 from fastformer import kernels
+from fastformer.graphs import GraphedSteps, make_capturable
+from fastformer.training import autocast
 from bench.common import Case, Skip, assert_close_to, attention_flops, ffn_flops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -286,6 +288,8 @@ def ffn_cases(device, providers=("fastformer", "eager", "compile")):
 # ----------------------------------------------------------------------------------------------
 # the model
 # ----------------------------------------------------------------------------------------------
+# fastformer's step run other ways, timed beside its eager step by the GPU check's model stage
+MODEL_VARIANTS = ("fastformer_graphs", "fastformer_compile")
 MODEL_PROVIDERS = ("fastformer", "fastformer_autotune", "reference_fp32", "reference", "compile")
 
 
@@ -360,6 +364,82 @@ def model_case(kind, scenario, provider, device, B=128, config=None, amp=None):
 
         model.train(kind == "train")
         return run, check
+
+    case.setup = setup
+    return case
+
+
+def model_variant_case(kind, variant, device, B, config, amp):
+    """model_case's fastformer case (Triton backend, bf16 autocast when `amp`; the same
+    batch, params and check), its step run another way: "fastformer_graphs" replays the train step
+    or the inference forward from a CUDA graph (fastformer.graphs.GraphedSteps, with the capturable
+    AdamW it needs), "fastformer_compile" runs the model through torch.compile(model,
+    fullgraph=True), as `fastformer train --compile` does. The batch is padded to its longest
+    review, which for the stage's batch of 128 is a bucket length already (128 tokens, a multiple
+    of 16; bench/test_report.py checks it), so it is the shape --cuda-graphs pads it to.
+    Both skip without CUDA: a graph needs a GPU, and torch.compile cannot trace the Triton kernels
+    through the interpreter. The first call (capture, or compile) is not timed. A replay allocates
+    only its outputs (the graph's memory is allocated at capture), so fastformer_graphs' peak_mem_mb
+    does not compare with the eager rows'."""
+    if variant not in MODEL_VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(MODEL_VARIANTS)}, got {variant!r}")
+    params = {"scenario": "classify", "B": B, "n_layer": config.n_layer, "d_hidn": config.d_hidn, "amp": amp}
+    case = Case(f"model_{kind}", variant, params, setup=None)
+    amp_name = "bf16" if amp else "off"
+
+    def setup():
+        if torch.device(device).type != "cuda":
+            reason = "CUDA graphs need a GPU" if variant == "fastformer_graphs" else "torch.compile over Triton code needs a GPU"
+            raise Skip(f"{variant} is benchmarked on CUDA only ({reason})")
+        enc, dec, labels = _review_batch(config, B, False, device)
+        case.tokens = int(enc.ne(config.i_pad).sum() + dec.ne(config.i_pad).sum())
+        case.extra["enc_len"] = enc.shape[1]
+        torch.manual_seed(0)
+        model = fastformer.MovieClassification(config).to(device)
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+        if variant == "fastformer_graphs":
+            optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-4))
+            graphs = GraphedSteps(model, optimizer, amp=amp_name)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            compiled = torch.compile(model, fullgraph=True)
+
+        def logits():
+            with fastformer.use_backend("triton"):
+                if variant == "fastformer_graphs":
+                    return graphs.logits(enc, dec)
+                with torch.no_grad(), autocast(device, amp_name):
+                    return compiled(enc, dec)[0]
+
+        def step():
+            with fastformer.use_backend("triton"):
+                if variant == "fastformer_graphs":
+                    return graphs.train_step((labels, enc, dec))[0]
+                optimizer.zero_grad(set_to_none=True)
+                with autocast(device, amp_name):
+                    loss = F.cross_entropy(compiled(enc, dec)[0].float(), labels)
+                loss.backward()
+                optimizer.step()
+                return loss
+
+        def check():
+            """The variant's eval-mode logits on the initial weights against fp32 reference logits,
+            with model_case's tolerance; for the train step, a finite loss."""
+            trained = {k: v.clone() for k, v in model.state_dict().items()}
+            model.load_state_dict(initial)  # in place: the graphs read the parameters where they are
+            model.eval()
+            got = logits().float()
+            with torch.no_grad(), fastformer.use_backend("reference"):
+                expected = model(enc, dec)[0].float()
+            model.load_state_dict(trained)
+            model.train(kind == "train")
+            scale = expected.abs().max().item() or 1.0
+            assert_close_to("logits", got, expected, (ATOL["bf16"] if amp else ATOL["fp32"]) * 4 * scale)
+            if kind == "train":
+                assert bool(torch.isfinite(step())), "training loss is not finite"
+
+        model.train(kind == "train")
+        return (step if kind == "train" else logits), check
 
     case.setup = setup
     return case

@@ -1,24 +1,37 @@
 """pytest-benchmark suites: `pytest bench --benchmark-only` on a CUDA machine.
 
-Every case comes from bench/cases.py (the same cases `python -m bench.report` runs). Without a
-GPU everything skips with the reason and pytest exits 0; `python -m bench.report --smoke` is the
-CPU check of the same code.
+Every case comes from bench/cases.py (the same cases `python -m bench.report` runs). A benchmark
+runs only under --benchmark-only and on a GPU; elsewhere it skips with the reason, so the plain
+`pytest`, which collects bench/ for the suite's own tests (test_report.py), times nothing.
+`python -m bench.report --smoke` is the CPU check of the benchmarks' code.
 """
+import os
+
 import pytest
 import torch
 
-from bench.common import Skip, peak_memory_mb, synchronize
-
 HAS_CUDA = torch.cuda.is_available()
+# Without a GPU the suite's own tests run the kernels through Triton's interpreter, which Triton
+# reads when a kernel is decorated: before bench.cases imports fastformer.kernels.
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from bench.common import Skip, peak_memory_mb, synchronize  # noqa: E402
+
 DEVICE = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
 NO_GPU = "the benchmarks need a CUDA GPU and this machine has none (CPU check: python -m bench.report --smoke)"
+NOT_ASKED = "a benchmark: run the benchmarks with `pytest bench --benchmark-only`"
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
+    """Skip the benchmarks (the tests that take pytest-benchmark's `benchmark` fixture) without a
+    GPU, or without --benchmark-only. The hook sees the whole session's items, tests/ too."""
+    reason = NO_GPU if not HAS_CUDA else None if config.getoption("benchmark_only") else NOT_ASKED
+    if reason is None:
         return
     for item in items:
-        item.add_marker(pytest.mark.skip(reason=NO_GPU))
+        if "benchmark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def run_case(benchmark, case, rounds=10, warmup_rounds=3):

@@ -18,7 +18,7 @@ Providers are those of the schema (fastformer, reference, reference_fp32, sdpa, 
 plus fastformer_fused on ffn_fwd: the inference-only fully fused FFN, measured beside the two-GEMM
 path so the no-grad choice of kernels.feed_forward can follow the numbers.
 A case whose result fails its check is listed under "failed" and makes the command exit 1.
-`--from` reads reports already measured (this schema, or the "report" of a `bench.gpu_check`
+`--from` reads reports already measured (this schema, or the "report" of a `tools.gpu_check`
 results.json), merges them and writes the same files, measuring nothing.
 """
 import argparse
@@ -267,7 +267,7 @@ def write(report, out_dir, update_readme=False):
 
 
 def load(path):
-    """A report saved by `write`, or the "report" inside a `bench.gpu_check` results.json."""
+    """A report saved by `write`, or the "report" inside a `tools.gpu_check` results.json."""
     with open(path, encoding="utf-8") as f:
         try:
             data = json.load(f)

@@ -44,7 +44,7 @@ from .add_layer_norm import (
 )
 from .attention import attention, attention_dropout_mask, attention_reference
 from .feed_forward import feed_forward, feed_forward_fused, feed_forward_reference
-from .linear_gelu import linear_act, linear_act_reference, linear_gelu, linear_gelu_reference
+from .linear_gelu import linear_gelu, linear_gelu_reference
 
 __all__ = [
     "HAS_TRITON",
@@ -61,8 +61,6 @@ __all__ = [
     "feed_forward",
     "feed_forward_fused",
     "feed_forward_reference",
-    "linear_act",
-    "linear_act_reference",
     "linear_gelu",
     "linear_gelu_reference",
     "set_autotune",

@@ -27,7 +27,7 @@ with their configs (`_attn_fwd`, and the backward kernel's two, `_attn_bwd_dq` a
 `_attn_bwd_dkdv`), launchers (with `_Masking`, how a call masks, drops out and scales, built once
 per op call), the torch.library ops, the public `attention`, and the PyTorch reference.
 
-Why the kernels are shaped so for sm_90a (what the sm_90a compile check, python -m bench.sm90_report,
+Why the kernels are shaped so for sm_90a (what the sm_90a compile check, python -m tools.sm90_report,
 shows for each choice, per Triton version, is in docs/kernels.md):
 - Dropout draws four keep decisions per Philox call (kernels._common.dropout_keep): one per call
   costs so many registers that the forward's tiles spill. The price is that the four words reach
@@ -281,7 +281,7 @@ def _fits_lengths(meta, launch, tiles):
 
 
 def _fwd_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m bench.sm90_report;
+    """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m tools.sm90_report;
     the figures are in docs/kernels.md). Dropout draws four keep decisions per Philox call
     (kernels._common.dropout_keep) and still costs registers: with it, key blocks of at most 64.
     The 128 x 128 tile at head dim 64 is at the register limit: with two kinds of mask it spills
@@ -412,11 +412,11 @@ def _attn_fwd_kernel(
 
 
 def _dkdv_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills (python -m bench.sm90_report; the figures are in
+    """What compiles for sm_90a without spills (python -m tools.sm90_report; the figures are in
     docs/kernels.md). At head dim 128, 64 x 64 spills (with padding and a causal mask: the kernel
     scans the padding itself), so only 32 query rows a block.
 
-    The one known exception, from the full matrix (bench.sm90_cases.full_cases): with a dense mask
+    The one known exception, from the full matrix (tools.sm90_cases.full_cases): with a dense mask
     and dropout at head dim 128 (72 to 128) even 32 x 64 spills on Triton 3.9, and the list has no
     smaller tile; 2 stages, which spill least, are kept. The model never passes a dense mask."""
     if not _fits_lengths(meta, launch, _DKDV_TILES):
@@ -431,7 +431,7 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
 
 
 def _dq_fits(meta, num_warps, num_stages, launch):
-    """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m bench.sm90_report;
+    """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m tools.sm90_report;
     the figures are in docs/kernels.md). With dropout, key blocks of at most 64: the 64 x 128 tile
     spills on Triton 3.6 at head dims 16 to 64 and is at the register limit on 3.9. At head dim 128
     (72 to 128): the 64 x 128 tile in 3 stages overflows shared memory with a dense mask (on 3.6)
@@ -517,7 +517,7 @@ def _attn_bwd_kernel(
         pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk, HAS_PAD)
         for start_n in range(0, end_n, BLOCK_N):
             offs_n, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
-            if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m bench.sm90_report)
+            if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m tools.sm90_report)
                 keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
             k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
             v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)

@@ -1,7 +1,7 @@
 """The position-wise feed-forward block, linear(act(linear(x))), act GELU or ReLU: public ops and PyTorch reference.
 
 Two Triton paths:
-- `feed_forward`: `linear_act` (GEMM with bias + activation in its epilogue) then a GEMM with
+- `feed_forward`: `linear_gelu` (GEMM with bias + activation in its epilogue) then a GEMM with
   bias; it has a backward and serves training.
 - `feed_forward_fused`: inference only. Each program owns a (BLOCK_M, BLOCK_N) tile of the output
   and streams over d_ff in chunks: it computes act(x @ W1[chunk].T + b1[chunk]) on chip and
@@ -41,7 +41,7 @@ from .linear_gelu import (
     apply_activation,
     check_activation,
     check_linear_args,
-    run_linear_act,
+    run_linear_gelu,
 )
 
 
@@ -248,7 +248,7 @@ def feed_forward_reference(x, w1, b1, w2, b2, *, activation="gelu"):
 def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
     """The tutorial's FFN: linear(gelu(linear(x, w1, b1)), w2, b2), exact erf GELU.
 
-    The first GEMM runs in Triton with the bias and GELU fused into its epilogue (`linear_act`);
+    The first GEMM runs in Triton with the bias and GELU fused into its epilogue (`linear_gelu`);
     the second is a cuBLAS GEMM with bias. This is also the no-grad path: the fully fused
     `feed_forward_fused` is kept beside it, and becomes the no-grad path only for the shapes where
     the GPU benchmark (bench/, ffn_fwd, provider fastformer_fused) shows it wins (where that stands:
@@ -262,7 +262,7 @@ def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
         (..., d) in x's dtype.
     """
     check_feed_forward_args(x, w1, b1, w2, b2, activation)
-    return F.linear(run_linear_act(x, w1, b1, activation, "feed_forward"), w2, b2)
+    return F.linear(run_linear_gelu(x, w1, b1, activation, "feed_forward"), w2, b2)
 
 
 def feed_forward_fused(x, w1, b1, w2, b2, *, activation="gelu"):

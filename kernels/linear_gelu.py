@@ -1,5 +1,5 @@
 """Linear layer with its activation fused into the GEMM, the exact (erf) GELU or ReLU, in Triton, and
-its PyTorch reference: `linear_act`, first named `linear_gelu` (kept as an alias: it also does ReLU).
+its PyTorch reference: `linear_gelu` (GELU by default; `activation="relu"` for the models that use ReLU).
 
 The forward is a GEMM whose epilogue adds the bias and applies the activation to the fp32
 accumulator, so the pre-activation never makes a round trip through memory before it. (cuBLASLt,
@@ -11,7 +11,7 @@ ReLU serves the models that use it (Aladdin Persson's seq2seq Transformer, the T
 tutorial's) through the same kernels.
 
 The file, kernel and launcher keep the first name (`_linear_gelu_fwd_kernel`, `_linear_gelu_forward`:
-bench/sm90_cases.py, tests/test_sm90_compile.py and the committed sm_90a table name them), as does
+tools/sm90_cases.py, tests/test_sm90_compile.py and the committed sm_90a table name them), as does
 the registered op `fastformer::linear_gelu_forward`.
 """
 from typing import Optional, Tuple
@@ -202,7 +202,7 @@ def _activation_grad_kernel(
 
 
 _linear_gelu_fwd = Configs(
-    _linear_gelu_fwd_kernel, "linear_act", _gemm_candidates(), ["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION"],
+    _linear_gelu_fwd_kernel, "linear_gelu", _gemm_candidates(), ["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION"],
     _gemm_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
 )
 
@@ -268,7 +268,7 @@ def _backward(ctx, dy, _dpre):
         return None, None, None, None, None
     x2, weight, pre = ctx.saved_tensors
     if pre.numel() == 0 and x2.numel() != 0:
-        raise RuntimeError("linear_act: backward through a forward run without gradients (no pre-activation saved)")
+        raise RuntimeError("linear_gelu: backward through a forward run without gradients (no pre-activation saved)")
     needs_dx, needs_dw, needs_db = ctx.needs_input_grad[:3]
     dpre, db = _activation_backward_op(dy, pre, ctx.activation, needs_db)
     dx = dpre @ weight if needs_dx else None
@@ -310,8 +310,8 @@ def check_activation(activation):
         raise ValueError(f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, got {activation!r}")
 
 
-def run_linear_act(x, weight, bias, activation, op):
-    """`linear_act` on arguments its caller has checked (check_linear_args, check_activation): the
+def run_linear_gelu(x, weight, bias, activation, op):
+    """`linear_gelu` on arguments its caller has checked (check_linear_args, check_activation): the
     autocast casts, the launch check (its errors name `op`) and the launch."""
     x, weight, bias = autocast_inputs(x, weight, bias)
     require_launchable(op, x, weight, bias)
@@ -320,7 +320,7 @@ def run_linear_act(x, weight, bias, activation, op):
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-def linear_act(x, weight, bias, *, activation="gelu"):
+def linear_gelu(x, weight, bias, *, activation="gelu"):
     """act(x @ weight.T + bias), the exact (erf) GELU or ReLU, with the bias and activation fused into the GEMM.
 
     Args:
@@ -335,22 +335,12 @@ def linear_act(x, weight, bias, *, activation="gelu"):
     """
     check_linear_args(x, weight, bias)
     check_activation(activation)
-    return run_linear_act(x, weight, bias, activation, "linear_act")
+    return run_linear_gelu(x, weight, bias, activation, "linear_gelu")
 
 
-def linear_gelu(x, weight, bias, *, activation="gelu"):
-    """`linear_act` under its first name, kept for existing callers: the same arguments and result
-    (GELU by default, ReLU with activation="relu"); its errors name linear_gelu."""
-    check_linear_args(x, weight, bias)
-    check_activation(activation)
-    return run_linear_act(x, weight, bias, activation, "linear_gelu")
-
-
-def linear_act_reference(x, weight, bias, *, activation="gelu"):
+def linear_gelu_reference(x, weight, bias, *, activation="gelu"):
     """act(x @ weight.T + bias) with the exact erf GELU or relu, in PyTorch (fp64 too, for tests)."""
     check_linear_args(x, weight, bias, dtypes=REFERENCE_DTYPES)
     check_activation(activation)
     return TORCH_ACTIVATIONS[activation](F.linear(x, weight, bias))
 
-
-linear_gelu_reference = linear_act_reference  # the reference under the op's first name

@@ -1,7 +1,7 @@
 """torch.compile(fullgraph=True) of the drop-in models on the GPU code path, with CPU tensors.
 
 A GPU user's `fastformer train --compile` runs Dynamo, AOT autograd and Inductor over fastformer's
-Triton ops on their torch and Triton. Here the same path runs on a CPU: bench.sm90's dry-run
+Triton ops on their torch and Triton. Here the same path runs on a CPU: tools.sm90's dry-run
 driver makes Triton compile real sm_90a binaries and launch nothing, and the ops take the Triton
 path on CPU tensors as they would on CUDA ones. The model runs in train mode with dropout, padded
 batches and bf16 autocast, at two sequence lengths, forward and backward. Backends:
@@ -31,7 +31,7 @@ import torch
 import torch._inductor.config
 
 import fastformer
-from bench import sm90
+from tools import sm90
 from fastformer.compat import aladdinpersson
 from tests.helpers import small_config, token_batch
 

@@ -1,14 +1,14 @@
 """Kernels that each break one rule of the sm_90a compile check, to prove the check sees it.
 
-`tests/test_sm90_compile.py` compiles `cases()` through bench.sm90 and expects each case to fail
+`tests/test_sm90_compile.py` compiles `cases()` through tools.sm90 and expects each case to fail
 exactly its rule, and the control case to pass every rule. Not product code: nothing imports this
-module but that test (through bench.sm90's worker, without TRITON_INTERPRET).
+module but that test (through tools.sm90's worker, without TRITON_INTERPRET).
 """
 import torch
 import triton
 import triton.language as tl
 
-from bench.sm90 import Case
+from tools.sm90 import Case
 
 _PLAIN_GLOBAL = 0.5  # read inside jit code below: the compiler must reject it
 
@@ -58,7 +58,7 @@ def _plain_global():
     _plain_global_kernel[(1,)](x, 64, BLOCK=64)
 
 
-# case name -> the one problem it must show (a substring of bench.sm90.problems' message)
+# case name -> the one problem it must show (a substring of tools.sm90.problems' message)
 EXPECTED = {
     "control": None,
     "plain-global": "does not compile",

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fastformer import kernels
-from bench import launches
+from tools import launches
 from fastformer.kernels.add_layer_norm import sum_partials
 from tests.helpers import assert_within_torch_error
 
@@ -155,7 +155,7 @@ def test_registered_op_fake_tensors_and_aot_dispatch():
 
 
 def kernels_of(fn):
-    """{op: count} of the kernels `fn` launches (bench.launches' counter): Triton launches and aten ops."""
+    """{op: count} of the kernels `fn` launches (tools.launches' counter): Triton launches and aten ops."""
     with launches.counting("cpu") as counter:
         fn()
     counts = {}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fastformer
-from bench import launches
+from tools import launches
 from fastformer import kernels
 from fastformer.kernels import _common
 from tests.helpers import assert_within_torch_error

@@ -5,7 +5,7 @@ for the call (a call is its kernels alone). The bad seeds are in tests/test_ops_
 import pytest
 import torch
 
-from bench import launches
+from tools import launches
 from fastformer import kernels
 from fastformer.kernels import _common
 from tests.helpers import assert_max_diff, assert_within_torch_error

@@ -1,8 +1,8 @@
-"""What a first and a second GPU run compile and time, from a CPU (bench.cold_start, bench.sm90's
+"""What a first and a second GPU run compile and time, from a CPU (tools.cold_start, tools.sm90's
 dry-run sm_90a driver, subprocesses without TRITON_INTERPRET on a new Triton cache each):
 
 - by default, one config per kernel specialization and no timing; a second process on the same
-  cache compiles and times nothing (`python -m bench.cold_start --quick`);
+  cache compiles and times nothing (`python -m tools.cold_start --quick`);
 - with autotuning on, the timings are kept on disk for the GPU that took them: a second process on
   that GPU times nothing, one on another GPU model times again (and compiles nothing).
 """
@@ -32,7 +32,7 @@ def _env(**extra):
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("cold-start") / "quick.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.cold_start", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "tools.cold_start", "--quick", "--json", str(out)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -58,13 +58,13 @@ def test_a_second_run_compiles_and_times_nothing(quick):
 AUTOTUNED_LAUNCH = textwrap.dedent('''
     import json, sys
     import torch
-    from bench import cold_start, sm90
+    from tools import cold_start, sm90
     from fastformer import kernels
 
     sm90.DEVICE_NAME = sys.argv[1]  # the GPU the dry run stands for
     counts = cold_start._Counts()
     with sm90.dry_run(), counts.counting():
-        kernels.linear_act(torch.zeros(100, 32, dtype=torch.float16), torch.zeros(64, 32, dtype=torch.float16), None)
+        kernels.linear_gelu(torch.zeros(100, 32, dtype=torch.float16), torch.zeros(64, 32, dtype=torch.float16), None)
     print(json.dumps(counts.result()["_linear_gelu_fwd_kernel"]))
 ''')
 

@@ -1,4 +1,4 @@
-"""bench.gpu_check on a CPU: the --smoke run's files, schema and summary; every stage reachable by
+"""tools.gpu_check on a CPU: the --smoke run's files, schema and summary; every stage reachable by
 --stage; a failing stage recorded with its traceback while the run goes on; the exit statuses; and
 the helpers whose real work only a GPU run reaches (bitwise comparison, graph breaks, JUnit counts,
 the model FLOP count, pytest's time budget)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import gpu_check
+from tools import gpu_check
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP_KEYS = {"schema", "command", "mode", "device", "started", "finished", "env", "units", "stages", "targets",
@@ -26,14 +26,14 @@ CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU behavio
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """One real `python -m bench.gpu_check --smoke` (about 30 s of one core), into a folder holding
+    """One real `python -m tools.gpu_check --smoke` (about 30 s of one core), into a folder holding
     a stranger's file and an earlier run's plot. A subprocess, as the command is run: inside the
     pytest process the interpreter's allocations page-fault ten times more."""
     out = tmp_path_factory.mktemp("smoke")
     (out / "notes.txt").write_text("not gpu_check's\n")
     (out / "plot-attention_fwd_d128.png").write_bytes(b"an earlier run's plot")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--smoke", "--out", str(out)], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--smoke", "--out", str(out)], cwd=ROOT, env=env,
                             capture_output=True, text=True)
     return result, out, json.loads((out / "results.json").read_text())
 
@@ -150,19 +150,22 @@ def test_smoke_summary_and_log(smoke):
 
 
 @CPU_ONLY
-def test_bench_report_renders_the_results_for_committing(smoke, tmp_path, capsys):
+def test_bench_report_renders_the_results_for_committing(smoke, tmp_path):
     """The GPU check's commit step (docs/benchmarks.md): `python -m bench.report --from results.json`
     writes the report's files from the records measured, with no GPU; a second file's duplicate
     records are dropped."""
-    from bench import report
-
     results = str(smoke[1] / "results.json")
-    assert report.main(["--from", results, results, "--out", str(tmp_path)]) == 0
+
+    def report(*args):
+        return subprocess.run([sys.executable, "-m", "bench.report", *args], cwd=ROOT, capture_output=True, text=True)
+
+    done = report("--from", results, results, "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
     saved = json.loads((tmp_path / "cpu.json").read_text())
     assert saved["results"] == smoke[2]["report"]["results"]
     assert {"cpu.md", "cpu-model.png", "cpu-attention_fwd_d16.png"} <= {p.name for p in tmp_path.iterdir()}
-    assert report.main(["--from", str(smoke[1] / "log.txt"), "--out", str(tmp_path)]) == 2
-    assert "log.txt is not JSON" in capsys.readouterr().err
+    refused = report("--from", str(smoke[1] / "log.txt"), "--out", str(tmp_path))
+    assert refused.returncode == 2 and "log.txt is not JSON" in refused.stderr
 
 
 def _recorders(monkeypatch, calls):
@@ -294,14 +297,10 @@ def test_model_flops_by_hand():
     assert gpu_check.model_flops(config, [3, 3], [1, 1], "train") == 6 * (50304 + 33216 + 128)
 
 
-def test_model_variants_are_cases_beside_fastformer_and_skip_without_cuda():
-    """The model stage times fastformer's eager step ("fastformer"), its CUDA graph replay and its
-    torch.compile beside the peers: same params (so the report groups them with the eager row),
-    and on a CPU a skip that says why."""
+def test_the_model_stage_times_the_variants_its_plan_names():
+    """The model stage times fastformer's eager step ("fastformer") and, per plan, its CUDA graph
+    replay and its torch.compile (the cases themselves: bench/test_report.py)."""
     from types import SimpleNamespace
-
-    from bench import cases as suite
-    from bench.common import Skip
 
     for plan, variants in ((gpu_check.SMOKE, gpu_check.MODEL_VARIANTS), (gpu_check.QUICK, ("fastformer_graphs",)),
                            (gpu_check.FULL, gpu_check.MODEL_VARIANTS)):
@@ -309,22 +308,8 @@ def test_model_variants_are_cases_beside_fastformer_and_skip_without_cuda():
         providers = [(c.bench, c.provider) for c in gpu_check._model_cases(run)]
         assert [p for p in providers if p[1] in gpu_check.MODEL_VARIANTS] == [
             (f"model_{kind}", v) for kind in ("train", "infer") for v in variants]
-    config = gpu_check.fastformer.Config.tutorial(**gpu_check.TINY)
-    for kind in ("train", "infer"):
-        eager = suite.model_case(kind, "classify", "fastformer", "cpu", B=2, config=config, amp=False)
-        for variant in gpu_check.MODEL_VARIANTS:
-            case = gpu_check.model_variant_case(kind, variant, "cpu", 2, config, amp=False)
-            assert (case.bench, case.params) == (eager.bench, eager.params)
-            with pytest.raises(Skip, match=f"^{variant} is benchmarked on CUDA only "):
-                case.setup()
-    with pytest.raises(ValueError, match="variant must be one of fastformer_graphs, fastformer_compile"):
-        gpu_check.model_variant_case("train", "graphs", "cpu", 2, config, amp=False)
-    # the stage's batch is already padded to a bucket: the shape `fastformer train --cuda-graphs` would give it
-    from fastformer.data.reviews import bucket_length
-
-    tutorial = gpu_check.fastformer.Config.tutorial()
-    width = suite._review_batch(tutorial, gpu_check.FULL.model_batch, False, "cpu")[0].size(1)
-    assert bucket_length(width, tutorial.n_enc_seq) == width == 128
+        assert ("model_train", "fastformer") in providers
+    assert gpu_check.FULL.model_batch == 128  # bench/test_report.py: 128 reviews pad to a bucket length
 
 
 def test_copy_bandwidth_is_measured_on_any_device():

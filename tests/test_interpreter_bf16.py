@@ -212,8 +212,8 @@ def test_the_kernels_ask_once_and_take_bf16_when_the_interpreter_computes_it_rig
     monkeypatch.setattr(_common, "_interpreter_bf16_ok", None)
     x = torch.randn(3, 16)
     w, b = torch.randn(8, 16), torch.randn(8)
-    kernels.linear_act(x, w, b)  # fp32: nothing to ask
+    kernels.linear_gelu(x, w, b)  # fp32: nothing to ask
     assert asked == []
     for _ in range(2):
-        y = kernels.linear_act(x.bfloat16(), w.bfloat16(), b.bfloat16())
+        y = kernels.linear_gelu(x.bfloat16(), w.bfloat16(), b.bfloat16())
     assert asked == [1] and y.dtype == torch.bfloat16

@@ -2,7 +2,7 @@
 launch of the sm_90a check's matrix, the first candidate that autotuning would try, so the check,
 which compiles everything autotuning can try, covers every pick; and the switch between the rule
 and autotuning. Pure Python, no compile: the picks are held to the compiler by
-tests/test_sm90_compile.py and bench/cold_start.py.
+tests/test_sm90_compile.py and tools/cold_start.py.
 """
 import importlib
 import itertools
@@ -11,7 +11,7 @@ import pytest
 import torch
 import triton
 
-from bench.sm90_cases import HEAD_DIMS, LARGE, MASKS, TUTORIAL
+from tools.sm90_cases import HEAD_DIMS, LARGE, MASKS, TUTORIAL
 from fastformer import kernels
 from fastformer.kernels import _configs
 
@@ -73,7 +73,7 @@ def test_the_fused_ffn_rule_picks_the_first_config_autotuning_tries():
 
 
 def test_the_tutorial_encoders_forward_tiles_grow_with_the_reviews():
-    """The tutorial's shapes pick what docs/cold-start.md says they do (what bench.cold_start compiles)."""
+    """The tutorial's shapes pick what docs/cold-start.md says they do (what tools.cold_start compiles)."""
     train = {"HEAD_DIM": 64, "BLOCK_D": 64, "HAS_PAD": True, "IS_CAUSAL": False, "HAS_MASK": False, "HAS_DROPOUT": True}
     picks = {
         bucket: (attention._attn_fwd._first_fit({**train, "LQ_BUCKET": bucket, "LK_BUCKET": bucket})[0]["BLOCK_M"],

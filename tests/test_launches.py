@@ -1,4 +1,4 @@
-"""bench.launches: its kernel counter against hand-counted ops and Triton launches, counts that do
+"""tools.launches: its kernel counter against hand-counted ops and Triton launches, counts that do
 not depend on the batch, and the model-side cuts it measures (autocast's results, bit for bit)."""
 import json
 
@@ -7,7 +7,7 @@ import torch
 
 import fastformer
 from fastformer import kernels
-from bench import launches
+from tools import launches
 from tests.helpers import small_config, token_batch
 
 # the tutorial's structure at widths the interpreter runs quickly (the counts do not depend on widths)

@@ -1,4 +1,4 @@
-"""The Triton linear + activation kernel (`linear_act`, first named `linear_gelu`) and the FFN built
+"""The Triton linear + activation kernel (`linear_gelu`, GELU or ReLU) and the FFN built
 on it, against fp64 references."""
 import functools
 import importlib
@@ -224,20 +224,13 @@ def test_registered_op_fake_tensors_and_aot_dispatch():
     torch.library.opcheck(torch.ops.fastformer.feed_forward_fused.default, (x, w1, b1, w2, b2, "gelu"))
 
 
-def test_linear_act_is_the_op_and_linear_gelu_its_first_name(device, uncorrected_interpreter):
-    """linear_gelu gives linear_act's results bit for bit, either activation; each one's launch
-    errors name the function called."""
+def test_launch_errors_name_the_op(device, uncorrected_interpreter):
+    """linear_gelu's launch errors name it: bf16 under the uncorrected interpreter, CPU tensors on
+    a GPU machine."""
     x, w, b = (t.float() for t in make_inputs((7, 32), [32, 24], device))
-    for activation in ("gelu", "relu"):
-        expected = kernels.linear_act(x, w, b, activation=activation)
-        assert torch.equal(kernels.linear_gelu(x, w, b, activation=activation), expected)
-        reference = kernels.linear_act_reference(x, w, b, activation=activation)
-        assert torch.equal(kernels.linear_gelu_reference(x, w, b, activation=activation), reference)
-    # refused: bf16 under the uncorrected interpreter, CPU tensors on a GPU machine
     x, w, b = (t.cpu().to(torch.bfloat16) if INTERPRET else t.cpu() for t in (x, w, b))
-    for name in ("linear_act", "linear_gelu"):
-        with pytest.raises((TypeError, RuntimeError), match=rf"^{name}: "):
-            getattr(kernels, name)(x, w, b)
+    with pytest.raises((TypeError, RuntimeError), match=r"^linear_gelu: "):
+        kernels.linear_gelu(x, w, b)
 
 
 @pytest.mark.parametrize("trained", ["all", "no bias", "x only"])
@@ -249,7 +242,7 @@ def test_backward_launches_the_activation_gradient_its_bias_sum_and_the_gemms(tr
     x.requires_grad_()
     w.requires_grad_(trained != "x only")
     b.requires_grad_(trained == "all")
-    y = kernels.linear_act(x, w, b)
+    y = kernels.linear_gelu(x, w, b)
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y)
     expected = {"triton._activation_grad_kernel": 1, "aten.mm": 1 if trained == "x only" else 2}
     if trained == "all":
@@ -277,7 +270,7 @@ def test_activation_gradient_reads_dy_rows_as_they_are_laid_out(layout, device):
 
 
 def test_feed_forward_checks_its_arguments_once(monkeypatch, device):
-    """feed_forward validates its arguments, then runs linear_act without validating them again."""
+    """feed_forward validates its arguments, then runs linear_gelu without validating them again."""
     feed_forward_module, linear_module = (importlib.import_module(f"fastformer.kernels.{m}") for m in ("feed_forward", "linear_gelu"))
     check, calls = linear_module.check_linear_args, []
 

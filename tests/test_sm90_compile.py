@@ -1,15 +1,15 @@
 """The sm_90a compile check: every kernel under kernels/, with every autotune config a launch can
-select, compiled for Hopper on this CPU machine, and held to the rules in `bench.sm90.problems`:
+select, compiled for Hopper on this CPU machine, and held to the rules in `tools.sm90.problems`:
 it compiles, fits in shared memory, does not spill registers, runs its fp16/bf16 dots on wgmma and
 pipelines its main loops.
 
-How it compiles without a GPU is in bench/sm90.py; the matrix (masks, dropout, head dims, layouts,
-FFN and LayerNorm variants, fp16 and bf16) is `bench.sm90_cases.ci_cases`. A config that breaks a
+How it compiles without a GPU is in tools/sm90.py; the matrix (masks, dropout, head dims, layouts,
+FFN and LayerNorm variants, fp16 and bf16) is `tools.sm90_cases.ci_cases`. A config that breaks a
 rule is removed from its kernel's list or pruned for the flags where it breaks, never exempted here.
 
 What this cannot see: faults at run time (illegal addresses, races), numerics (the interpreter
 tests check them, bf16 included, on a CPU), occupancy and timing. The `cuda` tests and the
-benchmarks cover those on a GPU. The full table: `python -m bench.sm90_report` (bench/results/sm90-compile.md).
+benchmarks cover those on a GPU. The full table: `python -m tools.sm90_report` (tools/results/sm90-compile.md).
 """
 import ast
 import collections
@@ -22,8 +22,8 @@ pytest.importorskip("triton")
 
 pytestmark = pytest.mark.versions  # CI runs it on Triton 3.9 and on 3.6
 
-from bench import sm90  # noqa: E402
-from bench.sm90_cases import ci_cases  # noqa: E402
+from tools import sm90  # noqa: E402
+from tools.sm90_cases import ci_cases  # noqa: E402
 from tests import sm90_planted  # noqa: E402
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
@@ -32,7 +32,7 @@ KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 def _launched_kernels():
     """Names of the `@triton.jit` functions under kernels/ that launchers launch (`*_kernel`);
     the others are helpers inlined into them. A kernel launched in passes (a constexpr named
-    `*_PASS`) counts once per pass, named as bench.sm90 records it: `_attn_bwd_kernel(DQ_PASS=True)`."""
+    `*_PASS`) counts once per pass, named as tools.sm90 records it: `_attn_bwd_kernel(DQ_PASS=True)`."""
     names = []
     for path in sorted(KERNELS_DIR.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -51,7 +51,7 @@ KERNELS = _launched_kernels()
 @pytest.fixture(scope="module")
 def records():
     """Every (case, kernel, config) of the CI matrix, compiled in two worker processes."""
-    return sm90.compile_cases("bench.sm90_cases:ci_cases", jobs=2)
+    return sm90.compile_cases("tools.sm90_cases:ci_cases", jobs=2)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_every_case_launches_and_compiles_something(records):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_kernel_meets_the_sm90_rules(records, kernel):
     mine = [r for r in records if r.kernel == kernel]
-    assert mine, f"{kernel} was not compiled by any case of bench.sm90_cases.ci_cases"
+    assert mine, f"{kernel} was not compiled by any case of tools.sm90_cases.ci_cases"
     broken = [f"{r.config} in {r.case}: {'; '.join(sm90.problems(r))}" for r in mine if sm90.problems(r)]
     assert not broken, f"{kernel} breaks the sm_90a rules in {len(broken)} of {len(mine)} compiles:\n" + "\n".join(broken[:40])
 

@@ -1,5 +1,5 @@
 """fastformer.warmup: the compiles of a job's shapes paid before its first step, in parallel, with the
-model left as it was. The compiling half runs as on a GPU, under bench.sm90's dry-run sm_90a
+model left as it was. The compiling half runs as on a GPU, under tools.sm90's dry-run sm_90a
 driver in a subprocess without TRITON_INTERPRET; under the interpreter the warm-up does nothing."""
 import json
 import os
@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent('''
     import torch
     import triton.compiler
     import fastformer
-    from bench import sm90
+    from tools import sm90
     from fastformer import warmup
     from tests.helpers import small_config
 

@@ -1,4 +1,4 @@
-"""Device kernels per step of the tutorial's workload: `python -m bench.launches`.
+"""Device kernels per step of the tutorial's workload: `python -m tools.launches`.
 
 The tutorial's train step is launch-bound (docs/launches.md): at batch 128 of short reviews a kernel runs
 for microseconds, so the number of kernels per step sets the step's time. This counts them for
@@ -9,7 +9,7 @@ step, as `fastformer train` runs it) and per inference step, for three providers
     reference_bf16   the same under torch.autocast(bfloat16)
     fastformer       the Triton backend under torch.autocast(bfloat16)
 
-It prints the counts per layer type and per phase and writes bench/results/launches.json.
+It prints the counts per layer type and per phase and writes tools/results/launches.json.
 
 What counts as a kernel:
 - an aten op that reaches the dispatcher below autograd, where a TorchDispatchMode sees it, except
@@ -474,11 +474,11 @@ def tables(report):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m bench.launches", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.launches", description=__doc__.split("\n\n")[0])
     parser.add_argument("--providers", nargs="+", choices=list(PROVIDERS), default=list(PROVIDERS))
     parser.add_argument("--batch", type=int, default=SHAPE["batch"])
     parser.add_argument("--enc-len", type=int, default=SHAPE["enc_len"])
-    parser.add_argument("--out", default=RESULTS, help="the JSON file to write (default bench/results/launches.json)")
+    parser.add_argument("--out", default=RESULTS, help="the JSON file to write (default tools/results/launches.json)")
     args = parser.parse_args(argv)
     if min(args.batch, args.enc_len) < 2:
         parser.error("--batch and --enc-len must be at least 2 (a size of 1 changes which reshapes copy)")

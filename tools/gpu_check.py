@@ -1,11 +1,12 @@
 """One command that validates fastformer on a CUDA GPU and leaves the answers in files.
 
-    python -m bench.gpu_check --out DIR                      # every stage (25 minutes at most)
-    python -m bench.gpu_check --out DIR --stage env,tests    # a subset; each stage alone ends within 9 minutes
-    python -m bench.gpu_check --out DIR --quick              # a reduced matrix of every stage, under 8 minutes
-    python -m bench.gpu_check --out DIR --smoke              # tiny shapes; on a CPU, kernels through the interpreter
+    python -m tools.gpu_check --out DIR                      # every stage (25 minutes at most)
+    python -m tools.gpu_check --out DIR --stage env,tests    # a subset; each stage alone ends within 9 minutes
+    python -m tools.gpu_check --out DIR --quick              # a reduced matrix of every stage, under 8 minutes
+    python -m tools.gpu_check --out DIR --smoke              # tiny shapes; on a CPU, kernels through the interpreter
 
-Run it from the repository root (`PYTHONPATH=.` is enough) with the packages already there: it
+Run it from the repository root of an installed checkout (`pip install -e .`; offline, with torch,
+Triton and setuptools there: `pip install --no-deps --no-build-isolation --no-index -e .`): it
 installs nothing and needs no network. The stages run in this order, whatever order --stage gives:
 
   env          GPU name, compute capability, SM count, memory, driver, CUDA, torch, Triton and
@@ -117,11 +118,11 @@ if not torch.cuda.is_available():
 import fastformer  # noqa: E402  (after TRITON_INTERPRET on purpose)
 from fastformer import kernels  # noqa: E402
 from bench import cases as suite  # noqa: E402
+from bench.cases import MODEL_VARIANTS, model_variant_case  # noqa: E402
 from bench import report as bench_report  # noqa: E402
-from bench.common import Case, Skip, assert_close_to, environment, gemm_tflops, synchronize, time_ms  # noqa: E402
+from bench.common import environment, gemm_tflops, synchronize, time_ms  # noqa: E402
 from fastformer.compat.aladdinpersson import Transformer as AladdinTransformer  # noqa: E402
 from fastformer.data import MovieDataSet, movie_collate_fn, read_reviews, train_vocab  # noqa: E402
-from fastformer.graphs import GraphedSteps, make_capturable  # noqa: E402
 from fastformer.training import autocast, loss_curve, sequence_cross_entropy  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -154,7 +155,6 @@ REDUCED_TESTS = ("not dense_mask and not fused_parity and not 65535 and not trai
                  "and not compile_on_cuda_trains")
 # fastformer's ways of running a model step, timed beside its eager row ("fastformer") in the
 # model stage: replayed from CUDA graphs, and through torch.compile(model, fullgraph=True)
-MODEL_VARIANTS = ("fastformer_graphs", "fastformer_compile")
 COMPILED_PROVIDERS = ("compile", "flex", "fastformer_compile")
 CPU_TARGETS = "not judged: a CPU run (the targets are GPU targets; CPU ratios say nothing of them)"
 BENCH_ORDER = ("model_train", "ffn_fwd_bwd", "attention_fwd", "attention_fwd_bwd")
@@ -960,82 +960,6 @@ def _model_cases(run):
     return cases
 
 
-def model_variant_case(kind, variant, device, B, config, amp):
-    """bench.cases.model_case's fastformer case (Triton backend, bf16 autocast when `amp`; the same
-    batch, params and check), its step run another way: "fastformer_graphs" replays the train step
-    or the inference forward from a CUDA graph (fastformer.graphs.GraphedSteps, with the capturable
-    AdamW it needs), "fastformer_compile" runs the model through torch.compile(model,
-    fullgraph=True), as `fastformer train --compile` does. The batch is padded to its longest
-    review, which for the stage's batch of 128 is a bucket length already (128 tokens, a multiple
-    of 16; tests/test_gpu_check.py checks it), so it is the shape --cuda-graphs pads it to.
-    Both skip without CUDA: a graph needs a GPU, and torch.compile cannot trace the Triton kernels
-    through the interpreter. The first call (capture, or compile) is not timed. A replay allocates
-    only its outputs (the graph's memory is allocated at capture), so fastformer_graphs' peak_mem_mb
-    does not compare with the eager rows'."""
-    if variant not in MODEL_VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(MODEL_VARIANTS)}, got {variant!r}")
-    params = {"scenario": "classify", "B": B, "n_layer": config.n_layer, "d_hidn": config.d_hidn, "amp": amp}
-    case = Case(f"model_{kind}", variant, params, setup=None)
-    amp_name = "bf16" if amp else "off"
-
-    def setup():
-        if torch.device(device).type != "cuda":
-            reason = "CUDA graphs need a GPU" if variant == "fastformer_graphs" else "torch.compile over Triton code needs a GPU"
-            raise Skip(f"{variant} is benchmarked on CUDA only ({reason})")
-        enc, dec, labels = suite._review_batch(config, B, False, device)
-        case.tokens = int(enc.ne(config.i_pad).sum() + dec.ne(config.i_pad).sum())
-        case.extra["enc_len"] = enc.shape[1]
-        torch.manual_seed(0)
-        model = fastformer.MovieClassification(config).to(device)
-        initial = {k: v.clone() for k, v in model.state_dict().items()}
-        if variant == "fastformer_graphs":
-            optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-4))
-            graphs = GraphedSteps(model, optimizer, amp=amp_name)
-        else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            compiled = torch.compile(model, fullgraph=True)
-
-        def logits():
-            with fastformer.use_backend("triton"):
-                if variant == "fastformer_graphs":
-                    return graphs.logits(enc, dec)
-                with torch.no_grad(), autocast(device, amp_name):
-                    return compiled(enc, dec)[0]
-
-        def step():
-            with fastformer.use_backend("triton"):
-                if variant == "fastformer_graphs":
-                    return graphs.train_step((labels, enc, dec))[0]
-                optimizer.zero_grad(set_to_none=True)
-                with autocast(device, amp_name):
-                    loss = F.cross_entropy(compiled(enc, dec)[0].float(), labels)
-                loss.backward()
-                optimizer.step()
-                return loss
-
-        def check():
-            """The variant's eval-mode logits on the initial weights against fp32 reference logits,
-            with model_case's tolerance; for the train step, a finite loss."""
-            trained = {k: v.clone() for k, v in model.state_dict().items()}
-            model.load_state_dict(initial)  # in place: the graphs read the parameters where they are
-            model.eval()
-            got = logits().float()
-            with torch.no_grad(), fastformer.use_backend("reference"):
-                expected = model(enc, dec)[0].float()
-            model.load_state_dict(trained)
-            model.train(kind == "train")
-            scale = expected.abs().max().item() or 1.0
-            assert_close_to("logits", got, expected, (suite.ATOL["bf16"] if amp else suite.ATOL["fp32"]) * 4 * scale)
-            if kind == "train":
-                assert bool(torch.isfinite(step())), "training loss is not finite"
-
-        model.train(kind == "train")
-        return (step if kind == "train" else logits), check
-
-    case.setup = setup
-    return case
-
-
 def convergence_setup(overrides, batch, steps, reviews):
     """(config, batches) of the convergence comparison: Config.tutorial with `overrides`, dropout 0
     and the vocab of a BPE model trained on CONVERGENCE_REVIEWS; `steps` batches of `batch` reviews
@@ -1306,7 +1230,7 @@ class _Tee:
 
 
 def parse_args(argv):
-    parser = _Parser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m tools.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, metavar="DIR", help="the folder the files go to (created if needed)")
     parser.add_argument("--stage", default=",".join(STAGES),
                         help=f"comma-separated stages to run, from: {', '.join(STAGES)} (default: all)")
@@ -1338,7 +1262,7 @@ def main(argv=None):
     except OSError as error:
         print(f"gpu_check: --out {args.out}: {error}", file=sys.stderr)
         return 2
-    run = Run(args.out, args.stages, args.mode, shlex.join(["python", "-m", "bench.gpu_check", *argv]))
+    run = Run(args.out, args.stages, args.mode, shlex.join(["python", "-m", "tools.gpu_check", *argv]))
     with open(os.path.join(args.out, "log.txt"), "w", encoding="utf-8", errors="replace") as log:
         stdout, stderr = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Tee(stdout, log), _Tee(stderr, log)

@@ -3,14 +3,14 @@ real launcher, with tensors laid out as the model lays them out.
 
 `ci_cases()` is the matrix `tests/test_sm90_compile.py` runs on every CI run; `full_cases()` adds
 the rest of the product (every head dim in both dtypes with every mask, odd lengths) for
-`python -m bench.sm90_report --full`. Tensors are CPU tensors: nothing is launched (see bench.sm90).
+`python -m tools.sm90_report --full`. Tensors are CPU tensors: nothing is launched (see tools.sm90).
 """
 import itertools
 import sys
 
 import torch
 
-from bench.sm90 import Case
+from tools.sm90 import Case
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # The kernels built on tl.dot compile for fp16 and bf16: the model's "auto" backend runs fp32

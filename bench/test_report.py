@@ -1,5 +1,9 @@
-"""The benchmark suite's code on a CPU: the report in smoke mode (tiny shapes), its schema, tables,
-plots and targets, a wrong kernel failing its benchmark, and `pytest bench` skipping cleanly."""
+"""The benchmark suite's own tests, on a CPU: the report in smoke mode (tiny shapes), its schema,
+tables, plots and targets, a wrong kernel failing its benchmark, the model cases the GPU check
+times beside fastformer's eager step, and `pytest bench --benchmark-only` skipping cleanly.
+
+They run with the test suite (`pytest` collects tests/ and bench/); the benchmarks themselves run
+only under `--benchmark-only` (bench/conftest.py)."""
 import json
 import subprocess
 import sys
@@ -8,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import fastformer
 from bench import cases, report
-from bench.common import attention_flops, ffn_flops
+from bench.common import Skip, attention_flops, ffn_flops
+from fastformer.data.reviews import bucket_length
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_KEYS = {"bench", "provider", "params", "ms", "tflops", "tokens_per_s", "peak_mem_mb"}
@@ -136,3 +142,28 @@ def test_pytest_bench_skips_cleanly_without_a_gpu():
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "skipped" in result.stdout and "passed" not in result.stdout
+
+
+def test_model_variants_are_cases_beside_fastformer_and_skip_without_cuda():
+    """fastformer's step replayed from CUDA graphs and run through torch.compile: the eager
+    fastformer case's bench and params (so the report groups them with it), and on a CPU a skip
+    that says why."""
+    config = fastformer.Config.tutorial(n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50,
+                                        n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12)
+    for kind in ("train", "infer"):
+        eager = cases.model_case(kind, "classify", "fastformer", "cpu", B=2, config=config, amp=False)
+        for variant in cases.MODEL_VARIANTS:
+            case = cases.model_variant_case(kind, variant, "cpu", 2, config, amp=False)
+            assert (case.bench, case.params) == (eager.bench, eager.params)
+            with pytest.raises(Skip, match=f"^{variant} is benchmarked on CUDA only "):
+                case.setup()
+    with pytest.raises(ValueError, match="variant must be one of fastformer_graphs, fastformer_compile"):
+        cases.model_variant_case("train", "graphs", "cpu", 2, config, amp=False)
+
+
+def test_the_model_batch_of_128_reviews_is_a_bucket_length_already():
+    """The model cases' batch of 128 reviews is padded to its longest, 128 tokens: the shape
+    `fastformer train --cuda-graphs` pads it to, so the graphed variant times the step it runs."""
+    tutorial = fastformer.Config.tutorial()
+    width = cases._review_batch(tutorial, 128, False, "cpu")[0].size(1)
+    assert bucket_length(width, tutorial.n_enc_seq) == width == 128

@@ -1,15 +1,15 @@
 """What the first GPU run of `fastformer train` compiles and times before it runs at speed, from a CPU.
 
-    python -m bench.cold_start                       # the demo set and Rotten Tomatoes, +/- --pad-to-buckets
-    python -m bench.cold_start --autotune            # the same with FASTFORMER_AUTOTUNE=1
-    python -m bench.cold_start --quick               # a small config and a few batches (CI)
-    python -m bench.cold_start --json /tmp/cold.json
+    python -m tools.cold_start                       # the demo set and Rotten Tomatoes, +/- --pad-to-buckets
+    python -m tools.cold_start --autotune            # the same with FASTFORMER_AUTOTUNE=1
+    python -m tools.cold_start --quick               # a small config and a few batches (CI)
+    python -m tools.cold_start --json /tmp/cold.json
 
 Each job runs the real model of the default CUDA job (the tutorial config for the vocab trained on
 the data, bf16 autocast, dropout 0.1, batch 128, length-bucketed batches) over its data as the job
 loads it (fastformer.job_inputs.read_data, fastformer.job_data.loaders): one train step (forward and
 backward, no optimizer step) per distinct batch shape of the first epoch in job order, then one
-evaluation forward per distinct test batch shape. It runs under bench.sm90's dry-run sm_90a driver,
+evaluation forward per distinct test batch shape. It runs under tools.sm90's dry-run sm_90a driver,
 so Triton compiles real Hopper binaries and launches nothing, in a subprocess without
 TRITON_INTERPRET whose TRITON_CACHE_DIR is a new empty folder; then again in a second process on
 the same folder, as a second `fastformer train` on the same machine would.
@@ -56,7 +56,7 @@ class _Counts:
     (attention's tiles by sequence length), never two for one launch key."""
 
     def __init__(self):
-        from bench import sm90
+        from tools import sm90
 
         self.sm90 = sm90
         self.kernels = collections.defaultdict(lambda: {c: 0 for c in COLUMNS})
@@ -145,7 +145,7 @@ class _Counts:
 
 
 def _autotuned_name(autotuner, kwargs):
-    """The kernel's name as bench.sm90 records it: with its pass for a kernel launched in passes."""
+    """The kernel's name as tools.sm90 records it: with its pass for a kernel launched in passes."""
     passes = sorted(f"{k}={v}" for k, v in kwargs.items() if k.endswith("_PASS"))
     name = autotuner.base_fn.__name__
     return f"{name}({', '.join(passes)})" if passes else name
@@ -257,7 +257,7 @@ def worker(dataset, pad_to_buckets, quick, rotten_tomatoes):
     """One process of a job: its counts as a dict (printed as JSON by main)."""
     import torch
 
-    from bench import sm90
+    from tools import sm90
     from fastformer.model import MovieClassification
 
     with tempfile.TemporaryDirectory(prefix="cold-start-") as scratch:
@@ -285,7 +285,7 @@ def run_job(dataset, pad_to_buckets, quick=False, autotune=False, rotten_tomatoe
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when it is unset
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["FASTFORMER_AUTOTUNE"] = "1" if autotune else "0"
-    cmd = [sys.executable, "-m", "bench.cold_start", "--worker", dataset, "--pad-to-buckets" if pad_to_buckets else "--no-pad-to-buckets"]
+    cmd = [sys.executable, "-m", "tools.cold_start", "--worker", dataset, "--pad-to-buckets" if pad_to_buckets else "--no-pad-to-buckets"]
     cmd += ["--quick"] if quick else []
     cmd += ["--rotten-tomatoes", rotten_tomatoes] if rotten_tomatoes else []
     result = {}

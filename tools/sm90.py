@@ -23,7 +23,7 @@ and the benchmarks cover those on a GPU.
 
 The kernels must be imported without TRITON_INTERPRET (the interpreter replaces `triton.jit`
 and the autotune lists at import time), so `compile_cases` runs the work in fresh subprocesses;
-`python -m bench.sm90 --worker` is that subprocess.
+`python -m tools.sm90 --worker` is that subprocess.
 """
 import argparse
 import contextlib
@@ -275,7 +275,7 @@ def dry_run(time_configs=True):
     models can run "on the GPU" here. Both are restored after (no real driver can be active: there
     is no GPU)."""
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        raise RuntimeError("bench.sm90 compiles for a GPU: run it without TRITON_INTERPRET=1")
+        raise RuntimeError("tools.sm90 compiles for a GPU: run it without TRITON_INTERPRET=1")
     from triton.runtime.driver import driver
 
     from fastformer.kernels import _common
@@ -439,7 +439,7 @@ def compile_cases(source: str, names: Optional[List[str]] = None, jobs: int = 2,
         for i, shard in enumerate(shards):
             out = Path(tmp) / f"shard{i}.json"
             shard_env = dict(env, TRITON_CACHE_DIR=str(Path(tmp) / f"cache{i}"))
-            cmd = [sys.executable, "-m", "bench.sm90", "--worker", source, "--out", str(out), "--cases", *shard]
+            cmd = [sys.executable, "-m", "tools.sm90", "--worker", source, "--out", str(out), "--cases", *shard]
             log = open(Path(tmp) / f"shard{i}.log", "w")
             procs.append((subprocess.Popen(cmd, env=shard_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), out, log))
         deadline = time.monotonic() + timeout
