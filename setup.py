@@ -16,7 +16,7 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="BSD-3-Clause",
-    packages=find_packages(include=["fastformer", "fastformer.*"]) + ["fastformer.kernels"],
+    packages=[*find_packages(include=["fastformer", "fastformer.*"]), "fastformer.kernels"],
     package_dir={"fastformer.kernels": "kernels"},
     package_data={"fastformer.data": ["*.tsv"]},
     python_requires=">=3.10",

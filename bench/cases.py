@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
+from bench.common import Case, Skip, assert_close_to, attention_flops, ffn_flops
 from fastformer import kernels
 from fastformer.graphs import GraphedSteps, make_capturable
 from fastformer.training import autocast
-from bench.common import Case, Skip, assert_close_to, attention_flops, ffn_flops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the tolerance of a benchmark's check against fp32, per dtype: loose enough for rounding, far
@@ -166,7 +166,7 @@ def attention_cases(device, modes=("fwd", "fwd_bwd"), providers=ATTENTION_PROVID
                         continue
                     for mask in MASKS:
                         for provider in providers:
-                            shape = "tutorial" if (B, H, L) == shapes[0] else "long"
+                            shape = "tutorial" if shapes[0] == (B, H, L) else "long"
                             cases.append(attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape))
     return cases
 

@@ -10,8 +10,8 @@ FLOP formulas (multiply-adds count 2):
 import datetime
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import torch
 
@@ -102,8 +102,8 @@ class Case:
     provider: str  # fastformer, reference, reference_fp32, sdpa, flex, compile, eager
     params: dict
     setup: Callable
-    flops: Optional[float] = None
-    tokens: Optional[int] = None
+    flops: float | None = None
+    tokens: int | None = None
     extra: dict = field(default_factory=dict)
 
     @property

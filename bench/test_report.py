@@ -58,7 +58,7 @@ def smoke_report(tmp_path_factory):
 
 
 def test_smoke_report_schema(smoke_report):
-    result, paths, out = smoke_report
+    result, _, out = smoke_report
     assert not result["failed"], result["failed"]
     saved = json.loads((out / "cpu.json").read_text())
     assert set(saved["env"]) >= {"gpu", "torch", "triton", "cuda", "date"}

@@ -8,8 +8,7 @@ The names below are imported on first use, so that `import fastformer.cli` (and 
 """
 import importlib
 
-from fastformer.version import __version__
-
+from fastformer.version import __version__  # noqa: F401 (in __all__, built below)
 
 _EXPORTS = {
     "AttentionMask": "fastformer.masks",

@@ -76,7 +76,7 @@ def read_json_object(path, what):
     names the kind of file in the message ("config", "run file")."""
     check_file(path, f"{what} file")
     try:
-        with open(path, "r", encoding="utf-8-sig") as f:
+        with open(path, encoding="utf-8-sig") as f:
             value = json.load(f)
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not a JSON {what} (not UTF-8 text at byte {error.start})") from None

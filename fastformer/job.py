@@ -26,7 +26,8 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -178,9 +179,9 @@ class _Start(NamedTuple):
     options: dict  # the values of RUN_OPTIONS
     epochs: int  # in total
     run_dir: str
-    checkpoint: Optional[tuple]  # load_checkpoint's (model state, its file, trainer state)
-    checkpoint_dir: Optional[str]  # where it was read from
-    previous: Optional[dict]  # the run.json of the run resumed; None for a new run
+    checkpoint: tuple | None  # load_checkpoint's (model state, its file, trainer state)
+    checkpoint_dir: str | None  # where it was read from
+    previous: dict | None  # the run.json of the run resumed; None for a new run
     using_demo: bool
     digests: dict  # the sha256 of the data files
 
@@ -193,15 +194,15 @@ class _Trainer:
     trained: torch.nn.Module  # the model as the steps call it: itself, in DDP, or compiled
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: Optional[torch.amp.GradScaler]  # with fp16 autocast
-    graphs: Optional[GraphedSteps]  # with cuda_graphs
+    scaler: torch.amp.GradScaler | None  # with fp16 autocast
+    graphs: GraphedSteps | None  # with cuda_graphs
     train_loader: torch.utils.data.DataLoader
     test_loader: torch.utils.data.DataLoader
     set_epoch: Callable
     steps_per_epoch: int
     epoch: int = 0  # whole epochs done
     epoch_step: int = 0  # steps done of the next epoch (a run stopped inside it)
-    epoch_stats: Optional[dict] = None  # train_epoch's figures of those steps
+    epoch_stats: dict | None = None  # train_epoch's figures of those steps
     step: int = 0  # optimizer steps done
     history: list = dataclasses.field(default_factory=list)  # a metrics dict per epoch done (or begun)
 

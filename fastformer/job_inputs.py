@@ -10,7 +10,7 @@ import importlib.util
 import os
 import random
 import sys
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from fastformer.config import BYTES_TO_BUILD, TUTORIAL, Config, check_fits, host_memory
 from fastformer.data import rotten_tomatoes
@@ -52,10 +52,10 @@ class TrainInputs(NamedTuple):
     run_options: dict  # the values of RUN_OPTIONS; batch_size None until the device is known
     epochs: int  # in total
     run_dir: str
-    config: Optional[Config]  # None: the default config, built once the device and vocab are known
+    config: Config | None  # None: the default config, built once the device and vocab are known
     vocab: object  # the SentencePiece vocab, or None: trained on the data
-    checkpoint: Optional[str]  # the checkpoint --resume continues from; None: from the start
-    previous: Optional[dict]  # the run.json of the run resumed; None for a new run
+    checkpoint: str | None  # the checkpoint --resume continues from; None: from the start
+    previous: dict | None  # the run.json of the run resumed; None for a new run
     using_demo: bool
     data: Data
     digests: dict  # the sha256 of each data file: {"train": ..., "test": ... or None}

@@ -1,5 +1,5 @@
 """Position encoding and attention masks: the tutorial's helpers and the compact mask of the fast path."""
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -36,9 +36,9 @@ class AttentionMask(NamedTuple):
     The attention modules take either this or a dense bool tensor as their `attn_mask`.
     """
 
-    key_padding_mask: Optional[torch.Tensor] = None
+    key_padding_mask: torch.Tensor | None = None
     causal: bool = False
-    dense: Optional[torch.Tensor] = None
+    dense: torch.Tensor | None = None
 
     @classmethod
     def of(cls, attn_mask):

@@ -13,7 +13,6 @@ import numbers
 import os
 import re
 import time
-from typing import Optional, Union
 
 from fastformer.config import TUTORIAL, host_memory, size_text
 from fastformer.data import demo
@@ -131,30 +130,30 @@ class TrainOptions:
     backend_name). None means not given: a new run takes DEFAULTS (or a default that depends on
     the device), a resumed one the run's value."""
 
-    train: Optional[str] = None  # training reviews; None: the embedded demo set
-    test: Optional[str] = None  # test reviews; None: the demo test set, or 10% of `train` held out
-    dataset: Optional[str] = None  # instead of train/test: "demo" or "rotten-tomatoes"
-    vocab: Optional[str] = None  # an existing SentencePiece model; None: train one
-    config: Optional[str] = None  # a Config JSON; None: the tutorial's on CUDA, a smaller one on CPU
-    n_output: Union[int, str, None] = None  # classes; None: the config's; "auto": from the train labels
-    epochs: Optional[int] = None
-    batch_size: Optional[int] = None  # per process; None: 128 on CUDA, 64 on CPU
-    lr: Optional[float] = None
-    device: Optional[str] = None
+    train: str | None = None  # training reviews; None: the embedded demo set
+    test: str | None = None  # test reviews; None: the demo test set, or 10% of `train` held out
+    dataset: str | None = None  # instead of train/test: "demo" or "rotten-tomatoes"
+    vocab: str | None = None  # an existing SentencePiece model; None: train one
+    config: str | None = None  # a Config JSON; None: the tutorial's on CUDA, a smaller one on CPU
+    n_output: int | str | None = None  # classes; None: the config's; "auto": from the train labels
+    epochs: int | None = None
+    batch_size: int | None = None  # per process; None: 128 on CUDA, 64 on CPU
+    lr: float | None = None
+    device: str | None = None
     backend_name: str = "auto"
     amp: str = "auto"
-    out: Optional[str] = None  # None: runs/sentiment-<date>-<time>
-    seed: Optional[int] = None
-    max_steps: Optional[int] = None
-    resume: Optional[str] = None  # a run directory to continue up to `epochs`
-    vocab_size: Optional[int] = None
-    warmup: Optional[float] = None
-    weight_decay: Optional[float] = None
-    bucket: Optional[bool] = None
+    out: str | None = None  # None: runs/sentiment-<date>-<time>
+    seed: int | None = None
+    max_steps: int | None = None
+    resume: str | None = None  # a run directory to continue up to `epochs`
+    vocab_size: int | None = None
+    warmup: float | None = None
+    weight_decay: float | None = None
+    bucket: bool | None = None
     cuda_graphs: bool = False
     compile: bool = False
-    pad_to_buckets: Optional[bool] = None  # None: on with cuda_graphs, which needs it
-    precompile: Optional[bool] = None  # None: on with pad_to_buckets (the kernels of its shapes before step 1)
+    pad_to_buckets: bool | None = None  # None: on with cuda_graphs, which needs it
+    precompile: bool | None = None  # None: on with pad_to_buckets (the kernels of its shapes before step 1)
     autotune: bool = False  # time every kernel config (FASTFORMER_AUTOTUNE=1 does too) instead of the rule's pick
 
     @classmethod

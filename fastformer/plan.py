@@ -23,7 +23,7 @@ gradients it sums beside its own (no aten.sum): a planned sublayer returns a `Pe
 """
 import itertools
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -56,7 +56,7 @@ class Pending(NamedTuple):
     x: torch.Tensor  # (bs, n_seq, d_hidn)
     bias: torch.Tensor  # (d_hidn,)
     dropout_p: float
-    seed: Optional[torch.Tensor]  # the dropout kernel's, or None
+    seed: torch.Tensor | None  # the dropout kernel's, or None
 
 
 @dataclass
@@ -69,9 +69,9 @@ class AttentionPlan:
     in_weight: torch.Tensor  # (n * n_head * d_head, d_hidn)
     in_bias: torch.Tensor  # (n * n_head * d_head,)
     out_weight: torch.Tensor  # (d_hidn, n_head * d_head)
-    attn_seed: Optional[torch.Tensor] = None
-    out_seed: Optional[torch.Tensor] = None
-    keys_values: Optional[tuple] = None  # cross-attention: (k_s, v_s), each (bs, n_head, n_enc_seq, d_head)
+    attn_seed: torch.Tensor | None = None
+    out_seed: torch.Tensor | None = None
+    keys_values: tuple | None = None  # cross-attention: (k_s, v_s), each (bs, n_head, n_enc_seq, d_head)
 
 
 @dataclass
@@ -82,7 +82,7 @@ class FeedForwardPlan:
     w1: torch.Tensor  # (d_ff, d_hidn)
     b1: torch.Tensor  # (d_ff,)
     w2: torch.Tensor  # (d_hidn, d_ff)
-    out_seed: Optional[torch.Tensor] = None
+    out_seed: torch.Tensor | None = None
 
 
 @dataclass
@@ -90,10 +90,10 @@ class LayerPlan:
     """One EncoderLayer's or DecoderLayer's part of a ForwardPlan, a field per sublayer (named as
     the layer's children), and the autocast dtype add + LayerNorm writes its copy in (or None)."""
 
-    dtype: Optional[torch.dtype]
+    dtype: torch.dtype | None
     self_attn: AttentionPlan
     pos_ffn: FeedForwardPlan
-    dec_enc_attn: Optional[AttentionPlan] = None
+    dec_enc_attn: AttentionPlan | None = None
 
     def add_norm(self, layer_norm, sublayer, residual):
         """layer_norm(residual + dropout(sublayer + its bias)) through the fused op, with its copy
@@ -140,7 +140,7 @@ def projection_groups(linears):
 def attention_groups(attn, projections):
     """The weight groups of an AttentionPlan, in its fields' order: the projections (attn's W_Q,
     W_K, W_V, or some) as one product, and the output linear's weight."""
-    return projection_groups(projections) + [([attn.linear.weight], attn.linear.weight.shape)]
+    return [*projection_groups(projections), ([attn.linear.weight], attn.linear.weight.shape)]
 
 
 def feed_forward_groups(ffn):

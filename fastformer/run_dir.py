@@ -102,7 +102,7 @@ def _load_torch(path):
         raise ValueError(f"{path} is empty (0 bytes)")
     try:
         return torch.load(path, map_location="cpu")
-    except Exception as error:  # a damaged file fails as RuntimeError, OSError, EOFError, UnpicklingError, ...
+    except Exception as error:  # noqa: BLE001 (a damaged file fails as RuntimeError, OSError, EOFError, UnpicklingError, ...
         raise ValueError(
             f"{path} ({size} bytes) is not a readable PyTorch checkpoint: truncated or damaged ({type(error).__name__})"
         ) from None

@@ -18,7 +18,7 @@ speed and the rounding, not the math: a run may resume with other values of them
 """
 import contextlib
 import os
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -85,7 +85,7 @@ class Launch(NamedTuple):
 
     rank: int = 0
     world_size: int = 1
-    local_rank: Optional[int] = None
+    local_rank: int | None = None
     distributed: bool = False
 
 

@@ -14,7 +14,7 @@ if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("trito
 
     interpreter_bf16.install()  # bf16 dots and casts as a GPU computes them (see its docstring)
 
-import fastformer.backend  # noqa: E402  (after TRITON_INTERPRET on purpose)
+import fastformer.backend  # after TRITON_INTERPRET, on purpose
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import fastformer
-from tools import launches
 from fastformer import kernels
 from fastformer.kernels import _common
 from tests.helpers import assert_within_torch_error
 from tests.test_add_layer_norm import kernels_of
 from tests.test_dropout_bits import expected_keep
+from tools import launches
 
 LEAVES = ("x", "residual", "weight", "bias", "x_bias")
 NAMES = ("y", "dx", "dresidual", "dweight", "dbias", "dx_bias")
@@ -229,7 +229,7 @@ def test_a_seed_without_dropout_is_checked_and_unused(device):
 )
 def test_bad_seeds_are_refused(op, seed, error, device):
     x, residual, weight, bias, x_bias = float_inputs((3, 16), device)
-    with pytest.raises(error, match="^seed must"):
+    with pytest.raises(error, match=r"^seed must"):
         op(x, residual, weight, bias, 1e-5, 0.1, x_bias=x_bias, seed=seed(device))
 
 
@@ -416,7 +416,7 @@ def test_fp64_x_bias_is_refused_by_the_kernel_only(device):
 @pytest.mark.parametrize("lowp_dtype", [torch.float32, torch.int8, "float16"])
 def test_bad_lowp_dtype_is_refused(op, lowp_dtype, device):
     x, residual, weight, bias, _ = float_inputs((3, 16), device)
-    with pytest.raises(TypeError, match="lowp_dtype must be None, torch.float16 or torch.bfloat16"):
+    with pytest.raises(TypeError, match=r"lowp_dtype must be None, torch\.float16 or torch\.bfloat16"):
         op(x, residual, weight, bias, 1e-5, lowp_dtype=lowp_dtype)
 
 
@@ -425,7 +425,7 @@ def test_bad_lowp_dtype_is_refused(op, lowp_dtype, device):
 def test_bf16_lowp_dtype_is_refused_under_the_interpreter(device, uncorrected_interpreter):
     """fp32 inputs, only y_low in bf16: refused as well."""
     x, residual, weight, bias, _ = float_inputs((3, 16), device)
-    with pytest.raises(TypeError, match="lowp_dtype=torch.bfloat16 is not supported under Triton's interpreter"):
+    with pytest.raises(TypeError, match=r"lowp_dtype=torch\.bfloat16 is not supported under Triton's interpreter"):
         kernels.add_layer_norm(x, residual, weight, bias, 1e-5, lowp_dtype=torch.bfloat16)
 
 

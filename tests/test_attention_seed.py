@@ -5,11 +5,11 @@ for the call (a call is its kernels alone). The bad seeds are in tests/test_ops_
 import pytest
 import torch
 
-from tools import launches
 from fastformer import kernels
 from fastformer.kernels import _common
 from tests.helpers import assert_max_diff, assert_within_torch_error
 from tests.test_attention import make_inputs, padding, run
+from tools import launches
 
 P = 0.3
 

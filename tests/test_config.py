@@ -46,7 +46,7 @@ def test_bad_values_raise_one_line_naming_the_key(overrides, message):
 def test_missing_keys_are_named():
     config = Config.tutorial()
     del config.n_layer, config.d_ff
-    with pytest.raises(ValueError, match="^config is missing n_layer, d_ff$"):
+    with pytest.raises(ValueError, match=r"^config is missing n_layer, d_ff$"):
         check_config(config)
 
 

@@ -52,7 +52,7 @@ def test_vocab_errors(tmp_path, vocab):
     check_vocab_matches(vocab, Config(n_enc_vocab=size, i_pad=0))
     with pytest.raises(ValueError, match=f"has {size} pieces but config.n_enc_vocab is {size - 1}"):
         check_vocab_matches(vocab, Config(n_enc_vocab=size - 1, i_pad=0))
-    with pytest.raises(ValueError, match="config.i_pad is 1"):
+    with pytest.raises(ValueError, match=r"config\.i_pad is 1"):
         check_vocab_matches(vocab, Config(n_enc_vocab=size, i_pad=1))
 
 
@@ -106,12 +106,12 @@ def test_read_jsonl_rejects_malformed_lines(tmp_path, line, message):
 
 
 def test_read_reviews_checks_files_and_labels(tmp_path):
-    with pytest.raises(FileNotFoundError, match="test file not found: .*nope.txt"):
+    with pytest.raises(FileNotFoundError, match=r"test file not found: .*nope\.txt"):
         read_reviews(str(tmp_path / "nope.txt"), "test")
-    with pytest.raises(ValueError, match="train file .*empty.txt has no reviews"):
+    with pytest.raises(ValueError, match=r"train file .*empty\.txt has no reviews"):
         read_reviews(write(tmp_path / "empty.txt", "id\tdocument\tlabel\n"), "train")
     path = write(tmp_path / "three.txt", "id\tdocument\tlabel\n1\tfine\t1\n2\tmeh\t2\n")
-    with pytest.raises(ValueError, match="review 2 has label 2, outside the 2 classes 0..1"):
+    with pytest.raises(ValueError, match=r"review 2 has label 2, outside the 2 classes 0\.\.1"):
         read_reviews(path, "train", n_classes=2)
     assert len(read_reviews(path, "train", n_classes=3)) == 2
 
@@ -137,9 +137,9 @@ def test_infer_classes_needs_every_class_from_zero():
         return [Review(str(i), "text", label, line=i + 2) for i, label in enumerate(labels)]
 
     assert infer_classes(reviews(0, 2, 1, 2), "f") == 3
-    with pytest.raises(ValueError, match="^f line 3: review 1 has label -1; classes are 0, 1, ...$"):
+    with pytest.raises(ValueError, match=r"^f line 3: review 1 has label -1; classes are 0, 1, \.\.\.$"):
         infer_classes(reviews(0, -1), "f")
-    with pytest.raises(ValueError, match="^f: labels go up to 99999999 but no review has label 2, 3, 4 or 99999994 more"):
+    with pytest.raises(ValueError, match=r"^f: labels go up to 99999999 but no review has label 2, 3, 4 or 99999994 more"):
         infer_classes(reviews(0, 1, 99999999), "f")
 
 

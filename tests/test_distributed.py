@@ -57,7 +57,7 @@ def assert_same_weights(run_a, run_b):
     assert a.keys() == b.keys()
     for name in a:
         atol = LR if name.endswith(ZERO_GRADIENT) else WEIGHT_ATOL
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def assert_same_metrics(run_a, run_b):
@@ -119,7 +119,7 @@ def test_sharded_batches_split_every_batch_evenly_in_order():
         assert together[: len(batch)] == batch  # rank r takes positions r, r + 3, ...
         assert together[len(batch):] == (batch * 3)[: len(together) - len(batch)]  # refilled from its start
     assert [len(parts[0]) for parts in zip(*shares)].count(1) == 1  # [i] becomes [i], [i], [i]
-    with pytest.raises(ValueError, match="rank must be in 0..1"):
+    with pytest.raises(ValueError, match=r"rank must be in 0\.\.1"):
         ShardedBatchSampler(batches(), 2, 2)
 
 
@@ -133,5 +133,5 @@ def test_a_plain_run_starts_no_process_group(monkeypatch):
     assert runtime.torchrun_launch() == runtime.Launch(1, 2, 1, True)
     assert runtime.resolve_device("cpu", local_rank=1) == torch.device("cpu")
     monkeypatch.setenv("WORLD_SIZE", "1")
-    with pytest.raises(ValueError, match="RANK 1 is outside 0..WORLD_SIZE-1"):
+    with pytest.raises(ValueError, match=r"RANK 1 is outside 0\.\.WORLD_SIZE-1"):
         runtime.torchrun_launch()

@@ -32,12 +32,7 @@ def paired_models(config, cls_name="MovieClassification"):
 
 
 def test_exports_the_tutorial_names():
-    for name in PUBLIC_MODULES + [
-        "Config",
-        "get_sinusoid_encoding_table",
-        "get_attn_pad_mask",
-        "get_attn_decoder_mask",
-    ]:
+    for name in [*PUBLIC_MODULES, "Config", "get_sinusoid_encoding_table", "get_attn_pad_mask", "get_attn_decoder_mask"]:
         assert hasattr(fastformer, name), name
     assert isinstance(fastformer.__version__, str)
 
@@ -168,11 +163,11 @@ def test_bad_token_inputs_raise_clear_errors():
     config = small_config()
     model = fastformer.MovieClassification(config)
     dec = torch.full((2, 1), 2)
-    with pytest.raises(ValueError, match="^enc_inputs has length 30, longer than the config's maximum 24"):
+    with pytest.raises(ValueError, match=r"^enc_inputs has length 30, longer than the config's maximum 24"):
         model(torch.ones(2, 30, dtype=torch.long), dec)
     with pytest.raises(ValueError, match=r"^enc_inputs must be a \(bs, n_seq\) tensor of token ids"):
         model(torch.ones(2, 3, 4, dtype=torch.long), dec)
-    with pytest.raises(ValueError, match="^inputs has length 30"):  # the Encoder's own argument
+    with pytest.raises(ValueError, match=r"^inputs has length 30"):  # the Encoder's own argument
         model.transformer.encoder(torch.ones(2, 30, dtype=torch.long))
     with pytest.raises(ValueError, match="dec_inputs"):
         model(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 1))
@@ -184,7 +179,7 @@ def test_config_attribute_access_and_load(tmp_path):
     config.extra = 3
     assert config["extra"] == 3
     with pytest.raises(AttributeError, match="no key 'missing'"):
-        config.missing
+        _ = config.missing
     config.device = torch.device("cpu")
     config.save(tmp_path / "config.json")
     loaded = Config.load(tmp_path / "config.json")

@@ -11,9 +11,9 @@ import pytest
 import torch
 import triton
 
-from tools.sm90_cases import HEAD_DIMS, LARGE, MASKS, TUTORIAL
 from fastformer import kernels
 from fastformer.kernels import _configs
+from tools.sm90_cases import HEAD_DIMS, LARGE, MASKS, TUTORIAL
 
 attention = importlib.import_module("fastformer.kernels.attention")
 linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")

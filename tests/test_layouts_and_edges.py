@@ -96,8 +96,8 @@ def test_every_argument_as_a_view_gives_the_result_of_its_contiguous_copy(op, in
     name, arg = named[index]
     view = LAYOUTS[layout](arg)
     args = [t for _, t in named]
-    expected = _run(fn, args[:index] + [view.contiguous()] + args[index + 1:])
-    got = _run(fn, args[:index] + [view] + args[index + 1:])
+    expected = _run(fn, [*args[:index], view.contiguous(), *args[index + 1:]])
+    got = _run(fn, [*args[:index], view, *args[index + 1:]])
     torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0, msg=lambda m: f"{op} output, {name} {layout}: {m}")
     for g, e in zip(got[1], expected[1]):
         torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"{op} gradient, {name} {layout}: {m}")

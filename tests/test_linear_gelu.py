@@ -2,6 +2,7 @@
 on it, against fp64 references."""
 import functools
 import importlib
+import itertools
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ def make_inputs(x_shape, widths, device, seed=0):
     """x and one (weight, bias) pair per consecutive pair of widths, scaled like nn.Linear."""
     g = torch.Generator().manual_seed(seed)
     tensors = [torch.randn(*x_shape, generator=g, dtype=torch.float64)]
-    for fan_in, fan_out in zip(widths, widths[1:]):
+    for fan_in, fan_out in itertools.pairwise(widths):
         tensors.append(torch.randn(fan_out, fan_in, generator=g, dtype=torch.float64) / fan_in**0.5)
         tensors.append(torch.randn(fan_out, generator=g, dtype=torch.float64))
     return [t.to(device) for t in tensors]
@@ -151,7 +152,7 @@ def test_feed_forward_fused_reads_every_argument_as_laid_out(d, dtype, layout, d
             view = LAYOUTS[layout](arg)
             got = kernels.feed_forward_fused(*args[:i], view, *args[i + 1:])
             expected = kernels.feed_forward_fused(*args[:i], view.contiguous(), *args[i + 1:])
-            torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=lambda m: f"argument {i} {layout}: {m}")
+            torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=lambda m, i=i, layout=layout: f"argument {i} {layout}: {m}")
 
 
 def test_relu_really_is_relu(device):

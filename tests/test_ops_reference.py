@@ -147,7 +147,7 @@ def test_linear_gelu_and_feed_forward_references():
 def test_linear_rejects_bad_arguments(op):
     x, w, b = torch.randn(4, 8), torch.randn(16, 8), torch.randn(16)
     linear = getattr(kernels, op)
-    with pytest.raises(ValueError, match="x's last dimension must equal weight.shape"):
+    with pytest.raises(ValueError, match=r"x's last dimension must equal weight\.shape"):
         linear(torch.randn(4, 7), w, b)
     with pytest.raises(ValueError, match=r"bias must have shape \(16,\)"):
         linear(x, w, torch.randn(8))

@@ -112,7 +112,7 @@ def test_converts_to_nsmc_files_with_the_fixed_split(pinned, tmp_path, capsys):
 
 def test_the_inner_archive_converts_too(pinned, tmp_path, capsys):
     source = pinned(data_archive(), name=rotten_tomatoes.DATA_ARCHIVE, pin="DATA_SHA256")
-    code, out, err = convert(source, tmp_path / "cache", capsys)
+    code, _, err = convert(source, tmp_path / "cache", capsys)
     assert code == 0, err
     assert len(read_reviews(str(tmp_path / "cache" / "train.tsv"))) == 6
 
@@ -214,10 +214,7 @@ def test_bad_archives_are_one_line_exit_2_and_leave_the_old_files(pinned, tmp_pa
     unpinned = tmp_path / "other.tar.gz"
     unpinned.write_bytes(sdist(extra={"x": b"another archive"}))
     digest = hashlib.sha256(unpinned.read_bytes()).hexdigest()
-    cases = bad_archives() + [
-        (unpinned, f"{unpinned}: sha256 {digest} is neither {rotten_tomatoes.SDIST}'s"),
-        (tmp_path / "missing.tar.gz", f"--from {tmp_path / 'missing.tar.gz'}: no such file"),
-    ]
+    cases = [*bad_archives(), (unpinned, f"{unpinned}: sha256 {digest} is neither {rotten_tomatoes.SDIST}'s"), (tmp_path / "missing.tar.gz", f"--from {tmp_path / 'missing.tar.gz'}: no such file")]
     for source, message in cases:
         code, out, err = convert(pinned(source) if isinstance(source, bytes) else source, cache, capsys)
         assert code == 2, (message, out)

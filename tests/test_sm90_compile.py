@@ -22,9 +22,9 @@ pytest.importorskip("triton")
 
 pytestmark = pytest.mark.versions  # CI runs it on Triton 3.9 and on 3.6
 
+from tests import sm90_planted  # noqa: E402
 from tools import sm90  # noqa: E402
 from tools.sm90_cases import ci_cases  # noqa: E402
-from tests import sm90_planted  # noqa: E402
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -36,12 +36,15 @@ def _launched_kernels():
     names = []
     for path in sorted(KERNELS_DIR.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and node.name.endswith("_kernel"):
-                if any("jit" in ast.unparse(d) for d in node.decorator_list):
-                    passes = sorted(arg.arg for arg in node.args.args if arg.arg.endswith("_PASS"))
-                    for values in itertools.product((True, False), repeat=len(passes)):
-                        choice = ", ".join(f"{name}={value}" for name, value in zip(passes, values))
-                        names.append(f"{node.name}({choice})" if passes else node.name)
+            if (
+                isinstance(node, ast.FunctionDef)
+                and node.name.endswith("_kernel")
+                and any("jit" in ast.unparse(d) for d in node.decorator_list)
+            ):
+                passes = sorted(arg.arg for arg in node.args.args if arg.arg.endswith("_PASS"))
+                for values in itertools.product((True, False), repeat=len(passes)):
+                    choice = ", ".join(f"{name}={value}" for name, value in zip(passes, values))
+                    names.append(f"{node.name}({choice})" if passes else node.name)
     return names
 
 

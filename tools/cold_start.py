@@ -59,7 +59,7 @@ class _Counts:
         from tools import sm90
 
         self.sm90 = sm90
-        self.kernels = collections.defaultdict(lambda: {c: 0 for c in COLUMNS})
+        self.kernels = collections.defaultdict(lambda: dict.fromkeys(COLUMNS, 0))
         self.specializations = collections.defaultdict(set)
         self.configs = collections.defaultdict(set)  # (kernel, specialization) -> configs compiled
         self.launch_key = None  # the key arguments of the Configs launch under way
@@ -257,8 +257,8 @@ def worker(dataset, pad_to_buckets, quick, rotten_tomatoes):
     """One process of a job: its counts as a dict (printed as JSON by main)."""
     import torch
 
-    from tools import sm90
     from fastformer.model import MovieClassification
+    from tools import sm90
 
     with tempfile.TemporaryDirectory(prefix="cold-start-") as scratch:
         config, batches, source = _job_batches(dataset, pad_to_buckets, quick, rotten_tomatoes, scratch)

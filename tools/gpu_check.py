@@ -106,7 +106,6 @@ import traceback
 import xml.etree.ElementTree as ET
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -115,15 +114,15 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import fastformer  # noqa: E402  (after TRITON_INTERPRET on purpose)
-from fastformer import kernels  # noqa: E402
-from bench import cases as suite  # noqa: E402
-from bench.cases import MODEL_VARIANTS, model_variant_case  # noqa: E402
-from bench import report as bench_report  # noqa: E402
-from bench.common import environment, gemm_tflops, synchronize, time_ms  # noqa: E402
-from fastformer.compat.aladdinpersson import Transformer as AladdinTransformer  # noqa: E402
-from fastformer.data import MovieDataSet, movie_collate_fn, read_reviews, train_vocab  # noqa: E402
-from fastformer.training import autocast, loss_curve, sequence_cross_entropy  # noqa: E402
+import fastformer  # after TRITON_INTERPRET, on purpose
+from bench import cases as suite
+from bench import report as bench_report
+from bench.cases import MODEL_VARIANTS, model_variant_case
+from bench.common import environment, gemm_tflops, synchronize, time_ms
+from fastformer import kernels
+from fastformer.compat.aladdinpersson import Transformer as AladdinTransformer
+from fastformer.data import MovieDataSet, movie_collate_fn, read_reviews, train_vocab
+from fastformer.training import autocast, loss_curve, sequence_cross_entropy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = "fastformer.gpu_check/1"
@@ -179,9 +178,9 @@ class Plan:
     leaving room for the item that overruns and for start-up."""
 
     budget_seconds: dict
-    tests_filter: Optional[str]  # pytest -k for the cuda tests; None runs them all
+    tests_filter: str | None  # pytest -k for the cuda tests; None runs them all
     config: dict  # Config.tutorial overrides for the compile, determinism and model stages
-    compile_layers: Optional[int]  # n_layer / num_layers for the compile stage; None keeps the config's
+    compile_layers: int | None  # n_layer / num_layers for the compile stage; None keeps the config's
     aladdinpersson: dict  # Aladdin Persson's seq2seq Transformer and its batch, for the compile stage
     model_batch: int
     compile_rep: int
@@ -230,7 +229,7 @@ QUICK = replace(
 )
 SMOKE = replace(
     QUICK,
-    budget_seconds={name: 300 for name in STAGES},
+    budget_seconds=dict.fromkeys(STAGES, 300),
     config=TINY,
     compile_layers=None,
     aladdinpersson=dict(vocab=50, embed_size=32, num_layers=1, heads=2, batch=2, length=12),
@@ -1189,7 +1188,7 @@ def _markdown_table(name, rows, labels=None):
     for i, row in enumerate(rows):
         cells = ([labels[i]] if labels else []) + [_cell(_fmt(row.get(c))) for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _fmt(value):

@@ -78,16 +78,16 @@ if not torch.cuda.is_available():
     # Triton reads this when a kernel is decorated: before `fastformer.kernels` is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import torch.nn.functional as F  # noqa: E402
-from torch._library.custom_ops import OPDEFS  # noqa: E402  (torch.library ops by qualified name)
-from torch.utils import _pytree as pytree  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+import torch.nn.functional as F
+from torch._library.custom_ops import OPDEFS  # torch.library ops by qualified name
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import fastformer  # noqa: E402
-import fastformer.model  # noqa: E402
-import fastformer.plan  # noqa: E402
-from fastformer import kernels  # noqa: E402
-from bench.common import environment  # noqa: E402
+import fastformer
+import fastformer.model
+import fastformer.plan
+from bench.common import environment
+from fastformer import kernels
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "launches.json")
 SHAPE = {"batch": 2, "enc_len": 8}  # the decoder input is [BOS], length 1

@@ -38,8 +38,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
 
 MAX_SHARED_SM90 = 232_448  # bytes of shared memory one block may use on sm_90 (227 KiB)
 REPO = Path(__file__).resolve().parent.parent
@@ -66,7 +66,7 @@ class Record:
     config: str  # "BLOCK_M=64 BLOCK_N=64 w4 s3"
     num_stages: int
     dtype: str
-    error: Optional[str] = None
+    error: str | None = None
     shared: int = 0
     registers: int = 0
     spill_stores: int = 0
@@ -77,11 +77,11 @@ class Record:
     dot_loops: int = 0  # innermost loops holding a dot
     pipelined_dot_loops: int = 0  # of which load no dot operand synchronously
     outer_dot_loops: int = 0  # loops holding a dot and another loop (not pipelined by Triton)
-    warnings: List[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
 
 
-def problems(record: Record) -> List[str]:
+def problems(record: Record) -> list[str]:
     """The rules a compiled kernel must meet on sm_90a, as failure messages (empty: all met)."""
     if record.error:
         return [f"does not compile: {record.error}"]
@@ -110,19 +110,19 @@ _DOTS = ("tt.dot", "ttng.warp_group_dot")
 _PASS_THROUGH = ("ttg.convert_layout", "tt.trans", "ttg.memdesc_trans")
 
 
-def read_ptxas_log(log: str) -> Dict[str, object]:
+def read_ptxas_log(log: str) -> dict[str, object]:
     registers = [int(m) for m in _PTXAS_USAGE.findall(log)]
-    spills = [(int(s), int(l)) for s, l in _PTXAS_SPILLS.findall(log)]
+    spills = [(int(stores), int(loads)) for stores, loads in _PTXAS_SPILLS.findall(log)]
     notes = {line.split(":", 1)[-1].strip() for line in log.splitlines() if "warning" in line or "Performance Loss" in line}
     return {
         "registers": max(registers, default=0),
         "spill_stores": max((s for s, _ in spills), default=0),
-        "spill_loads": max((l for _, l in spills), default=0),
+        "spill_loads": max((loads for _, loads in spills), default=0),
         "warnings": sorted(notes),
     }
 
 
-def read_ttgir(ttgir: str) -> Dict[str, int]:
+def read_ttgir(ttgir: str) -> dict[str, int]:
     """Dots, how many are wgmma, and the innermost loops (scf.for) that hold a dot and whether they
     are pipelined: no dot operand of the loop is loaded synchronously (a `tt.load` whose value goes
     into a dot or into shared memory for one, instead of an async copy into a multi-buffer).
@@ -142,9 +142,7 @@ def read_ttgir(ttgir: str) -> Dict[str, int]:
             loop = loops[-1]
             if kind in _DOTS:
                 loop["dot"] = True
-            if kind == "tt.load":
-                loop["loaded"].add(name)
-            elif kind in _PASS_THROUGH and operands and operands[0] in loop["loaded"]:
+            if kind == "tt.load" or (kind in _PASS_THROUGH and operands and operands[0] in loop["loaded"]):
                 loop["loaded"].add(name)
             elif (kind in _DOTS and any(v in loop["loaded"] for v in operands[:2])) or (
                 kind == "ttg.local_alloc" and operands and operands[0] in loop["loaded"]
@@ -299,8 +297,8 @@ class _Recorder:
         self.compiler = triton.compiler
         self.real_compile = triton.compiler.compile
         self.memo = {}  # specialization -> (kernel or exception, facts)
-        self.records: List[Record] = []
-        self.case: Optional[Case] = None
+        self.records: list[Record] = []
+        self.case: Case | None = None
         self.seen = set()
 
     def __enter__(self):
@@ -395,7 +393,7 @@ def _reset_jit_caches(module_names):
                 fn = getattr(fn, "fn", None)
 
 
-def run_cases(cases: List[Case], modules=("fastformer.kernels",)) -> List[Record]:
+def run_cases(cases: list[Case], modules=("fastformer.kernels",)) -> list[Record]:
     """Compile what each case launches for sm_90a, in this process (which must not have imported
     the kernels under TRITON_INTERPRET). Returns one Record per (case, kernel, config); a case that
     fails outside compilation gives a Record with kernel "<launch>"."""
@@ -424,7 +422,7 @@ def run_cases(cases: List[Case], modules=("fastformer.kernels",)) -> List[Record
 # ----------------------------------------------------------------------------------------------
 # Running the matrix in subprocesses
 # ----------------------------------------------------------------------------------------------
-def compile_cases(source: str, names: Optional[List[str]] = None, jobs: int = 2, timeout: float = 1800) -> List[Record]:
+def compile_cases(source: str, names: list[str] | None = None, jobs: int = 2, timeout: float = 1800) -> list[Record]:
     """Compile the cases that `source` ("module:function" returning a list of Case) names, in
     `jobs` fresh subprocesses without TRITON_INTERPRET, each with its own empty Triton cache (so
     every compile runs ptxas, whose report is read). Returns all their Records."""
@@ -440,7 +438,7 @@ def compile_cases(source: str, names: Optional[List[str]] = None, jobs: int = 2,
             out = Path(tmp) / f"shard{i}.json"
             shard_env = dict(env, TRITON_CACHE_DIR=str(Path(tmp) / f"cache{i}"))
             cmd = [sys.executable, "-m", "tools.sm90", "--worker", source, "--out", str(out), "--cases", *shard]
-            log = open(Path(tmp) / f"shard{i}.log", "w")
+            log = open(Path(tmp) / f"shard{i}.log", "w")  # noqa: SIM115 (closed once its worker exits)
             procs.append((subprocess.Popen(cmd, env=shard_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), out, log))
         deadline = time.monotonic() + timeout
         for proc, out, log in procs:

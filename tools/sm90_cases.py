@@ -186,7 +186,7 @@ def ci_cases():
     for mask, dropout in itertools.product(("pad", "pad+causal"), (False, True)):
         cases.append(attention_case("bf16", TUTORIAL["D"], mask, dropout))
     for D in HEAD_DIMS:
-        if D != TUTORIAL["D"]:
+        if TUTORIAL["D"] != D:
             for mask, dropout in (("pad", True), ("pad+causal", False)):
                 cases.append(attention_case("fp16", D, mask, dropout))
     cases.append(attention_case("bf16", 64, "pad", False, layout="cross", L=97, Lk=61))  # odd, Lq != Lk

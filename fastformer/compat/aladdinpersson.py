@@ -23,7 +23,7 @@ LayerNorm on the fused add + LayerNorm kernel.
 
 `Transformer.generate` adds batched greedy decoding with a key/value cache.
 """
-from typing import List, NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -238,7 +238,7 @@ class Decoder(nn.Module):
             x = layer(x, enc_out, enc_out, src_mask, trg_mask)
         return self.fc_out(x)
 
-    def start_cache(self, enc_out, max_len) -> List[LayerCache]:
+    def start_cache(self, enc_out, max_len) -> list[LayerCache]:
         """Per layer: empty self-attention key/value buffers and the encoder's projected keys/values."""
         caches = []
         for layer in self.layers:
@@ -331,7 +331,7 @@ class Transformer(nn.Module):
         finally:
             self.train(was_training)
 
-    def _greedy(self, src, max_len, bos_idx, eos_idx: Optional[int], use_cache):
+    def _greedy(self, src, max_len, bos_idx, eos_idx: int | None, use_cache):
         n = src.shape[0]
         src_mask = AttentionMask(key_padding_mask=src.eq(self.src_pad_idx))
         enc_src = self.encoder(src, src_mask)

@@ -20,9 +20,9 @@ from fastformer.data.vocab import N_SPECIAL, check_vocab_matches, load_vocab, tr
 _TORCH_EXPORTS = ("LengthBucketSampler", "MovieDataSet", "ShardedBatchSampler", "movie_collate_fn")
 
 __all__ = [
+    "N_SPECIAL",
     "LengthBucketSampler",
     "MovieDataSet",
-    "N_SPECIAL",
     "Review",
     "ShardedBatchSampler",
     "check_labels",

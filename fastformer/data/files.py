@@ -17,7 +17,7 @@ import json
 import math
 import os
 import re
-from typing import List, NamedTuple, Optional, Union
+from typing import NamedTuple
 
 TSV_COLUMNS = ("id", "document", "label")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what the csv module, which read the TSV before, takes for a line end
@@ -26,9 +26,9 @@ MAX_LABEL_DIGITS = 18  # a class number has fewer; a longer one is refused befor
 
 class Review(NamedTuple):
     id: str
-    doc: Union[str, List[str]]  # raw text (TSV) or SentencePiece pieces (JSONL)
+    doc: str | list[str]  # raw text (TSV) or SentencePiece pieces (JSONL)
     label: int
-    line: Optional[int] = None  # where the review is in its file, for error messages
+    line: int | None = None  # where the review is in its file, for error messages
 
 
 def check_file(path, what):
