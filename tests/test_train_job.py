@@ -364,10 +364,12 @@ def test_existing_output_directory_is_not_overwritten(run_dir, files, capsys):
 @pytest.mark.parametrize("extra", [["--amp", "bf16"], ["--amp", "fp16"], ["--backend", "triton"]], ids=["bf16", "fp16", "triton"])
 def test_train_runs_under_autocast_and_on_the_kernels(files, tmp_path, extra):
     """A few steps with autocast (fp16 through the GradScaler) and on the Triton kernels (the
-    interpreter on CPU: one step and a small test set, to keep it to seconds)."""
+    interpreter on CPU: one step of a batch of 4 and a test set of 4, since the interpreter's time
+    grows with the batch)."""
     out = tmp_path / "run"
     if extra[0] == "--backend":
-        extra = [*extra, "--max-steps", "1", "--test", write_reviews(tmp_path / "small_test.txt", 8, seed=3)]
+        small_test = write_reviews(tmp_path / "small_test.txt", 4, seed=3)
+        extra = [*extra, "--max-steps", "1", "--batch-size", "4", "--test", small_test]
     assert main(train_args(files, out, "--max-steps", "3", *extra)) == 0
     run = json.loads((out / "run.json").read_text())
     metrics = json.loads((out / "metrics.json").read_text())
