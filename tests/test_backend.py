@@ -73,7 +73,7 @@ def test_output_attentions_policy(flag, backend_name, expect_probs):
     overrides = {} if flag is None else {"output_attentions": flag}
     config = small_config(dropout=0.0, **overrides)
     model = fastformer.MovieClassification(config).eval()
-    enc, dec = token_batch(config)
+    enc, dec = token_batch(config, bs=2)  # a policy: 2 reviews (lengths 13 and 1) show it on the interpreter
     with fastformer.use_backend(backend_name), torch.no_grad():
         logits, enc_probs, dec_probs, cross_probs = model(enc, dec)
     for probs in (enc_probs, dec_probs, cross_probs):
@@ -87,7 +87,7 @@ def test_output_attentions_policy(flag, backend_name, expect_probs):
 def test_triton_backend_matches_reference_on_the_model():
     config = small_config(dropout=0.0)
     model = fastformer.MovieClassification(config).eval()
-    enc, dec = token_batch(config)
+    enc, dec = token_batch(config, bs=3)  # lengths 13, 1, 5: a full, a length-1 and an odd row
     with torch.no_grad():
         with fastformer.use_backend("reference"):
             expected = model(enc, dec)[0]
