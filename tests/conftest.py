@@ -1,5 +1,5 @@
-"""Test setup: the Triton interpreter where there is no GPU, corrected for bf16, the `cuda` marker, a
-clean backend."""
+"""Test setup: the Triton interpreter where there is no GPU, corrected for bf16 and spared its
+repeated patching, the `cuda` marker, a clean backend."""
 import importlib.util
 import os
 
@@ -10,9 +10,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton"):
-    from tests import interpreter_bf16
+    from tests import interpreter_bf16, interpreter_speed
 
     interpreter_bf16.install()  # bf16 dots and casts as a GPU computes them (see its docstring)
+    interpreter_speed.install()  # triton.language patched once per module and launch, not per helper call
 
 import fastformer.backend  # after TRITON_INTERPRET, on purpose
 
