@@ -84,9 +84,9 @@ MASKED_SCORE = -1e9
 # ----------------------------------------------------------------------------------------------
 # Triton kernels. Scores live in base 2: s = q k^T * scale * log2(e), p = exp2(s - lse).
 #
-# Every kernel first offsets its pointers to its (batch, head) once (_head_bases): `k_bh`, `pad_b`
-# (the batch's key-padding flags), `mask_bh` (its dense mask), ..., so the helpers below take row
-# offsets only. The forward and dQ loops step over key blocks with _next_key_block.
+# Every kernel first offsets its pointers to its (batch, head) once: `k_bh`, ... (_head_bases),
+# `pad_b` (the batch's key-padding flags) and `mask_bh` (its dense mask), None when absent, so the
+# helpers below take row offsets only. The forward and dQ loops step over key blocks with _next_key_block.
 # ----------------------------------------------------------------------------------------------
 LOG2E = 1.4426950408889634
 
@@ -112,16 +112,14 @@ def _head_slice(T, b, h, stride_b, stride_h, ROW_ALIGN: tl.constexpr):
 
 
 @triton.jit
-def _head_bases(
-    b, h, X, stride_xb, stride_xh, Y, stride_yb, stride_yh,
-    PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN: tl.constexpr,
-):
-    """The base pointers a program of (batch, head) reads from, offset once: the slices of the two
-    (B, H, L, D) tensors its loop streams (K and V; Q and dO in dK/dV), the batch's key-padding
-    flags and the dense mask of (batch, head)."""
+def _head_bases(b, h, X, stride_xb, stride_xh, Y, stride_yb, stride_yh, ROW_ALIGN: tl.constexpr):
+    """The base pointers of the slices of the two (B, H, L, D) tensors a program of (batch, head)
+    streams in its loop (K and V; Q and dO in dK/dV), offset once. The batch's key-padding flags
+    and the dense mask of (batch, head) are offset in the kernel's body, under HAS_PAD and HAS_MASK:
+    absent, PAD and MASK are None, which a jit helper cannot return (kernels/_common.py, `launch`)."""
     x_bh = _head_slice(X, b, h, stride_xb, stride_xh, ROW_ALIGN)
     y_bh = _head_slice(Y, b, h, stride_yb, stride_yh, ROW_ALIGN)
-    return x_bh, y_bh, PAD + b * stride_pb, MASK + b * stride_mb + h * stride_mh
+    return x_bh, y_bh
 
 
 @triton.jit
@@ -335,11 +333,11 @@ def _attn_fwd_kernel(
         O: (B, H, Lq, D) output in Q's dtype, laid out as (B, Lq, H, D) contiguous (_interleaved).
         LSE: (B, H, Lq) fp32, contiguous, output: each row's log-sum-exp in base 2, +inf for a row
             whose keys are all masked.
-        SEED: (1,) int64 dropout seed; a stand-in (q) when HAS_DROPOUT is off.
-        PAD: (B, Lk) bool key-padding mask, True = padding; a stand-in (q) when HAS_PAD is off.
+        SEED: (1,) int64 dropout seed; None when HAS_DROPOUT is off.
+        PAD: (B, Lk) bool key-padding mask, True = padding; None when HAS_PAD is off.
         stride_pb, stride_pn: PAD's strides in elements (batch, key); 0 when absent.
         MASK: (B, H or 1, Lq, Lk) bool dense mask, True = masked (a (B, Lq, Lk) mask viewed with a head
-            dim); a stand-in (q) when HAS_MASK is off.
+            dim); None when HAS_MASK is off.
         stride_mb, stride_mh, stride_mm, stride_mn: MASK's strides in elements (batch, head, query, key);
             stride_mh is 0 for a mask shared by the heads, all are 0 when absent.
         stride_qb, stride_qh, stride_qm: Q's strides in elements (batch, head, row).
@@ -364,7 +362,12 @@ def _attn_fwd_kernel(
         BLOCK_N: keys per step of the loop over key blocks.
     """
     bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
-    k_bh, v_bh, pad_b, mask_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN)
+    k_bh, v_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, ROW_ALIGN)
+    pad_b, mask_bh = PAD, MASK
+    if HAS_PAD:
+        pad_b = PAD + b * stride_pb
+    if HAS_MASK:
+        mask_bh = MASK + b * stride_mb + h * stride_mh
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     # (BLOCK_M, BLOCK_D)
@@ -469,7 +472,7 @@ def _attn_bwd_kernel(
 ):
     """The backward, one kernel in two launches (_attn_bwd_dq, then _attn_bwd_dkdv). DQ_PASS is a
     constexpr: each pass compiles to its own branch alone, and the pointers only the other pass
-    uses (DK and DV in the dQ pass, O and DQ in dK/dV) are stand-ins, never touched.
+    uses (DK and DV in the dQ pass, O and DQ in dK/dV) are None.
     Grid: cdiv(Lq, BLOCK_M) * B * H programs in the dQ pass (one per query block), cdiv(Lk, BLOCK_N)
     * B * H in the dK/dV pass (one per key block), on one axis. Launched by _attn_backward.
 
@@ -477,15 +480,16 @@ def _attn_bwd_kernel(
         Q: (B, H, Lq, D) the forward's queries, fp16, bf16 or fp32; any strides with a unit last one.
         K, V: (B, H, Lk, D) the forward's keys and values in Q's dtype; any strides with a unit last one.
         O: (B, H, Lq, D) the forward's output, laid out as (B, Lq, H, D) contiguous (_interleaved);
-            read by the dQ pass, a stand-in (q) in the dK/dV pass.
+            read by the dQ pass, None in the dK/dV pass.
         DO: (B, H, Lq, D) the gradient of O in Q's dtype; any strides with a unit last one.
         LSE: (B, H, Lq) fp32, contiguous: the forward's log-sum-exp (base 2, +inf: all keys masked).
         DELTA: (B, H, Lq) fp32, contiguous: rowsum(dO * O), written by the dQ pass, read by dK/dV.
         DQ: (B, H, Lq, D) output in Q's dtype, laid out as (B, Lq, H, D) contiguous; written by the dQ
-            pass, a stand-in (q) in the dK/dV pass.
+            pass, None in the dK/dV pass.
         DK, DV: (B, H, Lk, D) outputs in Q's dtype, laid out as (B, Lk, H, D) contiguous; written by
-            the dK/dV pass, stand-ins (q) in the dQ pass.
-        SEED: the forward's dropout seed, so the backward drops what the forward dropped.
+            the dK/dV pass, None in the dQ pass.
+        SEED: the forward's dropout seed, so the backward drops what the forward dropped; None
+            when HAS_DROPOUT is off.
         stride_dob, stride_doh, stride_dom: DO's strides in elements (batch, head, row).
         sm_scale: softmax_scale, which dQ and dK are multiplied by.
         DQ_PASS: True: the dQ pass (and DELTA); False: the dK/dV pass.
@@ -501,7 +505,12 @@ def _attn_bwd_kernel(
         # dQ of one query block, looping over the key blocks it can see. It also writes its rows'
         # delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV pass, launched next.
         bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
-        k_bh, v_bh, pad_b, mask_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN)
+        k_bh, v_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, ROW_ALIGN)
+        pad_b, mask_bh = PAD, MASK
+        if HAS_PAD:
+            pad_b = PAD + b * stride_pb
+        if HAS_MASK:
+            mask_bh = MASK + b * stride_mb + h * stride_mh
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
@@ -538,7 +547,12 @@ def _attn_bwd_kernel(
         start_n = (pid % n_n_blocks) * BLOCK_N
         b = (bh // H).to(tl.int64)
         h = (bh % H).to(tl.int64)
-        q_bh, do_bh, pad_b, mask_bh = _head_bases(b, h, Q, stride_qb, stride_qh, DO, stride_dob, stride_doh, PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN)
+        q_bh, do_bh = _head_bases(b, h, Q, stride_qb, stride_qh, DO, stride_dob, stride_doh, ROW_ALIGN)
+        pad_b, mask_bh = PAD, MASK
+        if HAS_PAD:
+            pad_b = PAD + b * stride_pb
+        if HAS_MASK:
+            mask_bh = MASK + b * stride_mb + h * stride_mh
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         # (BLOCK_N, BLOCK_D)
@@ -644,7 +658,12 @@ def _attn_probs_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    q_bh, k_bh, pad_b, mask_bh = _head_bases(b, h, Q, stride_qb, stride_qh, K, stride_kb, stride_kh, PAD, stride_pb, MASK, stride_mb, stride_mh, ROW_ALIGN)
+    q_bh, k_bh = _head_bases(b, h, Q, stride_qb, stride_qh, K, stride_kb, stride_kh, ROW_ALIGN)
+    pad_b, mask_bh = PAD, MASK
+    if HAS_PAD:
+        pad_b = PAD + b * stride_pb
+    if HAS_MASK:
+        mask_bh = MASK + b * stride_mb + h * stride_mh
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
     k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
@@ -690,14 +709,14 @@ class _Masking(NamedTuple):
 
 
 def _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale):
-    """The _Masking of a call. Absent masks pass q as a stand-in pointer (never read: its flag is
-    off) with zero strides; a (B, 1, Lq, Lk) or (B, Lq, Lk) mask is read with a zero head stride."""
+    """The _Masking of a call. An absent mask is None with zero strides (never read: its flag is
+    off); a (B, 1, Lq, Lk) or (B, Lq, Lk) mask is read with a zero head stride."""
     if key_padding_mask is None:
-        pad = (q, 0, 0)
+        pad = (None, 0, 0)
     else:
         pad = (key_padding_mask, *key_padding_mask.stride())
     if attn_mask is None:
-        dense = (q, 0, 0, 0, 0)
+        dense = (None, 0, 0, 0, 0)
     else:
         full = attn_mask
         full = full.unsqueeze(1) if full.dim() == 3 else full
@@ -753,7 +772,7 @@ def _attn_forward(q, k, v, masking, seed):
     o = _interleaved_empty(B, H, Lq, D, q)
     lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
     _attn_fwd[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
-        q, k, v, o, lse, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k, v),
+        q, k, v, o, lse, seed, *masking.mask_args, *_row_strides(q, k, v),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), **masking.flags,
         ROW_ALIGN=_row_align(q, k, v),
     )
@@ -770,16 +789,15 @@ def _attn_backward(do, q, k, v, o, lse, seed, masking):
         o = _interleaved_empty(B, H, Lq, D, o).copy_(o)
     delta = torch.empty_like(lse)
     dq, dk, dv = (_interleaved_empty(B, H, t.shape[2], D, t) for t in (q, k, v))
-    seed = q if seed is None else seed
     align = _row_align(q, k, v, do)
     scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
-    # q stands in for the pointers only the other pass uses: DK and DV in the dQ pass, O and DQ in dK/dV
+    # the pointers only the other pass uses are None: DK and DV in the dQ pass, O and DQ in dK/dV
     _attn_bwd_dq[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
-        q, k, v, o, do, lse, delta, dq, q, q, seed, *masking.mask_args, *_row_strides(q, k, v, do),
+        q, k, v, o, do, lse, delta, dq, None, None, seed, *masking.mask_args, *_row_strides(q, k, v, do),
         *scalars, DQ_PASS=True, **masking.flags, ROW_ALIGN=align,
     )
     _attn_bwd_dkdv[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
-        q, k, v, q, do, lse, delta, q, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
+        q, k, v, None, do, lse, delta, None, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
         *scalars, DQ_PASS=False, **masking.flags, ROW_ALIGN=align,
     )
     return dq, dk, dv
@@ -795,7 +813,7 @@ def _attn_probs(q, k, lse, seed, masking):
     probs = torch.empty(B, H, Lq, Lk, dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
     launch(_attn_probs_kernel)[grid](
-        q, k, lse, probs, q if seed is None else seed, *masking.mask_args, *_row_strides(q, k),
+        q, k, lse, probs, seed, *masking.mask_args, *_row_strides(q, k),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, **masking.flags, ROW_ALIGN=_row_align(q, k),
         BLOCK_M=_TILE, BLOCK_N=_TILE,
     )
