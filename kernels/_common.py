@@ -64,10 +64,14 @@ def launch(kernel):
     """How every op file launches a kernel: `launch(kernel)[grid](...)`, through
     torch.library.wrap_triton, so that torch.compile traces the launch in place of a graph break
     (a kernel with several configs launches through its kernels._configs.Configs, which calls this).
-    An absent optional tensor argument (a seed without dropout, a missing weight) is passed as a
-    tensor the op already has, never read since its flag constexpr is off, and its strides as 0:
-    an input (attention's q, add + LayerNorm's x), or for an absent output another output of the
-    launch (add + LayerNorm passes y for the half-precision copy it was not asked to write).
+    An absent tensor argument, input or output (a seed without dropout, a missing weight, a
+    half-precision copy not asked for, the outputs of the other pass of a kernel launched in
+    passes), is None, and its strides 0: Triton compiles None as a constexpr, and every use of
+    the pointer, its offsetting included, sits under the constexpr flag that says it is present
+    (HAS_DROPOUT, HAS_WEIGHT, WRITE_LOW, DQ_PASS...). A jit helper may take such a None, but not
+    return one (Triton 3.6 rejects it, and 3.9 inside a tuple), so an absent pointer is offset in
+    the kernel's own body. wrap_triton (torch 2.11 and 2.13) and Inductor pass None on as a
+    constexpr too, so a compiled graph launches the same specializations.
     Inside `compile_only()` a launch compiles its kernel and runs nothing. Under the interpreter
     the kernel is launched as it is, as torch 2.13's wrap_triton does (2.11's refuses it)."""
     if _compile_only.get():
@@ -303,7 +307,7 @@ def check_dropout_rows(op, n_rows):
 
 @triton.jit
 def load_seed(SEED, HAS_DROPOUT: tl.constexpr):
-    """A kernel's dropout seed, or 0 when it drops nothing (SEED is then a stand-in, never read)."""
+    """A kernel's dropout seed, or 0 when it drops nothing (SEED is then None, never read)."""
     seed = 0
     if HAS_DROPOUT:
         seed = tl.load(SEED)

@@ -65,15 +65,14 @@ def _add_ln_fwd_kernel(
     Args:
         X: (n_rows, n_cols) the sublayer output's rows (rows_view of x), fp16, bf16 or fp32, unit column stride.
         R: (n_rows, n_cols) the residual's rows, unit column stride; its dtype may differ from X's.
-        W: (n_cols,) LayerNorm weight, any stride; a stand-in (X) when HAS_WEIGHT is off.
-        B: (n_cols,) LayerNorm bias, any stride; a stand-in (X) when HAS_BIAS is off.
-        XB: (n_cols,) x_bias, the bias of the layer that made x, any stride and dtype; a stand-in (X)
-            when HAS_X_BIAS is off.
+        W: (n_cols,) LayerNorm weight, any stride; None when HAS_WEIGHT is off.
+        B: (n_cols,) LayerNorm bias, any stride; None when HAS_BIAS is off.
+        XB: (n_cols,) x_bias, the bias of the layer that made x, any stride and dtype; None when
+            HAS_X_BIAS is off.
         Y: (n_rows, n_cols) output, contiguous, in the op's output dtype (fp32 under autocast).
-        Y_LOW: (n_rows, n_cols) output in fp16 or bf16, contiguous: y cast; a stand-in (Y, never
-            written) when WRITE_LOW is off.
+        Y_LOW: (n_rows, n_cols) output in fp16 or bf16, contiguous: y cast; None when WRITE_LOW is off.
         MEAN, RSTD: (n_rows,) fp32 outputs: each row's mean and 1/std, for the backward.
-        SEED: (1,) int64 dropout seed; a stand-in (X) when HAS_DROPOUT is off.
+        SEED: (1,) int64 dropout seed; None when HAS_DROPOUT is off.
         stride_x, stride_r: the row strides in elements of X and R.
         stride_w, stride_b, stride_xb: the strides in elements of W, B and XB; 0 for an absent one.
         stride_y: Y's row stride in elements.
@@ -133,23 +132,23 @@ def _add_ln_bwd_kernel(
     Args:
         X: (n_rows, n_cols) the forward's x rows, fp16, bf16 or fp32, unit column stride.
         R: (n_rows, n_cols) the forward's residual rows, unit column stride.
-        W: (n_cols,) LayerNorm weight, any stride; a stand-in (X) when HAS_WEIGHT is off.
-        XB: (n_cols,) x_bias, any stride and dtype; a stand-in (X) when HAS_X_BIAS is off.
+        W: (n_cols,) LayerNorm weight, any stride; None when HAS_WEIGHT is off.
+        XB: (n_cols,) x_bias, any stride and dtype; None when HAS_X_BIAS is off.
         DY: (n_rows, n_cols) the gradient of y, unit column stride.
-        DY_LOW: (n_rows, n_cols) the gradient of y's low-precision cast, unit column stride; a stand-in
-            (DY) when HAS_DY_LOW is off.
+        DY_LOW: (n_rows, n_cols) the gradient of y's low-precision cast, unit column stride; None
+            when HAS_DY_LOW is off.
         DX: (n_rows, n_cols) output in X's dtype, contiguous: the gradient of x.
         DR: (n_rows, n_cols) output in R's dtype, contiguous: the gradient of the residual.
         PARTIAL: (programs, k * n_cols) fp32, contiguous, output: row pid holds this program's sums,
-            k blocks of n_cols: dW then db (PARAM_GRADS), then d(x_bias) (X_BIAS_GRAD); (0, 0) when k = 0.
+            k blocks of n_cols: dW then db (PARAM_GRADS), then d(x_bias) (X_BIAS_GRAD); None when k = 0.
         MEAN, RSTD: (n_rows,) fp32: the forward's row means and 1/std.
-        SEED: (1,) int64, the forward's dropout seed; a stand-in (X) when HAS_DROPOUT is off.
+        SEED: (1,) int64, the forward's dropout seed; None when HAS_DROPOUT is off.
         stride_x, stride_r: the row strides in elements of X and R.
         stride_w, stride_xb: the strides in elements of W and XB; 0 for an absent one.
         stride_dy: DY's row stride in elements.
         stride_dy_low: DY_LOW's row stride in elements; 0 when absent.
         stride_dx, stride_dr: the row strides in elements of DX and DR.
-        stride_partial: PARTIAL's row stride, k * n_cols: d(x_bias) goes to its last n_cols columns.
+        stride_partial: PARTIAL's row stride, k * n_cols: d(x_bias) goes to its last n_cols columns; 0 when absent.
         n_rows: rows; bounds the masks only, not specialized.
         n_cols: the row's width d.
         rows_per_program: the rows of a program, a multiple of BLOCK_M (_bwd_grid); not specialized.
@@ -228,10 +227,8 @@ def _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out
         y_low = torch.empty(n_rows, n_cols, dtype=lowp_dtype, device=x.device)
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
-    # absent inputs are x (never read); an absent y_low is y (an output of this op, never written)
     launch(_add_ln_fwd_kernel)[(n_rows,)](
-        x2, r2, x2 if weight is None else weight, x2 if bias is None else bias, x2 if x_bias is None else x_bias,
-        y, y if lowp_dtype is None else y_low, mean, rstd, x2 if seed is None else seed,
+        x2, r2, weight, bias, x_bias, y, None if lowp_dtype is None else y_low, mean, rstd, seed,
         x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(bias), vector_stride(x_bias), y.stride(0),
         0 if lowp_dtype is None else y_low.stride(0),
         n_cols, eps, dropout_p,
@@ -322,12 +319,12 @@ def _add_layer_norm_backward_op(
     block_m, num_warps, num_stages = _bwd_tile(n_cols)
     programs, rows_per_program = _bwd_grid(n_rows, block_m, x.device)
     n_sums = 2 * param_grads + x_bias_grad
-    partial = torch.empty(programs if n_sums else 0, n_sums * n_cols, dtype=torch.float32, device=x.device)
+    partial = torch.empty(programs, n_sums * n_cols, dtype=torch.float32, device=x.device) if n_sums else None
     launch(_add_ln_bwd_kernel)[(programs,)](
-        x2, r2, x2 if weight is None else weight, x2 if x_bias is None else x_bias,
-        dy2, dy2 if dy_low2 is None else dy_low2, dx, dr, partial, mean, rstd, x2 if seed is None else seed,
+        x2, r2, weight, x_bias, dy2, dy_low2, dx, dr, partial, mean, rstd, seed,
         x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(x_bias),
-        dy2.stride(0), 0 if dy_low2 is None else dy_low2.stride(0), dx.stride(0), dr.stride(0), partial.stride(0),
+        dy2.stride(0), 0 if dy_low2 is None else dy_low2.stride(0), dx.stride(0), dr.stride(0),
+        0 if partial is None else partial.stride(0),
         n_rows, n_cols, rows_per_program, dropout_p,
         HAS_WEIGHT=weight is not None, HAS_X_BIAS=x_bias is not None, HAS_DY_LOW=dy_low2 is not None,
         HAS_DROPOUT=dropout_p > 0.0, PARAM_GRADS=param_grads, X_BIAS_GRAD=x_bias_grad,

@@ -118,9 +118,9 @@ def _ffn_fused_fwd_kernel(
     Args:
         X: (M, D) input rows (rows_view of x), fp16, bf16 or fp32, unit column stride.
         W1: (F, D) first weight in X's dtype, nn.Linear layout, any strides (a Conv1d weight's view).
-        B1: (F,) first bias in X's dtype, any stride; a stand-in (X) when HAS_B1 is off.
+        B1: (F,) first bias in X's dtype, any stride; None when HAS_B1 is off.
         W2: (D, F) second weight in X's dtype, nn.Linear layout, any strides.
-        B2: (D,) second bias in X's dtype, any stride; a stand-in (X) when HAS_B2 is off.
+        B2: (D,) second bias in X's dtype, any stride; None when HAS_B2 is off.
         Y: (M, D) output in X's dtype, contiguous.
         stride_xm: X's row stride in elements.
         stride_w1f, stride_w1k: W1's strides in elements (row f, column k).
@@ -205,7 +205,7 @@ def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
     y = torch.empty(M, D, dtype=x2.dtype, device=x2.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_N"]))  # noqa: E731
     _ffn_fused_fwd[grid](
-        x2, w1, x2 if b1 is None else b1, w2, x2 if b2 is None else b2, y,
+        x2, w1, b1, w2, b2, y,
         x2.stride(0), w1.stride(0), w1.stride(1), vector_stride(b1),
         w2.stride(0), w2.stride(1), vector_stride(b2), y.stride(0),
         M, D, F_, triton.next_power_of_2(M),

@@ -96,10 +96,10 @@ def _linear_gelu_fwd_kernel(
     Args:
         X: (M, K) input rows (rows_view of x), fp16, bf16 or fp32, unit column stride.
         W: (N, K) weight in X's dtype, nn.Linear layout, any strides (a Conv1d weight's view).
-        B: (N,) bias in X's dtype, any stride; a stand-in (X) when HAS_BIAS is off.
+        B: (N,) bias in X's dtype, any stride; None when HAS_BIAS is off.
         Y: (M, N) output in X's dtype, contiguous.
-        PRE: (M, N) output in X's dtype, contiguous: X @ W.T + B, saved for the backward; a stand-in
-            (Y, never written) when STORE_PRE is off.
+        PRE: (M, N) output in X's dtype, contiguous: X @ W.T + B, saved for the backward; None when
+            STORE_PRE is off.
         stride_xm: X's row stride in elements.
         stride_wn, stride_wk: W's strides in elements (row n, column k).
         stride_b: B's stride in elements; 0 when absent.
@@ -167,7 +167,7 @@ def _activation_grad_kernel(
         PRE: (M, N) the forward's pre-activation, unit column stride.
         DPRE: (M, N) output in PRE's dtype: dY * act'(pre).
         DB_PARTIAL: (cdiv(M, rows_per_program), N) fp32, contiguous, output: row pid_m holds the column
-            sums of this program's slab of DPRE; an empty (0, N) tensor, never written, when BIAS_GRAD is off.
+            sums of this program's slab of DPRE; None when BIAS_GRAD is off.
         stride_dy, stride_pre, stride_dpre: the row strides in elements of DY, PRE and DPRE.
         M: rows; bounds the slabs' masks only, not specialized.
         N: columns.
@@ -214,7 +214,7 @@ def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
     pre = torch.empty(M if store_pre else 0, N, dtype=x2.dtype, device=x2.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
     _linear_gelu_fwd[grid](
-        x2, weight, x2 if bias is None else bias, y, pre if store_pre else y,
+        x2, weight, bias, y, pre if store_pre else None,
         x2.stride(0), weight.stride(0), weight.stride(1), vector_stride(bias),
         y.stride(0), pre.stride(0) if store_pre else 0,
         M, N, K, triton.next_power_of_2(M),
@@ -242,7 +242,7 @@ def _activation_backward_op(
     block_m = 16
     block_n = 16 if INTERPRET else 128
     programs_m = triton.cdiv(M, GRAD_ROWS_PER_PROGRAM)
-    partial = torch.empty(programs_m if bias_grad else 0, N, dtype=torch.float32, device=pre.device)
+    partial = torch.empty(programs_m, N, dtype=torch.float32, device=pre.device) if bias_grad else None
     launch(_activation_grad_kernel)[(programs_m, triton.cdiv(N, block_n))](
         dy, pre, dpre, partial, dy.stride(0), pre.stride(0), dpre.stride(0), M, N, GRAD_ROWS_PER_PROGRAM,
         ACTIVATION=activation, BIAS_GRAD=bias_grad, BLOCK_M=block_m, BLOCK_N=block_n,
