@@ -130,6 +130,29 @@ def test_without_weight_and_bias(device):
     torch.testing.assert_close(y, torch.nn.functional.layer_norm(x + residual, (24,), eps=1e-5), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
+def test_without_weight_and_bias_forward_and_backward(dtype, atol, device):
+    """Every optional tensor of both kernels absent (weight, bias, x_bias, seed, the half-precision
+    copy and its gradient, the partial sums): y, dx and dresidual as the reference's, with the
+    rows' kernel alone in the backward (nothing to reduce)."""
+    x, residual, _, _, dy = make_inputs((7, 48), device, seed=2)
+
+    def without(op, dtype):
+        leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (x, residual)]
+        y = op(*leaves, None, None, 1e-5)
+        dy_cast = dy.to(y.dtype)
+        launched = kernels_of(lambda: y.backward(dy_cast))
+        return [y] + [t.grad for t in leaves], launched
+
+    reference, _ = without(kernels.add_layer_norm_reference, torch.float64)
+    torch_same, _ = without(kernels.add_layer_norm_reference, dtype)
+    ours, launched = without(kernels.add_layer_norm, dtype)
+    assert launched == {"triton._add_ln_bwd_kernel": 1}
+    for name, a, r, t in zip(NAMES, ours, reference, torch_same):
+        assert a.dtype == dtype, name
+        assert_within_torch_error(name, a, r, t, atol)
+
+
 def test_too_wide_rows_fall_back_with_one_warning(device):
     x = torch.randn(2, kernels.add_layer_norm.__globals__["MAX_FEATURES"] + 1, device=device)
     with warnings.catch_warnings(record=True) as caught:

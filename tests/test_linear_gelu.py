@@ -178,6 +178,21 @@ def test_conv1d_weight_views_and_non_contiguous_input(device):
     torch.testing.assert_close(y.double(), expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
+def test_without_bias(dtype, atol, device):
+    """No bias: the forward reads none and, with gradients, the backward sums none (no partial
+    sums); under no_grad no pre-activation is written either."""
+    x, w, _ = make_inputs((9, 32), [32, 48], device)
+    check_parity(
+        lambda x, w: kernels.linear_act(x, w, None), lambda x, w: kernels.linear_act_reference(x, w, None),
+        [x, w], dtype, atol, ("y", "dx", "dw"),
+    )
+    with torch.no_grad():
+        y = kernels.linear_act(x.to(dtype), w.to(dtype), None)
+    torch_same = kernels.linear_act_reference(x.to(dtype), w.to(dtype), None)
+    assert_within_torch_error("y (no_grad)", y, kernels.linear_act_reference(x, w, None), torch_same, atol)
+
+
 def test_no_grad_skips_the_saved_pre_activation_and_matches(device):
     x, w, b = (t.float() for t in make_inputs((9, 32), [32, 16], device))
     with torch.no_grad():
