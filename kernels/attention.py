@@ -363,11 +363,8 @@ def _attn_fwd_kernel(
     """
     bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
     k_bh, v_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, ROW_ALIGN)
-    pad_b, mask_bh = PAD, MASK
-    if HAS_PAD:
-        pad_b = PAD + b * stride_pb
-    if HAS_MASK:
-        mask_bh = MASK + b * stride_mb + h * stride_mh
+    pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
+    mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     # (BLOCK_M, BLOCK_D)
@@ -506,11 +503,8 @@ def _attn_bwd_kernel(
         # delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV pass, launched next.
         bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
         k_bh, v_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, ROW_ALIGN)
-        pad_b, mask_bh = PAD, MASK
-        if HAS_PAD:
-            pad_b = PAD + b * stride_pb
-        if HAS_MASK:
-            mask_bh = MASK + b * stride_mb + h * stride_mh
+        pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
+        mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
@@ -548,11 +542,8 @@ def _attn_bwd_kernel(
         b = (bh // H).to(tl.int64)
         h = (bh % H).to(tl.int64)
         q_bh, do_bh = _head_bases(b, h, Q, stride_qb, stride_qh, DO, stride_dob, stride_doh, ROW_ALIGN)
-        pad_b, mask_bh = PAD, MASK
-        if HAS_PAD:
-            pad_b = PAD + b * stride_pb
-        if HAS_MASK:
-            mask_bh = MASK + b * stride_mb + h * stride_mh
+        pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
+        mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         # (BLOCK_N, BLOCK_D)
@@ -659,11 +650,8 @@ def _attn_probs_kernel(
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
     q_bh, k_bh = _head_bases(b, h, Q, stride_qb, stride_qh, K, stride_kb, stride_kh, ROW_ALIGN)
-    pad_b, mask_bh = PAD, MASK
-    if HAS_PAD:
-        pad_b = PAD + b * stride_pb
-    if HAS_MASK:
-        mask_bh = MASK + b * stride_mb + h * stride_mh
+    pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
+    mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
     k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)

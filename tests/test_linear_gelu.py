@@ -184,13 +184,13 @@ def test_without_bias(dtype, atol, device):
     sums); under no_grad no pre-activation is written either."""
     x, w, _ = make_inputs((9, 32), [32, 48], device)
     check_parity(
-        lambda x, w: kernels.linear_act(x, w, None), lambda x, w: kernels.linear_act_reference(x, w, None),
+        lambda x, w: kernels.linear_gelu(x, w, None), lambda x, w: kernels.linear_gelu_reference(x, w, None),
         [x, w], dtype, atol, ("y", "dx", "dw"),
     )
     with torch.no_grad():
-        y = kernels.linear_act(x.to(dtype), w.to(dtype), None)
-    torch_same = kernels.linear_act_reference(x.to(dtype), w.to(dtype), None)
-    assert_within_torch_error("y (no_grad)", y, kernels.linear_act_reference(x, w, None), torch_same, atol)
+        y = kernels.linear_gelu(x.to(dtype), w.to(dtype), None)
+    torch_same = kernels.linear_gelu_reference(x.to(dtype), w.to(dtype), None)
+    assert_within_torch_error("y (no_grad)", y, kernels.linear_gelu_reference(x, w, None), torch_same, atol)
 
 
 def test_no_grad_skips_the_saved_pre_activation_and_matches(device):
