@@ -35,8 +35,8 @@ def _check_same_copy():
 
 _check_same_copy()
 
-from ._common import HAS_TRITON, INTERPRET, compile_only  # noqa: E402
-from ._configs import autotune_enabled, autotuning, set_autotune  # noqa: E402
+from ._common import HAS_TRITON, INTERPRET, compile_only
+from ._configs import autotune_enabled, autotuning, set_autotune
 from .add_layer_norm import (
     add_layer_norm,
     add_layer_norm_dropout_mask,

@@ -48,7 +48,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The references also take fp64, so tests can use them as oracles.
-REFERENCE_DTYPES = FLOAT_DTYPES + (torch.float64,)
+REFERENCE_DTYPES = (*FLOAT_DTYPES, torch.float64)
 
 _warned = set()
 

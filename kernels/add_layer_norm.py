@@ -12,7 +12,6 @@ a time, so a narrow row (the tutorial's d = 256) still gives each program severa
 rows' loads in flight.
 """
 import math
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -274,15 +273,15 @@ def _bwd_grid(n_rows, block_m, device):
 def _add_layer_norm_forward_op(
     x: torch.Tensor,
     residual: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    bias: Optional[torch.Tensor],
-    x_bias: Optional[torch.Tensor],
-    seed: Optional[torch.Tensor],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    x_bias: torch.Tensor | None,
+    seed: torch.Tensor | None,
     eps: float,
     dropout_p: float,
     out_dtype: torch.dtype,
-    lowp_dtype: Optional[torch.dtype],
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    lowp_dtype: torch.dtype | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """y, y_low (empty when lowp_dtype is None), and each row's mean and 1/std. The seed is an
     input (an op may not return one of its inputs): `add_layer_norm` draws one when dropout needs it."""
     if dropout_p > 0.0 and seed is None:
@@ -293,19 +292,19 @@ def _add_layer_norm_forward_op(
 @torch.library.triton_op("fastformer::add_layer_norm_backward", mutates_args=())
 def _add_layer_norm_backward_op(
     dy: torch.Tensor,
-    dy_low: Optional[torch.Tensor],
+    dy_low: torch.Tensor | None,
     x: torch.Tensor,
     residual: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    x_bias: Optional[torch.Tensor],
+    weight: torch.Tensor | None,
+    x_bias: torch.Tensor | None,
     mean: torch.Tensor,
     rstd: torch.Tensor,
-    seed: Optional[torch.Tensor],
+    seed: torch.Tensor | None,
     dropout_p: float,
     param_grads: bool,
     x_bias_grad: bool,
     sums_dtype: torch.dtype,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dx, dresidual, and the column sums as one (k, d) tensor in sums_dtype: dweight and dbias
     when param_grads, then dx_bias when x_bias_grad (k = 0 when neither). The gradient of y is
     dy + dy_low (dy_low: of y's cast, or None). Two launches, the rows and the reduction of their
@@ -337,7 +336,7 @@ def _add_layer_norm_backward_op(
 
 
 def _setup_context(ctx, inputs, output):
-    x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype = inputs
+    x, residual, weight, bias, x_bias, seed, _eps, dropout_p, _out_dtype, lowp_dtype = inputs
     _, y_low, mean, rstd = output
     ctx.save_for_backward(x, residual, weight, x_bias, mean, rstd, seed)
     # the statistics (and y_low when none is asked for) take no gradient: autograd neither tracks

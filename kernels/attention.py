@@ -47,7 +47,7 @@ shows for each choice, per Triton version, is in docs/kernels.md):
   dots pay for 128 columns.
 """
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -67,8 +67,8 @@ from ._common import (
     draw_seed,
     dropout_keep,
     dropout_mask,
-    launch,
     last_dim_contiguous,
+    launch,
     load_seed,
     require_launchable,
     tl,
@@ -699,10 +699,7 @@ class _Masking(NamedTuple):
 def _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale):
     """The _Masking of a call. An absent mask is None with zero strides (never read: its flag is
     off); a (B, 1, Lq, Lk) or (B, Lq, Lk) mask is read with a zero head stride."""
-    if key_padding_mask is None:
-        pad = (None, 0, 0)
-    else:
-        pad = (key_padding_mask, *key_padding_mask.stride())
+    pad = (None, 0, 0) if key_padding_mask is None else (key_padding_mask, *key_padding_mask.stride())
     if attn_mask is None:
         dense = (None, 0, 0, 0, 0)
     else:
@@ -796,7 +793,7 @@ _TILE = 16 if INTERPRET else 64  # probabilities tiles (an inspection path, not 
 
 def _attn_probs(q, k, lse, seed, masking):
     """(B, H, Lq, Lk) probabilities that multiplied V, from the forward's log-sum-exp."""
-    B, H, Lq, D = q.shape
+    B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     probs = torch.empty(B, H, Lq, Lk, dtype=q.dtype, device=q.device)
     grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
@@ -816,13 +813,13 @@ def _attention_forward_op(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    key_padding_mask: Optional[torch.Tensor],
-    attn_mask: Optional[torch.Tensor],
+    key_padding_mask: torch.Tensor | None,
+    attn_mask: torch.Tensor | None,
     causal: bool,
     dropout_p: float,
     softmax_scale: float,
-    seed: Optional[torch.Tensor],
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    seed: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """o and lse. `seed` is an input, never an output (an op may not return one of its inputs):
     the caller draws it, and it is None without dropout."""
     masking = _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale)
@@ -837,13 +834,13 @@ def _attention_backward_op(
     v: torch.Tensor,
     o: torch.Tensor,
     lse: torch.Tensor,
-    seed: Optional[torch.Tensor],
-    key_padding_mask: Optional[torch.Tensor],
-    attn_mask: Optional[torch.Tensor],
+    seed: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    attn_mask: torch.Tensor | None,
     causal: bool,
     dropout_p: float,
     softmax_scale: float,
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     masking = _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale)
     return _attn_backward(do, q, k, v, o, lse, seed, masking)
 
@@ -1031,7 +1028,7 @@ def attention_reference(
     then ignored, so the reference's mask is not the kernel's for the same seed (tests build the
     kernel's mask with `attention_dropout_mask`).
     """
-    B, H, Lq, Lk, D = check_attention_args(
+    _, _, Lq, Lk, D = check_attention_args(
         q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed, dtypes=REFERENCE_DTYPES, causal=causal
     )
     scale = D**-0.5 if softmax_scale is None else softmax_scale

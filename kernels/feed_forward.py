@@ -14,7 +14,6 @@ Two Triton paths:
   loop is pipelined, the outer one is not (Triton pipelines innermost loops only), so each chunk's
   W2 tile is loaded synchronously after the inner loop.
 """
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +27,6 @@ from ._common import (
     check_same_dtype,
     check_tensor,
     dot_precision,
-    launch,
     require_launchable,
     rows_view,
     tl,
@@ -217,7 +215,7 @@ def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
 
 @torch.library.triton_op("fastformer::feed_forward_fused", mutates_args=())
 def _feed_forward_fused_op(
-    x2: torch.Tensor, w1: torch.Tensor, b1: Optional[torch.Tensor], w2: torch.Tensor, b2: Optional[torch.Tensor],
+    x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
     activation: str,
 ) -> torch.Tensor:
     return _ffn_fused_forward(x2, w1, b1, w2, b2, activation)

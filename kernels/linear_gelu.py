@@ -14,7 +14,6 @@ The file, kernel and launcher keep the first name (`_linear_gelu_fwd_kernel`, `_
 tools/sm90_cases.py, tests/test_sm90_compile.py and the committed sm_90a table name them), as does
 the registered op `fastformer::linear_gelu_forward`.
 """
-from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +27,8 @@ from ._common import (
     check_same_dtype,
     check_tensor,
     dot_precision,
-    launch,
     last_dim_contiguous,
+    launch,
     require_launchable,
     rows_view,
     sum_partials,
@@ -225,15 +224,15 @@ def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
 
 @torch.library.triton_op("fastformer::linear_gelu_forward", mutates_args=())
 def _linear_gelu_forward_op(
-    x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str, store_pre: bool
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, store_pre: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _linear_gelu_forward(x2, weight, bias, activation, store_pre)
 
 
 @torch.library.triton_op("fastformer::activation_backward", mutates_args=())
 def _activation_backward_op(
     dy: torch.Tensor, pre: torch.Tensor, activation: str, bias_grad: bool = True
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """dPre = dY * act'(pre) for (M, N) dy and pre, and (bias_grad) db = dPre summed over rows, in
     pre's dtype (else an empty (0,) tensor): two launches, the slabs and the sum of their partials."""
     dy = last_dim_contiguous(dy)
@@ -254,7 +253,7 @@ def _activation_backward_op(
 
 
 def _setup_context(ctx, inputs, output):
-    x2, weight, bias, activation, _ = inputs
+    x2, weight, _bias, activation, _ = inputs
     _, pre = output
     ctx.save_for_backward(x2, weight, pre)
     # pre is saved for the backward, never differentiated: no zeros filled in for its gradient

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from fastformer import kernels
-from tools import launches
 from fastformer.kernels.add_layer_norm import sum_partials
 from tests.helpers import assert_within_torch_error
+from tools import launches
 
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
 FP16 = pytest.param(torch.float16, 1e-3, id="fp16")

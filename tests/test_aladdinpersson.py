@@ -123,7 +123,7 @@ def test_bad_arguments():
     model = ours.Transformer(**SMALL)
     with pytest.raises(ValueError, match="src has length 25, longer than max_length 24"):
         model(torch.ones(1, 25, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
-    with pytest.raises(ValueError, match="max_len must be in 1..24"):
+    with pytest.raises(ValueError, match=r"max_len must be in 1\.\.24"):
         model.generate(torch.ones(1, 4, dtype=torch.long), max_len=30, bos_idx=1)
     src, trg = batch()
     with pytest.raises(ValueError, match=r"^src holds token id 23, outside \[0, 23\)"):

@@ -6,8 +6,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fastformer
-from fastformer import kernels
-from fastformer import backend
+from fastformer import backend, kernels
 from tests.helpers import small_config, token_batch
 
 
@@ -21,10 +20,9 @@ def test_default_is_auto_and_set_backend_changes_it():
 
 def test_use_backend_restores_the_previous_choice_even_on_error():
     fastformer.set_backend("reference")
-    with pytest.raises(RuntimeError):
-        with fastformer.use_backend("triton"):
-            assert fastformer.get_backend() == "triton"
-            raise RuntimeError("inside")
+    with pytest.raises(RuntimeError), fastformer.use_backend("triton"):
+        assert fastformer.get_backend() == "triton"
+        raise RuntimeError("inside")
     assert fastformer.get_backend() == "reference"
 
 
@@ -75,7 +73,7 @@ def test_output_attentions_policy(flag, backend_name, expect_probs):
     model = fastformer.MovieClassification(config).eval()
     enc, dec = token_batch(config, bs=2)  # a policy: 2 reviews (lengths 13 and 1) show it on the interpreter
     with fastformer.use_backend(backend_name), torch.no_grad():
-        logits, enc_probs, dec_probs, cross_probs = model(enc, dec)
+        _, enc_probs, dec_probs, cross_probs = model(enc, dec)
     for probs in (enc_probs, dec_probs, cross_probs):
         assert len(probs) == config.n_layer
         assert all((p is not None) == expect_probs for p in probs)

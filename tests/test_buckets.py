@@ -70,7 +70,7 @@ def test_the_jobs_loaders_pad_to_buckets_when_asked(tmp_path):
     from fastformer.job_data import loaders as job_loaders
     from fastformer.runtime import Launch
 
-    words = "the film was good bad long short dull great fine and but not very".split()
+    words = ["the", "film", "was", "good", "bad", "long", "short", "dull", "great", "fine", "and", "but", "not", "very"]
     g = torch.Generator().manual_seed(0)
     reviews = [Review(str(i), " ".join(words[j] for j in torch.randint(0, len(words), (int(n),), generator=g).tolist()),
                       i % 2) for i, n in enumerate(torch.randint(1, 30, (80,), generator=g))]

@@ -7,8 +7,8 @@ import torch
 
 import fastformer
 from fastformer import kernels
-from tools import launches
 from tests.helpers import small_config, token_batch
+from tools import launches
 
 # the tutorial's structure at widths the interpreter runs quickly (the counts do not depend on widths)
 NARROW = {"n_layer": 1, "d_hidn": 32, "n_head": 2, "d_head": 16, "d_ff": 64}

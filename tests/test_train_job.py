@@ -7,14 +7,14 @@ import shutil
 import pytest
 import torch
 
-from fastformer import Config, MovieClassification
-from fastformer import job, kernels, runtime
+from fastformer import Config, MovieClassification, job, kernels, runtime
 from fastformer.cli import main
 from fastformer.data import load_vocab
 from fastformer.options import TrainOptions
 from fastformer.training import predict_proba
 from tests import tutorial
 from tests.helpers import TINY, train_args, write_reviews
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
@@ -151,7 +151,7 @@ def test_default_run_uses_the_embedded_demo_set(tmp_path, capsys):
     lambda: job.train(TrainOptions(epochs=3), epochs=0),  # keywords override the fields of the options
 ], ids=["keywords", "options", "options-and-keywords"])
 def test_train_takes_train_options_or_their_fields_as_keywords(call):
-    with pytest.raises(ValueError, match="^--epochs must be positive, got 0$"):
+    with pytest.raises(ValueError, match=r"^--epochs must be positive, got 0$"):
         call()
     with pytest.raises(TypeError, match="epoch"):
         job.train(TrainOptions(), epoch=3)
