@@ -15,7 +15,9 @@ from pathlib import Path
 
 if __name__ != "fastformer.kernels":
     # a second copy would register the torch.library ops twice and patch the wrong module in tests
-    raise ImportError(f"fastformer's ops are the package fastformer.kernels, not {__name__!r}: use `from fastformer import kernels`")
+    raise ImportError(
+        f"fastformer's ops are the package fastformer.kernels, not {__name__!r}: use `from fastformer import kernels`"
+    )
 
 
 def _check_same_copy():

@@ -144,7 +144,8 @@ class Configs:
             tried = [(self.interpreter_meta, 4, 1)] if INTERPRET else self.candidates
             self.autotuner = _Autotuner(
                 kernel, kernel.arg_names, [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in tried],
-                self.key, None, None, prune_configs_by=None if INTERPRET else {"early_config_prune": _pruner(name, fits)},
+                self.key, None, None,
+                prune_configs_by=None if INTERPRET else {"early_config_prune": _pruner(name, fits)},
                 cache_results=True,
             )
 

@@ -401,7 +401,9 @@ def check_add_layer_norm_args(
     check_tensor("x", x, dtypes=dtypes)
     check_tensor("residual", residual, dtypes=dtypes)
     if x.shape != residual.shape:
-        raise ValueError(f"x and residual must have one shape, got x {tuple(x.shape)}, residual {tuple(residual.shape)}")
+        raise ValueError(
+            f"x and residual must have one shape, got x {tuple(x.shape)}, residual {tuple(residual.shape)}"
+        )
     d = x.shape[-1]
     for name, t in (("weight", weight), ("bias", bias), ("x_bias", x_bias)):
         if t is not None:

@@ -132,7 +132,8 @@ def _load_rows(base, offs, stride, n, offs_d, D, ROW_ALIGN: tl.constexpr = 1):
 
 @triton.jit
 def _store_rows(base, offs, stride, n, offs_d, D, value):
-    tl.store(base + offs[:, None] * stride + offs_d[None, :], value.to(base.dtype.element_ty), mask=(offs[:, None] < n) & (offs_d[None, :] < D))
+    mask = (offs[:, None] < n) & (offs_d[None, :] < D)
+    tl.store(base + offs[:, None] * stride + offs_d[None, :], value.to(base.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -224,7 +225,9 @@ def _scores(
 
 
 @triton.jit
-def _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+def _query_keys_end(
+    pad_b, stride_pn, Lk, start_m, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr
+):
     """One past the last key the query block start_m.. can attend to: trailing padding and keys
     above the diagonal are never loaded."""
     end_n = Lk
@@ -292,7 +295,8 @@ def _fwd_fits(meta, num_warps, num_stages, launch):
     tile, dropout = (meta["BLOCK_M"], meta["BLOCK_N"]), launch["HAS_DROPOUT"]
     if dropout and meta["BLOCK_N"] > 64:
         return False
-    if tile == (128, 128) and launch["BLOCK_D"] == 64 and launch["HAS_PAD"] + launch["IS_CAUSAL"] + launch["HAS_MASK"] > 1:
+    masks = launch["HAS_PAD"] + launch["IS_CAUSAL"] + launch["HAS_MASK"]
+    if tile == (128, 128) and launch["BLOCK_D"] == 64 and masks > 1:
         return False
     if launch["BLOCK_D"] == 128:
         if tile == (128, 128):
@@ -304,7 +308,10 @@ def _fwd_fits(meta, num_warps, num_stages, launch):
     return True
 
 
-_KEY = ["HEAD_DIM", "ROW_ALIGN", "BLOCK_D", "LQ_BUCKET", "LK_BUCKET", "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION"]
+_KEY = [
+    "HEAD_DIM", "ROW_ALIGN", "BLOCK_D", "LQ_BUCKET", "LK_BUCKET",
+    "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION",
+]
 # The buckets only key the configs: specialized, a bucket below 16 (and one of 1) would compile
 # anew. The lengths stay specialized: knowing that Lq or Lk is a multiple of 16 keeps the masks
 # of 16 rows or keys one predicate, which the kernels' tightest tiles need to fit their registers.
@@ -321,7 +328,8 @@ def _attn_fwd_kernel(
     H, Lq, Lk, qk_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,  # config keys only
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """The forward of one query block of one (batch, head): O = softmax(masked Q K^T * scale) V with
     an online softmax in fp32, over the key blocks the block can see, and each row's log-sum-exp.
@@ -368,7 +376,8 @@ def _attn_fwd_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     # (BLOCK_M, BLOCK_D)
-    q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+    q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
+    q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
     seed = load_seed(SEED, HAS_DROPOUT)
     end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
 
@@ -380,7 +389,10 @@ def _attn_fwd_kernel(
         offs_n, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
         k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         # (BLOCK_M, BLOCK_N)
-        s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
+        s, valid = _scores(
+            q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale,
+            HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION,
+        )
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no valid key yet
@@ -465,7 +477,8 @@ def _attn_bwd_kernel(
     LQ_BUCKET, LK_BUCKET,  # config keys only
     DQ_PASS: tl.constexpr,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """The backward, one kernel in two launches (_attn_bwd_dq, then _attn_bwd_dkdv). DQ_PASS is a
     constexpr: each pass compiles to its own branch alone, and the pointers only the other pass
@@ -507,8 +520,10 @@ def _attn_bwd_kernel(
         mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
-        q = _load_rows(_head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-        do = _load_rows(_head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN), offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+        q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
+        do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
+        q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+        do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
         o = _load_rows(_interleaved(O, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
         delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
@@ -524,7 +539,10 @@ def _attn_bwd_kernel(
                 keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
             k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
             v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-            s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
+            s, valid = _scores(
+                q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale,
+                HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION,
+            )
             p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
             dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
             if HAS_DROPOUT:
@@ -547,8 +565,10 @@ def _attn_bwd_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         # (BLOCK_N, BLOCK_D)
-        k = _load_rows(_head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN), offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        v = _load_rows(_head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN), offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+        k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
+        v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
+        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         seed = load_seed(SEED, HAS_DROPOUT)
 
         start_m = 0
@@ -556,7 +576,8 @@ def _attn_bwd_kernel(
             start_m = (start_n // BLOCK_M) * BLOCK_M  # queries above the diagonal never see this block
         end_m = Lq
         if HAS_PAD:
-            end_m = tl.where(start_n < _keys_end(pad_b, stride_pn, Lk), Lq, start_m)  # a block of trailing padding: skip
+            # a block of trailing padding: skip
+            end_m = tl.where(start_n < _keys_end(pad_b, stride_pn, Lk), Lq, start_m)
         pad = _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD)  # this program's keys: once
 
         # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
@@ -574,7 +595,10 @@ def _attn_bwd_kernel(
             delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
             # (BLOCK_N, BLOCK_M)
             st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
-            valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True)
+            valid = _tile_valid(
+                offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn,
+                HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True,
+            )
             pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
             dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
             pt_dropped = pt
@@ -626,7 +650,8 @@ def _attn_probs_kernel(
     stride_kb, stride_kh, stride_kn,
     H, Lq, Lk, qk_scale, dropout_p,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) tile of the probabilities, exactly exp2(s - lse), into (B, H, Lq, Lk),
     after dropout as they multiplied V (1/Lk for a row whose keys are all masked). Grid: cdiv(Lq,
@@ -657,7 +682,10 @@ def _attn_probs_kernel(
     k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
     lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
     pad = _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD)
-    s, valid = _scores(q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale, HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION)
+    s, valid = _scores(
+        q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale,
+        HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION,
+    )
     p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
     p = tl.where((lse == float("inf"))[:, None], 1.0 / Lk, p)  # all keys masked: uniform
     if HAS_DROPOUT:

@@ -47,14 +47,18 @@ def _fused_candidates():
     """The fused FFN's configs, the rule's preference first: the widest output tile (a hidden chunk
     is recomputed once per output tile across d), then more rows, wider chunks, more stages. A
     128-row tile with 64-wide hidden chunks spills on sm_90a beside a 64 or 256 wide output tile."""
-    candidates = [
-        ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_F": bf, "BLOCK_K": bf}, gemm_tile_warps({"BLOCK_M": bm, "BLOCK_N": bn}), s)
+    return [
+        (
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_F": bf, "BLOCK_K": bf},
+            gemm_tile_warps({"BLOCK_M": bm, "BLOCK_N": bn}),
+            s,
+        )
         for bn in (256, 128, 64)
         for bm in (128, 64)
         for bf in (64, 32)
         for s in (3, 2)
+        if not (bm == 128 and bf == 64 and bn != 128)  # spills
     ]
-    return [(meta, w, s) for meta, w, s in candidates if not (meta["BLOCK_M"] == 128 and meta["BLOCK_F"] == 64 and meta["BLOCK_N"] != 128)]
 
 
 def _fused_fits(meta, num_warps, num_stages, launch):
@@ -147,7 +151,8 @@ def _ffn_fused_fwd_kernel(
         # x's (BLOCK_M, d) rows stay on chip and the loop over d_ff chunks is the innermost loop:
         # Triton pipelines its W1 and W2 loads; b1 is loaded one chunk ahead
         ks = tl.arange(0, BLOCK_D)
-        x = tl.load(X + offs_m[:, None] * stride_xm + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < D), other=0.0)
+        x_mask = (offs_m[:, None] < M) & (ks[None, :] < D)
+        x = tl.load(X + offs_m[:, None] * stride_xm + ks[None, :], mask=x_mask, other=0.0)
         b1_next = _load_b1(B1, tl.arange(0, BLOCK_F), stride_b1, F, HAS_B1)
         for f0 in range(0, F, BLOCK_F):
             offs_f = f0 + tl.arange(0, BLOCK_F)
@@ -158,9 +163,11 @@ def _ffn_fused_fwd_kernel(
                 mask=(offs_f[None, :] < F) & (ks[:, None] < D),
                 other=0.0,
             )
-            h = tl.dot(x, w1, tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            h = tl.zeros([BLOCK_M, BLOCK_F], dtype=tl.float32)
+            h = tl.dot(x, w1, h, input_precision=DOT_PRECISION, out_dtype=tl.float32)
             acc = _chunk_into_output(
-                h, b1, acc, offs_f, offs_n, W2, stride_w2n, stride_w2f, D, F, ACTIVATION, DOT_PRECISION, X.dtype.element_ty
+                h, b1, acc, offs_f, offs_n, W2, stride_w2n, stride_w2f, D, F,
+                ACTIVATION, DOT_PRECISION, X.dtype.element_ty,
             )
     else:
         offs_k = tl.arange(0, BLOCK_K)
@@ -172,7 +179,9 @@ def _ffn_fused_fwd_kernel(
             for k0 in range(0, D, BLOCK_K):
                 ks = k0 + offs_k
                 x = tl.load(
-                    X + offs_m[:, None] * stride_xm + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < D), other=0.0
+                    X + offs_m[:, None] * stride_xm + ks[None, :],
+                    mask=(offs_m[:, None] < M) & (ks[None, :] < D),
+                    other=0.0,
                 )
                 w1 = tl.load(
                     W1 + offs_f[None, :] * stride_w1f + ks[:, None] * stride_w1k,
@@ -183,7 +192,8 @@ def _ffn_fused_fwd_kernel(
             # W2's tile is loaded after the loop: loaded before it, Triton would store it to shared
             # memory (for the dot) right after the load, waiting for it there all the same
             acc = _chunk_into_output(
-                h, b1, acc, offs_f, offs_n, W2, stride_w2n, stride_w2f, D, F, ACTIVATION, DOT_PRECISION, X.dtype.element_ty
+                h, b1, acc, offs_f, offs_n, W2, stride_w2n, stride_w2f, D, F,
+                ACTIVATION, DOT_PRECISION, X.dtype.element_ty,
             )
     if HAS_B2:
         acc += tl.load(B2 + offs_n * stride_b2, mask=offs_n < D, other=0.0).to(tl.float32)[None, :]
@@ -192,7 +202,8 @@ def _ffn_fused_fwd_kernel(
 
 
 _ffn_fused_fwd = Configs(
-    _ffn_fused_fwd_kernel, "feed_forward_fused", _fused_candidates(), ["M_BUCKET", "D", "F", "ACTIVATION", "DOT_PRECISION"],
+    _ffn_fused_fwd_kernel, "feed_forward_fused", _fused_candidates(),
+    ["M_BUCKET", "D", "F", "ACTIVATION", "DOT_PRECISION"],
     _fused_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_F": 16, "BLOCK_K": 16},
 )
 
@@ -226,7 +237,9 @@ def check_feed_forward_args(x, w1, b1, w2, b2, activation, dtypes=FLOAT_DTYPES):
     d, d_ff = check_linear_args(x, w1, b1, weight_name="w1", bias_name="b1", dtypes=dtypes)
     check_tensor("w2", w2, ndim=2, dtypes=dtypes)
     if tuple(w2.shape) != (d, d_ff):
-        raise ValueError(f"w2 must have shape (d, d_ff) = {(d, d_ff)} to match w1 {tuple(w1.shape)}, got {tuple(w2.shape)}")
+        raise ValueError(
+            f"w2 must have shape (d, d_ff) = {(d, d_ff)} to match w1 {tuple(w1.shape)}, got {tuple(w2.shape)}"
+        )
     if b2 is not None:
         check_tensor("b2", b2, ndim=1, dtypes=dtypes)
         if tuple(b2.shape) != (d,):

@@ -54,7 +54,11 @@ def _gemm_candidates():
     tiles = [(128, 128), (64, 256), (128, 64), (64, 128), (64, 64)]
     blocks_k = [(64, 3), (32, 3), (32, 4)]  # (BLOCK_K, num_stages): 64-deep K blocks fit 3 stages
     return [
-        ({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, gemm_tile_warps({"BLOCK_M": bm, "BLOCK_N": bn}), s)
+        (
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+            gemm_tile_warps({"BLOCK_M": bm, "BLOCK_N": bn}),
+            s,
+        )
         for bm, bn in tiles
         for bk, s in blocks_k
     ]
@@ -132,7 +136,8 @@ def _linear_gelu_fwd_kernel(
     for k in range(0, K, BLOCK_K):
         ks = k + offs_k
         # (BLOCK_M, BLOCK_K) of x and (BLOCK_K, BLOCK_N) of w^T
-        a = tl.load(X + offs_m[:, None] * stride_xm + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
+        a_mask = (offs_m[:, None] < M) & (ks[None, :] < K)
+        a = tl.load(X + offs_m[:, None] * stride_xm + ks[None, :], mask=a_mask, other=0.0)
         b = tl.load(
             W + offs_n[None, :] * stride_wn + ks[:, None] * stride_wk,
             mask=(offs_n[None, :] < N) & (ks[:, None] < K),
@@ -201,7 +206,8 @@ def _activation_grad_kernel(
 
 
 _linear_gelu_fwd = Configs(
-    _linear_gelu_fwd_kernel, "linear_gelu", _gemm_candidates(), ["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION"],
+    _linear_gelu_fwd_kernel, "linear_gelu", _gemm_candidates(),
+    ["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION"],
     _gemm_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
 )
 
