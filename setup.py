@@ -1,6 +1,7 @@
 """Installs one top-level package, `fastformer` (the drop-in model, data, CLI), with the ops of the
 repository's kernels/ folder as its subpackage `fastformer.kernels`: the top-level name `kernels`
 belongs to another project on PyPI, which can be installed beside fastformer."""
+
 import re
 from pathlib import Path
 

@@ -5,6 +5,7 @@ against an fp32 PyTorch computation, so a fast wrong kernel fails its benchmark.
 `full_suite(device)` is what runs on CUDA; `smoke_suite()` is a few tiny cases for a CPU, used by
 the tests to exercise every code path of the report without a GPU.
 """
+
 import math
 
 import torch
@@ -117,8 +118,9 @@ def _attention_rows_check(q, k, v, key_padding, causal, rows, out, dq=None, do=N
 def attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape="long"):
     bench = f"attention_{mode}"
     params = {"shape": shape, "dtype": dtype, "D": D, "mask": mask, "B": B, "H": H, "L": L}
-    case = Case(bench, provider, params, setup=None, flops=attention_flops(B, H, L, L, D, "causal" in mask, mode),
-                tokens=B * L)
+    case = Case(
+        bench, provider, params, setup=None, flops=attention_flops(B, H, L, L, D, "causal" in mask, mode), tokens=B * L
+    )
 
     def setup():
         if provider == "reference" and B * H * L * L * 4 / 2**30 > REFERENCE_SCORES_LIMIT_GB:
@@ -126,11 +128,18 @@ def attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape="long"
         q, k, v, key_padding, causal = _attention_inputs(B, H, L, D, DTYPES[dtype], mask, device, mode == "fwd_bwd")
         fn = _attention_provider(provider, key_padding, causal, B, L, device)
         if provider == "sdpa":
-            choice = torch._fused_sdp_choice(q, k, v, None if key_padding is None else ~key_padding[:, None, None, :],
-                                             0.0, causal and key_padding is None)
+            choice = torch._fused_sdp_choice(
+                q,
+                k,
+                v,
+                None if key_padding is None else ~key_padding[:, None, None, :],
+                0.0,
+                causal and key_padding is None,
+            )
             case.extra["sdpa_backend"] = torch.nn.attention.SDPBackend(choice).name
         rows = torch.unique(torch.tensor([0, 1, L // 3, L // 2, L - 2, L - 1], device=device).clamp(0, L - 1))
         if mode == "fwd":
+
             def run():
                 with torch.no_grad():
                     return fn(q, k, v)
@@ -147,6 +156,7 @@ def attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape="long"
             def check():
                 out, dq, _, _ = run()
                 _attention_rows_check(q, k, v, key_padding, causal, rows, out, dq, do, atol=ATOL[dtype])
+
         return run, check
 
     case.setup = setup
@@ -249,6 +259,7 @@ def add_layer_norm_case(mode, M, d, provider, device, dtype="bf16"):
 
     def setup():
         if provider == "fastformer":
+
             def fn(x, r, w, b):
                 return kernels.add_layer_norm(x, r, w, b, 1e-12, 0.0)
         elif provider == "eager":
@@ -264,8 +275,9 @@ def add_layer_norm_case(mode, M, d, provider, device, dtype="bf16"):
         w = (1 + 0.1 * torch.randn(d, generator=g)).to(device, DTYPES[dtype]).requires_grad_(grad)
         b = (0.1 * torch.randn(d, generator=g)).to(device, DTYPES[dtype]).requires_grad_(grad)
         dy = torch.randn(M, d, generator=g).to(device, DTYPES[dtype])
-        return _run_and_check(fn, _eager_add_layer_norm, (x, r, w, b), dy, ("y", "dx", "dresidual", "dw", "db"),
-                              ATOL[dtype])
+        return _run_and_check(
+            fn, _eager_add_layer_norm, (x, r, w, b), dy, ("y", "dx", "dresidual", "dw", "db"), ATOL[dtype]
+        )
 
     case.setup = setup
     return case
@@ -332,8 +344,11 @@ def model_case(kind, scenario, provider, device, B=128, config=None, amp=None):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def logits():
-            with fastformer.use_backend(backend_name), kernels.autotuning(provider == "fastformer_autotune"), \
-                    torch.autocast(torch.device(device).type, torch.bfloat16, enabled=amp):
+            with (
+                fastformer.use_backend(backend_name),
+                kernels.autotuning(provider == "fastformer_autotune"),
+                torch.autocast(torch.device(device).type, torch.bfloat16, enabled=amp),
+            ):
                 return forward(enc, dec)[0]
 
         def run():
@@ -389,7 +404,11 @@ def model_variant_case(kind, variant, device, B, config, amp):
 
     def setup():
         if torch.device(device).type != "cuda":
-            reason = "CUDA graphs need a GPU" if variant == "fastformer_graphs" else "torch.compile over Triton code needs a GPU"
+            reason = (
+                "CUDA graphs need a GPU"
+                if variant == "fastformer_graphs"
+                else "torch.compile over Triton code needs a GPU"
+            )
             raise Skip(f"{variant} is benchmarked on CUDA only ({reason})")
         enc, dec, labels = _review_batch(config, B, False, device)
         case.tokens = int(enc.ne(config.i_pad).sum() + dec.ne(config.i_pad).sum())
@@ -461,13 +480,16 @@ def full_suite(device):
 def smoke_suite(device="cpu"):
     """Tiny shapes for a CPU: the report's code paths without a GPU (reference-side providers,
     and fastformer through Triton's interpreter when TRITON_INTERPRET=1 is set)."""
-    tiny = fastformer.Config.tutorial(n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50,
-                                      n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12)
+    tiny = fastformer.Config.tutorial(
+        n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12
+    )
     providers = ("fastformer", "reference", "sdpa")
     cases = []
     for mode in ("fwd", "fwd_bwd"):
         for mask in MASKS:
-            cases += [attention_case(mode, "fp32", 16, mask, 2, 2, L, p, device, "tiny") for L in (8, 13) for p in providers]
+            cases += [
+                attention_case(mode, "fp32", 16, mask, 2, 2, L, p, device, "tiny") for L in (8, 13) for p in providers
+            ]
         cases += [ffn_case(mode, "feed_forward", 24, 16, 32, p, device, dtype="fp32") for p in ("fastformer", "eager")]
         if mode == "fwd":
             cases.append(ffn_case(mode, "feed_forward", 24, 16, 32, "fastformer_fused", device, dtype="fp32"))
@@ -475,5 +497,8 @@ def smoke_suite(device="cpu"):
     cases.append(attention_case("fwd", "fp32", 16, "causal", 2, 2, 16, "flex", device, "tiny"))  # skipped on a CPU
     for kind in ("train", "infer"):
         # no autocast: Triton's interpreter as shipped computes bf16 dots wrongly, so smoke runs stay in fp32
-        cases += [model_case(kind, "classify", p, device, B=2, config=tiny, amp=False) for p in ("reference_fp32", "fastformer")]
+        cases += [
+            model_case(kind, "classify", p, device, B=2, config=tiny, amp=False)
+            for p in ("reference_fp32", "fastformer")
+        ]
     return cases

@@ -7,6 +7,7 @@ FLOP formulas (multiply-adds count 2):
 - FFN forward: 2 * M * d * d_ff * 2 (two GEMMs); backward 2x the forward (dX and dW per GEMM).
 - MFU: achieved TFLOP/s over the GPU's bf16 GEMM rate measured in the same run (8192^3 matmul).
 """
+
 import datetime
 import statistics
 import time

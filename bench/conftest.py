@@ -5,6 +5,7 @@ runs only under --benchmark-only and on a GPU; elsewhere it skips with the reaso
 `pytest`, which collects bench/ for the suite's own tests (test_report.py), times nothing.
 `python -m bench.report --smoke` is the CPU check of the benchmarks' code.
 """
+
 import os
 
 import pytest

@@ -21,6 +21,7 @@ A case whose result fails its check is listed under "failed" and makes the comma
 `--from` reads reports already measured (this schema, or the "report" of a `tools.gpu_check`
 results.json), merges them and writes the same files, measuring nothing.
 """
+
 import argparse
 import json
 import os
@@ -38,28 +39,51 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 README = os.path.join(os.path.dirname(HERE), "README.md")
 README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
 
+
 def _tutorial(p):
     return p["scenario"] == "classify" and p["n_layer"] == 6 and p["d_hidn"] == 256
 
 
 # (name, bench, select(params), peer, minimum speed-up of fastformer over the peer)
 TARGETS = [
-    ("model_train, tutorial config: tokens/s vs reference_fp32", "model_train",
-     _tutorial, "reference_fp32", 4.0),
-    ("model_train, tutorial config: tokens/s vs reference (bf16)", "model_train",
-     _tutorial, "reference", 2.0),
-    ("model_train, tutorial config: tokens/s vs compile", "model_train",
-     _tutorial, "compile", 1.5),
-    ("attention_fwd, D 64, causal, L >= 4096 vs sdpa", "attention_fwd",
-     lambda p: p["D"] == 64 and p["mask"] == "causal" and p["L"] >= 4096 and p["dtype"] == "bf16", "sdpa", 1.0),
-    ("attention_fwd, D 64, padding + causal, L >= 4096 vs flex", "attention_fwd",
-     lambda p: p["D"] == 64 and p["mask"] == "padding_causal" and p["L"] >= 4096 and p["dtype"] == "bf16", "flex", 1.3),
-    ("attention_fwd, D 64, padding + causal, L >= 4096 vs sdpa (boolean mask)", "attention_fwd",
-     lambda p: p["D"] == 64 and p["mask"] == "padding_causal" and p["L"] >= 4096 and p["dtype"] == "bf16", "sdpa", 2.0),
-    ("attention_fwd_bwd, causal vs sdpa", "attention_fwd_bwd",
-     lambda p: p["mask"] == "causal" and p["dtype"] == "bf16", "sdpa", 0.9),
-    ("attention_fwd_bwd, padding + causal vs flex", "attention_fwd_bwd",
-     lambda p: p["mask"] == "padding_causal" and p["dtype"] == "bf16", "flex", 1.2),
+    ("model_train, tutorial config: tokens/s vs reference_fp32", "model_train", _tutorial, "reference_fp32", 4.0),
+    ("model_train, tutorial config: tokens/s vs reference (bf16)", "model_train", _tutorial, "reference", 2.0),
+    ("model_train, tutorial config: tokens/s vs compile", "model_train", _tutorial, "compile", 1.5),
+    (
+        "attention_fwd, D 64, causal, L >= 4096 vs sdpa",
+        "attention_fwd",
+        lambda p: p["D"] == 64 and p["mask"] == "causal" and p["L"] >= 4096 and p["dtype"] == "bf16",
+        "sdpa",
+        1.0,
+    ),
+    (
+        "attention_fwd, D 64, padding + causal, L >= 4096 vs flex",
+        "attention_fwd",
+        lambda p: p["D"] == 64 and p["mask"] == "padding_causal" and p["L"] >= 4096 and p["dtype"] == "bf16",
+        "flex",
+        1.3,
+    ),
+    (
+        "attention_fwd, D 64, padding + causal, L >= 4096 vs sdpa (boolean mask)",
+        "attention_fwd",
+        lambda p: p["D"] == 64 and p["mask"] == "padding_causal" and p["L"] >= 4096 and p["dtype"] == "bf16",
+        "sdpa",
+        2.0,
+    ),
+    (
+        "attention_fwd_bwd, causal vs sdpa",
+        "attention_fwd_bwd",
+        lambda p: p["mask"] == "causal" and p["dtype"] == "bf16",
+        "sdpa",
+        0.9,
+    ),
+    (
+        "attention_fwd_bwd, padding + causal vs flex",
+        "attention_fwd_bwd",
+        lambda p: p["mask"] == "padding_causal" and p["dtype"] == "bf16",
+        "flex",
+        1.2,
+    ),
     ("ffn_fwd_bwd vs eager", "ffn_fwd_bwd", lambda p: p["op"] == "feed_forward", "eager", 1.15),
     ("ffn_fwd_bwd vs compile", "ffn_fwd_bwd", lambda p: p["op"] == "feed_forward", "compile", 1.0),
 ]
@@ -67,8 +91,9 @@ MEMORY_TARGET = ("model_train, tutorial config: peak memory vs reference_fp32", 
 
 
 def _key(record):
-    return record["bench"], json.dumps({k: v for k, v in record["params"].items() if k not in ("sdpa_backend",)},
-                                       sort_keys=True)
+    return record["bench"], json.dumps(
+        {k: v for k, v in record["params"].items() if k not in ("sdpa_backend",)}, sort_keys=True
+    )
 
 
 def speedups(results):
@@ -98,18 +123,35 @@ def evaluate_targets(results):
             if b == bench and select(json.loads(params)) and "fastformer" in g and peer in g
         ]
         worst = min(ratios) if ratios else None
-        rows.append({"target": name, "required": minimum, "worst": worst, "cases": len(ratios),
-                     "met": None if worst is None else worst >= minimum})
+        rows.append(
+            {
+                "target": name,
+                "required": minimum,
+                "worst": worst,
+                "cases": len(ratios),
+                "met": None if worst is None else worst >= minimum,
+            }
+        )
     name, maximum = MEMORY_TARGET
     mem = [
         g["fastformer"]["peak_mem_mb"] / g["reference_fp32"]["peak_mem_mb"]
         for (b, params), g in groups.items()
-        if b == "model_train" and _tutorial(json.loads(params)) and "fastformer" in g
-        and "reference_fp32" in g and g["reference_fp32"]["peak_mem_mb"]
+        if b == "model_train"
+        and _tutorial(json.loads(params))
+        and "fastformer" in g
+        and "reference_fp32" in g
+        and g["reference_fp32"]["peak_mem_mb"]
     ]
     worst = max(mem) if mem else None
-    rows.append({"target": name, "required": maximum, "worst": worst, "cases": len(mem),
-                 "met": None if worst is None else worst <= maximum})
+    rows.append(
+        {
+            "target": name,
+            "required": maximum,
+            "worst": worst,
+            "cases": len(mem),
+            "met": None if worst is None else worst <= maximum,
+        }
+    )
     return rows
 
 
@@ -171,9 +213,13 @@ def plot(report, prefix):
         for ax, mask in zip(axes, suite.MASKS):
             for provider in suite.ATTENTION_PROVIDERS:
                 points = sorted(
-                    (r["params"]["L"], r["tflops"]) for r in attention
-                    if r["bench"] == bench and r["params"]["D"] == D and r["params"]["mask"] == mask
-                    and r["provider"] == provider and r["params"]["dtype"] in ("bf16", "fp32")
+                    (r["params"]["L"], r["tflops"])
+                    for r in attention
+                    if r["bench"] == bench
+                    and r["params"]["D"] == D
+                    and r["params"]["mask"] == mask
+                    and r["provider"] == provider
+                    and r["params"]["dtype"] in ("bf16", "fp32")
                     and r["params"]["shape"] != "tutorial"  # the length sweep
                 )
                 if points:
@@ -201,8 +247,14 @@ def plot(report, prefix):
         width = 0.8 / len(providers)
         for i, provider in enumerate(providers):
             values = [
-                next((r["tokens_per_s"] for r in model if r["provider"] == provider
-                      and f"{r['bench']} {r['params']['scenario']}" == label), 0)
+                next(
+                    (
+                        r["tokens_per_s"]
+                        for r in model
+                        if r["provider"] == provider and f"{r['bench']} {r['params']['scenario']}" == label
+                    ),
+                    0,
+                )
                 for label in labels
             ]
             ax.bar([j + i * width for j in range(len(labels))], values, width, label=provider)
@@ -231,20 +283,31 @@ def run(cases, device, warmup=3, rep=10, log=print, gemm_rate=None):
         try:
             record = measure(case, device, warmup=warmup, rep=rep)
         except Skip as reason:
-            report["skipped"].append({"bench": case.bench, "provider": case.provider, "params": case.params,
-                                      "reason": str(reason)})
+            report["skipped"].append(
+                {"bench": case.bench, "provider": case.provider, "params": case.params, "reason": str(reason)}
+            )
             continue
         except Exception as error:  # noqa: BLE001 (a failing case is reported, the rest still run)
-            report["failed"].append({"bench": case.bench, "provider": case.provider, "params": case.params,
-                                     "error": f"{type(error).__name__}: {error}"})
+            report["failed"].append(
+                {
+                    "bench": case.bench,
+                    "provider": case.provider,
+                    "params": case.params,
+                    "error": f"{type(error).__name__}: {error}",
+                }
+            )
             log(f"FAILED {case.id}: {type(error).__name__}: {error}")
             if not isinstance(error, AssertionError):
                 traceback.print_exc()
             continue
-        record["mfu"] = record["tflops"] / env["bf16_gemm_tflops"] if record["tflops"] and env["bf16_gemm_tflops"] else None
+        record["mfu"] = (
+            record["tflops"] / env["bf16_gemm_tflops"] if record["tflops"] and env["bf16_gemm_tflops"] else None
+        )
         report["results"].append(record)
-        log(f"{case.id:90s} {record['ms']:9.3f} ms  {_fmt(record['tflops'], '7.1f')} TFLOP/s  "
-            f"{_fmt(record['peak_mem_mb'], '9,.0f')} MB")
+        log(
+            f"{case.id:90s} {record['ms']:9.3f} ms  {_fmt(record['tflops'], '7.1f')} TFLOP/s  "
+            f"{_fmt(record['peak_mem_mb'], '9,.0f')} MB"
+        )
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return report
@@ -324,8 +387,13 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rep", type=int, default=10)
     parser.add_argument("--update-readme", action="store_true", help="splice the table into README.md")
-    parser.add_argument("--from", dest="sources", nargs="+", metavar="JSON",
-                        help="write the files from reports already measured (merged in order), measuring nothing")
+    parser.add_argument(
+        "--from",
+        dest="sources",
+        nargs="+",
+        metavar="JSON",
+        help="write the files from reports already measured (merged in order), measuring nothing",
+    )
     args = parser.parse_args(argv)
     if args.sources:
         try:
@@ -334,15 +402,20 @@ def main(argv=None):
             print(f"bench.report: --from: {error}", file=sys.stderr)
             return 2
         if args.update_readme and merged["env"]["gpu"] == "cpu":
-            print("bench.report: --from: these results were measured on a CPU; the README table holds GPU results",
-                  file=sys.stderr)
+            print(
+                "bench.report: --from: these results were measured on a CPU; the README table holds GPU results",
+                file=sys.stderr,
+            )
             return 2
         for path in write(merged, args.out, update_readme=args.update_readme):
             print(f"wrote {path}")
         return 0
     if torch.device(args.device).type != "cuda" and not args.smoke:
-        print("bench.report: no CUDA GPU here; the benchmarks need one. Use --smoke for a CPU check "
-              "of the report's code paths.", file=sys.stderr)
+        print(
+            "bench.report: no CUDA GPU here; the benchmarks need one. Use --smoke for a CPU check "
+            "of the report's code paths.",
+            file=sys.stderr,
+        )
         return 2
     cases = suite.smoke_suite(args.device) if args.smoke else suite.full_suite(args.device)
     cases = [c for c in cases if args.filter in c.id and (not args.targets or judged(c))]

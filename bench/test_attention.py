@@ -1,6 +1,7 @@
 """Attention forward and forward + backward: fastformer against the reference, torch SDPA,
 FlexAttention and torch.compile of the reference, on every mask, D 64 and 128, bf16 and fp16.
 FLOPs: 4 * B * H * L * L * D forward, causal half, backward 2.5x forward."""
+
 import pytest
 
 from bench import cases

@@ -1,5 +1,6 @@
 """feed_forward, linear_gelu and add_layer_norm against eager PyTorch and torch.compile, bf16.
 FLOPs: 2 * M * d * d_ff per GEMM forward; backward 2x forward."""
+
 import pytest
 
 from bench import cases

@@ -2,6 +2,7 @@
 padded to the batch maximum): a train step (forward, backward, AdamW) and inference, classifying
 ([BOS] decoder) and seq2seq (decoder as long as the encoder). Providers: fastformer (bf16 autocast),
 the reference in fp32 and under bf16 autocast, and torch.compile of the reference."""
+
 import pytest
 
 from bench import cases

@@ -4,6 +4,7 @@ times beside fastformer's eager step, and `pytest bench --benchmark-only` skippi
 
 They run with the test suite (`pytest` collects tests/ and bench/); the benchmarks themselves run
 only under `--benchmark-only` (bench/conftest.py)."""
+
 import json
 import subprocess
 import sys
@@ -19,8 +20,26 @@ from fastformer.data.reviews import bucket_length
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_KEYS = {"bench", "provider", "params", "ms", "tflops", "tokens_per_s", "peak_mem_mb"}
-BENCHES = {"attention_fwd", "attention_fwd_bwd", "ffn_fwd", "ffn_fwd_bwd", "add_layer_norm", "model_train", "model_infer"}
-PROVIDERS = {"fastformer", "fastformer_autotune", "fastformer_fused", "reference", "reference_fp32", "sdpa", "flex", "compile", "eager"}
+BENCHES = {
+    "attention_fwd",
+    "attention_fwd_bwd",
+    "ffn_fwd",
+    "ffn_fwd_bwd",
+    "add_layer_norm",
+    "model_train",
+    "model_infer",
+}
+PROVIDERS = {
+    "fastformer",
+    "fastformer_autotune",
+    "fastformer_fused",
+    "reference",
+    "reference_fp32",
+    "sdpa",
+    "flex",
+    "compile",
+    "eager",
+}
 
 
 def test_flop_formulas():
@@ -78,7 +97,13 @@ def test_smoke_report_schema(smoke_report):
 def test_smoke_report_tables_and_plots(smoke_report):
     _, paths, out = smoke_report
     names = {Path(p).name for p in paths}
-    assert {"cpu.json", "cpu.md", "cpu-attention_fwd_d16.png", "cpu-attention_fwd_bwd_d16.png", "cpu-model.png"} <= names
+    assert {
+        "cpu.json",
+        "cpu.md",
+        "cpu-attention_fwd_d16.png",
+        "cpu-attention_fwd_bwd_d16.png",
+        "cpu-model.png",
+    } <= names
     for p in paths:
         if p.endswith(".png"):
             assert Path(p).read_bytes()[:4] == b"\x89PNG"
@@ -106,8 +131,15 @@ def test_targets_are_judged_from_ratios_in_one_run():
     params = {"scenario": "classify", "B": 128, "n_layer": 6, "d_hidn": 256, "amp": True}
 
     def record(provider, ms, mem):
-        return {"bench": "model_train", "provider": provider, "params": params, "ms": ms, "tflops": None,
-                "tokens_per_s": None, "peak_mem_mb": mem}
+        return {
+            "bench": "model_train",
+            "provider": provider,
+            "params": params,
+            "ms": ms,
+            "tflops": None,
+            "tokens_per_s": None,
+            "peak_mem_mb": mem,
+        }
 
     results = [record("fastformer", 10.0, 300), record("reference_fp32", 50.0, 1000), record("reference", 15.0, 600)]
     rows = {r["target"]: r for r in report.evaluate_targets(results)}
@@ -138,7 +170,9 @@ def test_pytest_bench_skips_cleanly_without_a_gpu():
         pytest.skip("this machine has a GPU: the suite would run for real")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "bench", "--benchmark-only", "-q", "-p", "no:cacheprovider"],
-        cwd=ROOT, capture_output=True, text=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "skipped" in result.stdout and "passed" not in result.stdout
@@ -148,8 +182,9 @@ def test_model_variants_are_cases_beside_fastformer_and_skip_without_cuda():
     """fastformer's step replayed from CUDA graphs and run through torch.compile: the eager
     fastformer case's bench and params (so the report groups them with it), and on a CPU a skip
     that says why."""
-    config = fastformer.Config.tutorial(n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50,
-                                        n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12)
+    config = fastformer.Config.tutorial(
+        n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12
+    )
     for kind in ("train", "infer"):
         eager = cases.model_case(kind, "classify", "fastformer", "cpu", B=2, config=config, amp=False)
         for variant in cases.MODEL_VARIANTS:

@@ -6,6 +6,7 @@ drop-in, with Triton kernels on CUDA.
 The names below are imported on first use, so that `import fastformer.cli` (and with it
 `fastformer --help`) does not load torch and Triton.
 """
+
 import importlib
 
 from fastformer.version import __version__  # noqa: F401 (in __all__, built below)

@@ -16,6 +16,7 @@ kernel has no matrix product and takes fp32 as it is.
 imported (Triton's interpreter; this is how the tests check the kernels without a GPU).
 Modules reach attention, the FFN and add + LayerNorm only through the functions below.
 """
+
 import os
 from contextlib import contextmanager
 

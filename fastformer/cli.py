@@ -8,6 +8,7 @@ line on stderr: exit 2 for bad input (nothing is written), 1 when training stops
 infinite loss, 130 on Ctrl-C. `python -m fastformer` runs the same command, which is how torchrun
 starts it: `torchrun --nproc_per_node N -m fastformer train ...`.
 """
+
 import argparse
 import contextlib
 import os
@@ -66,8 +67,13 @@ def _demo(args):
     with _torch():
         from fastformer import job
 
-        job.demo(device=args.device, backend_name=args.backend_name, batch_size=args.batch_size,
-                 seq_len=args.seq_len, seed=args.seed)
+        job.demo(
+            device=args.device,
+            backend_name=args.backend_name,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            seed=args.seed,
+        )
     return 0
 
 
@@ -109,8 +115,14 @@ def _evaluate(args):
     with _torch():
         from fastformer import job
 
-        job.evaluate_run(run=args.run, test=args.test, batch_size=args.batch_size, device=args.device,
-                         backend_name=args.backend_name, amp=args.amp)
+        job.evaluate_run(
+            run=args.run,
+            test=args.test,
+            batch_size=args.batch_size,
+            device=args.device,
+            backend_name=args.backend_name,
+            amp=args.amp,
+        )
     return 0
 
 
@@ -131,11 +143,16 @@ def _predict(args):
 def _add_runtime_options(parser):
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     parser.add_argument(
-        "--backend", dest="backend_name", default="auto", choices=["auto", "triton", "reference"],
+        "--backend",
+        dest="backend_name",
+        default="auto",
+        choices=["auto", "triton", "reference"],
         help="where the math runs (default auto: Triton kernels on CUDA, the PyTorch reference elsewhere)",
     )
     parser.add_argument(
-        "--amp", default="auto", choices=["auto", "bf16", "fp16", "off"],
+        "--amp",
+        default="auto",
+        choices=["auto", "bf16", "fp16", "off"],
         help="autocast dtype (default auto: bf16 on CUDA, off on CPU)",
     )
 
@@ -169,15 +186,20 @@ def build_parser():
     train.add_argument("--train", metavar="FILE", help="training reviews (default: the embedded demo set)")
     train.add_argument("--test", metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)")
     train.add_argument(
-        "--dataset", choices=["demo", "rotten-tomatoes"],
+        "--dataset",
+        choices=["demo", "rotten-tomatoes"],
         help="instead of --train/--test: the embedded demo set (the default), or the Rotten Tomatoes snippets "
         "`fastformer data rotten-tomatoes` prepared",
     )
     train.add_argument("--vocab", metavar="MODEL", help="an existing SentencePiece model (default: train one)")
     train.add_argument("--vocab-size", type=int, help="BPE pieces besides the 7 special ones (default 8000)")
-    train.add_argument("--config", metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)")
     train.add_argument(
-        "--n-output", type=_n_output, metavar="N|auto",
+        "--config", metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)"
+    )
+    train.add_argument(
+        "--n-output",
+        type=_n_output,
+        metavar="N|auto",
         help="number of classes (default: the config's n_output, 2 in the tutorial's); auto: from the training labels",
     )
     train.add_argument("--epochs", type=int, help="epochs in total (default 5)")
@@ -186,32 +208,38 @@ def build_parser():
     train.add_argument("--warmup", type=float, help="fraction of steps of linear warm-up (default 0.1)")
     train.add_argument("--weight-decay", type=float, help="AdamW weight decay of the weight matrices (default 0.01)")
     train.add_argument(
-        "--bucket", action=argparse.BooleanOptionalAction,
+        "--bucket",
+        action=argparse.BooleanOptionalAction,
         help="batch reviews of similar length together to cut padding (default on)",
     )
     _add_runtime_options(train)
     train.add_argument(
-        "--cuda-graphs", action="store_true",
+        "--cuda-graphs",
+        action="store_true",
         help="capture each train and evaluation step as a CUDA graph once per batch shape and replay it "
         "(CUDA only; bf16 or no autocast; implies --pad-to-buckets; not yet measured on a GPU)",
     )
     train.add_argument(
-        "--compile", action="store_true",
+        "--compile",
+        action="store_true",
         help="run the model through torch.compile(model, fullgraph=True) (the Triton kernels only on CUDA; "
         "not yet measured on a GPU)",
     )
     train.add_argument(
-        "--pad-to-buckets", action=argparse.BooleanOptionalAction,
+        "--pad-to-buckets",
+        action=argparse.BooleanOptionalAction,
         help="pad each batch to its longest review rounded up to a multiple of 16 (at most the config's n_enc_seq), "
         "so that steps see few shapes (default: on with --cuda-graphs, else off)",
     )
     train.add_argument(
-        "--precompile", action=argparse.BooleanOptionalAction,
+        "--precompile",
+        action=argparse.BooleanOptionalAction,
         help="compile the Triton kernels of every batch shape before the first step, in parallel, with a "
         "progress bar (needs --pad-to-buckets, which makes the shapes known; default: on with it)",
     )
     train.add_argument(
-        "--autotune", action="store_true",
+        "--autotune",
+        action="store_true",
         help="time every candidate config of each Triton kernel on first use and keep the fastest, cached on disk "
         "per GPU model, instead of each kernel's rule picking one (as FASTFORMER_AUTOTUNE=1 does)",
     )
@@ -219,25 +247,30 @@ def build_parser():
     train.add_argument("--seed", type=int, help="seed of the initial weights, the split and the data order (default 0)")
     train.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
     train.add_argument(
-        "--resume", metavar="DIR",
+        "--resume",
+        metavar="DIR",
         help="continue a run directory up to --epochs, with the options it started with",
     )
     train.set_defaults(run_command=_train)
 
     data = commands.add_parser(
-        "data", help="prepare a real review corpus for `fastformer train`",
+        "data",
+        help="prepare a real review corpus for `fastformer train`",
         description="Prepare the Rotten Tomatoes snippets (10,605 English review sentences rated by people, from "
         "the vaderSentiment 3.3.2 sdist, MIT licence): fetch the sdist with pip (sha256 pinned), read it in "
         "memory, and write train.tsv and test.tsv (NSMC format, 85/15 split by id) into the cache.",
     )
     data.add_argument("dataset", choices=["rotten-tomatoes"], help="the corpus")
     data.add_argument(
-        "--cache", metavar="DIR",
+        "--cache",
+        metavar="DIR",
         help="where the sdist and train.tsv/test.tsv go (default $XDG_CACHE_HOME/fastformer/rotten-tomatoes, "
         "else ~/.cache/fastformer/rotten-tomatoes)",
     )
     data.add_argument(
-        "--from", dest="source", metavar="FILE",
+        "--from",
+        dest="source",
+        metavar="FILE",
         help="convert this vaderSentiment-3.3.2.tar.gz (or its hutto_ICWSM_2014.tar.gz) instead of downloading",
     )
     data.set_defaults(run_command=_data)

@@ -1,5 +1,6 @@
 """The tutorial's Config: a dict whose keys read and write as attributes, loadable from JSON, and
 `check_config`, which the model and the job run on it before building anything."""
+
 import difflib
 import json
 import math
@@ -26,7 +27,16 @@ TUTORIAL = {
     "n_output": 2,
 }
 SIZES = (
-    "n_enc_vocab", "n_dec_vocab", "n_enc_seq", "n_dec_seq", "n_layer", "d_hidn", "d_ff", "n_head", "d_head", "n_output",
+    "n_enc_vocab",
+    "n_dec_vocab",
+    "n_enc_seq",
+    "n_dec_seq",
+    "n_layer",
+    "d_hidn",
+    "d_ff",
+    "n_head",
+    "d_head",
+    "n_output",
 )
 # Keys read when present: fastformer's two (see Config) and the device the tutorial's scripts store.
 OPTIONAL = {"output_attentions": (None, True, False), "ffn_activation": ("gelu", "relu"), "device": None}
@@ -180,8 +190,11 @@ def check_fits(config, memory, where, per_parameter, names=None):
         return
     key = max(SIZES, key=lambda k: needed - parameter_count({**config, k: 1}) * per_parameter if k in config else -1)
     name = (names or {}).get(key, f"config.{key}")
-    what = "to train (the weight, its gradient and AdamW's two moments" if per_parameter == BYTES_TO_TRAIN else (
-        "to build (the fp32 weights alone")
+    what = (
+        "to train (the weight, its gradient and AdamW's two moments"
+        if per_parameter == BYTES_TO_TRAIN
+        else ("to build (the fp32 weights alone")
+    )
     raise ValueError(
         f"{name} {config[key]}: the model would have {parameter_count(config):,} parameters, {needed:,} bytes "
         f"({size_text(needed)}) {what}, {per_parameter} bytes each), more than {where} ({size_text(memory)})"

@@ -31,6 +31,7 @@ every buffer it reads. After a replay, the parameters' `.grad` are buffers of th
 last, not the gradients of that step: read the weights, not the gradients. Under torchrun
 (DistributedDataParallel) graphs are not supported.
 """
+
 import warnings
 from typing import NamedTuple
 
@@ -98,12 +99,16 @@ class GraphedSteps:
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device; it is on {self.device}")
         if amp == "fp16":
-            raise ValueError("CUDA graphs do not take fp16 autocast: its GradScaler reads the host at every step; "
-                             "use bf16")
-        if not all(group.get("capturable") and isinstance(group["lr"], torch.Tensor)
-                   for group in optimizer.param_groups):
-            raise ValueError("the optimizer is not capturable with a tensor lr (a float lr would be captured as a "
-                             "constant): pass it through fastformer.graphs.make_capturable first")
+            raise ValueError(
+                "CUDA graphs do not take fp16 autocast: its GradScaler reads the host at every step; use bf16"
+            )
+        if not all(
+            group.get("capturable") and isinstance(group["lr"], torch.Tensor) for group in optimizer.param_groups
+        ):
+            raise ValueError(
+                "the optimizer is not capturable with a tensor lr (a float lr would be captured as a "
+                "constant): pass it through fastformer.graphs.make_capturable first"
+            )
         self.model, self.optimizer, self.amp, self.warmup_steps = model, optimizer, amp, warmup_steps
         self.pool = torch.cuda.graph_pool_handle()
         self._graphs = {}
@@ -165,8 +170,10 @@ class GraphedSteps:
         """Copies of what a warm-up step changes: the weights, the optimizer's state, the RNG states."""
         return {
             "model": {name: t.detach().clone() for name, t in self.model.state_dict().items()},
-            "optimizer": {p: {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
-                          for p, state in self.optimizer.state.items()},
+            "optimizer": {
+                p: {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+                for p, state in self.optimizer.state.items()
+            },
             "rng": (torch.get_rng_state(), torch.cuda.get_rng_state(self.device)),
         }
 

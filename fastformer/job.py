@@ -20,6 +20,7 @@ train runs in steps, a function each:
    inside an epoch (_train_epochs).
 So a bad file or option leaves nothing behind.
 """
+
 import contextlib
 import dataclasses
 import os
@@ -140,15 +141,24 @@ def train_inputs(inputs, *, log=print):
     amp = resolve_amp(options.amp, device)
     with backend.use_backend(options.backend_name):
         pad_to_buckets = check_step_options(
-            device, amp, kernels_in_use(device, amp), launch, cuda_graphs=options.cuda_graphs,
-            compile=options.compile, pad_to_buckets=options.pad_to_buckets,
+            device,
+            amp,
+            kernels_in_use(device, amp),
+            launch,
+            cuda_graphs=options.cuda_graphs,
+            compile=options.compile,
+            pad_to_buckets=options.pad_to_buckets,
         )
         if inputs.previous is not None:
             check_world_size(options.resume, inputs.previous, launch)
         vocab = inputs.vocab
         _check_fits_device(inputs, inputs.config, vocab.get_piece_size() if vocab else N_SPECIAL, device)
-        steps = {"cuda_graphs": options.cuda_graphs, "compile": options.compile, "pad_to_buckets": pad_to_buckets,
-                 "precompile": check_precompile(options.precompile, pad_to_buckets, options.compile)}
+        steps = {
+            "cuda_graphs": options.cuda_graphs,
+            "compile": options.compile,
+            "pad_to_buckets": pad_to_buckets,
+            "precompile": check_precompile(options.precompile, pad_to_buckets, options.compile),
+        }
         autotune = kernels.autotuning(True) if options.autotune else contextlib.nullcontext()
         with process_group(launch, device), autotune:
             return _train(inputs, _Env(device, amp, launch, steps, log if launch.rank == 0 else quiet))
@@ -215,8 +225,16 @@ def _train(inputs, env):
     checkpoint = load_checkpoint(inputs.checkpoint) if inputs.checkpoint is not None else None
     if options.resume is not None:
         check_resumable(options.resume, checkpoint, inputs.epochs, options.max_steps)
-    start = _Start(run_options, inputs.epochs, inputs.run_dir, checkpoint, inputs.checkpoint, inputs.previous,
-                   inputs.using_demo, inputs.digests)
+    start = _Start(
+        run_options,
+        inputs.epochs,
+        inputs.run_dir,
+        checkpoint,
+        inputs.checkpoint,
+        inputs.previous,
+        inputs.using_demo,
+        inputs.digests,
+    )
     # rank 0's weights are every process's (DDP broadcasts them)
     torch.manual_seed(run_options["seed"] + env.launch.rank)
     scratch = tempfile.mkdtemp(prefix="fastformer-")
@@ -242,8 +260,10 @@ def _train(inputs, env):
     stopped = ""
     if trainer.epoch < start.epochs:
         stopped = f"; stopped by --max-steps {options.max_steps} {_position(trainer)}"
-    env.log(f"test accuracy {metrics['test_accuracy']:.4f} on {len(data.test)} reviews{stopped}; "
-            f"run saved in {start.run_dir}")
+    env.log(
+        f"test accuracy {metrics['test_accuracy']:.4f} on {len(data.test)} reviews{stopped}; "
+        f"run saved in {start.run_dir}"
+    )
     if stopped:
         env.log(f"`fastformer train --resume {start.run_dir}` continues it")
     return metrics
@@ -273,7 +293,14 @@ def _trainer(config, vocab, data, start, env):
     --resume; and the model as the steps call it."""
     options, steps = start.options, env.steps
     train_loader, test_loader, set_epoch = loaders(
-        config, vocab, data.train, data.test, options["batch_size"], options["bucket"], options["seed"], env.launch,
+        config,
+        vocab,
+        data.train,
+        data.test,
+        options["batch_size"],
+        options["bucket"],
+        options["seed"],
+        env.launch,
         steps["pad_to_buckets"],
     )
     model = MovieClassification(config).to(env.device)
@@ -288,8 +315,9 @@ def _trainer(config, vocab, data, start, env):
     total_steps = start.epochs * len(train_loader)
     scheduler = linear_warmup_decay_scheduler(optimizer, int(options["warmup"] * total_steps), total_steps)
     scaler = torch.amp.GradScaler(env.device.type) if env.amp == "fp16" else None
-    trainer = _Trainer(model, model, optimizer, scheduler, scaler, None, train_loader, test_loader, set_epoch,
-                       len(train_loader))
+    trainer = _Trainer(
+        model, model, optimizer, scheduler, scaler, None, train_loader, test_loader, set_epoch, len(train_loader)
+    )
     if start.checkpoint is not None:
         _restore(trainer, start.checkpoint, env)
     make_capturable(optimizer, steps["cuda_graphs"])  # a checkpoint holds the form it was written in
@@ -306,8 +334,10 @@ def _restore(trainer, checkpoint, env):
     schedule and the scaler, where the training stands, and the RNG states."""
     model_state, model_file, state = checkpoint
     if state["epoch_step"] >= trainer.steps_per_epoch:
-        raise ValueError(f"{os.path.dirname(model_file)} is at step {state['epoch_step']} of an epoch, but an epoch "
-                         f"of this run has {trainer.steps_per_epoch} steps")
+        raise ValueError(
+            f"{os.path.dirname(model_file)} is at step {state['epoch_step']} of an epoch, but an epoch "
+            f"of this run has {trainer.steps_per_epoch} steps"
+        )
     load_state_dict(trainer.model, model_state, model_file)
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
@@ -344,8 +374,13 @@ def _open_run_dir(options, start, config, vocab_file, trainer, session, env):
     if options.resume is None:
         dataset = options.dataset or ("demo" if start.using_demo else None)
         run_info = {
-            **start.options, **session, "demo_data": start.using_demo, "dataset": dataset,
-            "label_names": label_names(config.n_output), "data_sha256": start.digests, "resumed": [],
+            **start.options,
+            **session,
+            "demo_data": start.using_demo,
+            "dataset": dataset,
+            "label_names": label_names(config.n_output),
+            "data_sha256": start.digests,
+            "resumed": [],
         }
         if env.launch.rank == 0:
             create_run_dir(run_dir, vocab_file, config, run_info)
@@ -368,14 +403,18 @@ def _log_header(env, data, vocab, model, session, run_info, where):
     dataset = {"demo": " (the embedded demo set)", "rotten-tomatoes": " (Rotten Tomatoes snippets)"}.get(
         run_info.get("dataset", "demo" if run_info["demo_data"] else None), ""
     )
-    env.log(f"fastformer train: {len(data.train)} train / {len(data.test)} test reviews{dataset}, "
-            f"vocab {vocab.get_piece_size()} pieces")
+    env.log(
+        f"fastformer train: {len(data.train)} train / {len(data.test)} test reviews{dataset}, "
+        f"vocab {vocab.get_piece_size()} pieces"
+    )
     env.log(
         f"  model    MovieClassification, {n_params / 1e6:.2f} M parameters: n_layer={config.n_layer} "
         f"d_hidn={config.d_hidn} n_head={config.n_head} d_ff={config.d_ff}"
     )
-    env.log(f"  device   {env.device}{threads}{processes}, {session['kernels']} kernels (backend "
-            f"{session['backend']!r}), amp {env.amp}{step_mode(env.steps['cuda_graphs'], env.steps['compile'], env.steps['pad_to_buckets'])}")
+    env.log(
+        f"  device   {env.device}{threads}{processes}, {session['kernels']} kernels (backend "
+        f"{session['backend']!r}), amp {env.amp}{step_mode(env.steps['cuda_graphs'], env.steps['compile'], env.steps['pad_to_buckets'])}"
+    )
     env.log(f"  run dir  {where}")
 
 
@@ -433,16 +472,24 @@ def _epoch(trainer, epoch, epochs, env, max_steps, last):
         lr_now = trainer.history[-1]["lr"]  # the epoch's first
     try:
         train_stats = train_epoch(
-            trainer.trained, trainer.train_loader, trainer.optimizer, trainer.scheduler, device=env.device,
-            amp=env.amp, scaler=trainer.scaler, max_steps=None if max_steps is None else max_steps - trainer.step,
-            desc=f"Train {epoch + 1}/{epochs}", graphs=trainer.graphs,
+            trainer.trained,
+            trainer.train_loader,
+            trainer.optimizer,
+            trainer.scheduler,
+            device=env.device,
+            amp=env.amp,
+            scaler=trainer.scaler,
+            max_steps=None if max_steps is None else max_steps - trainer.step,
+            desc=f"Train {epoch + 1}/{epochs}",
+            graphs=trainer.graphs,
         )
     except NonFiniteLossError as error:
         step = trainer.step + error.step
         raise NonFiniteLossError(
             f"the loss is {error.loss} at step {skip + error.step} of epoch {epoch + 1} (step {step} of the run): "
             f"training stopped; {last_checkpoint_message(last)}",
-            step, error.loss,
+            step,
+            error.loss,
         ) from None
     trainer.step += train_stats["steps"]
     trainer.epoch_step = skip + train_stats["steps"]
@@ -450,8 +497,14 @@ def _epoch(trainer, epoch, epochs, env, max_steps, last):
     complete = trainer.epoch_step == trainer.steps_per_epoch
     trainer.epoch_stats = None if complete else train_stats
     evaluated = trainer.trained if env.steps["compile"] else trainer.model
-    test_stats = evaluate(evaluated, trainer.test_loader, device=env.device, amp=env.amp,
-                          desc=f"Test  {epoch + 1}/{epochs}", graphs=trainer.graphs)
+    test_stats = evaluate(
+        evaluated,
+        trainer.test_loader,
+        device=env.device,
+        amp=env.amp,
+        desc=f"Test  {epoch + 1}/{epochs}",
+        graphs=trainer.graphs,
+    )
     return {
         "epoch": epoch + 1,
         "steps": trainer.step,
@@ -568,12 +621,18 @@ def demo(*, device=None, backend_name="auto", batch_size=8, seq_len=64, seed=0, 
         with autocast(device, amp):
             uses_triton = backend.uses_triton(enc_inputs)
         log(f"fastformer {__version__}: tutorial MovieClassification, {n_params / 1e6:.2f} M trainable parameters")
-        log(f"  config   n_layer={config.n_layer} d_hidn={config.d_hidn} n_head={config.n_head} "
-            f"d_head={config.d_head} d_ff={config.d_ff}")
-        log(f"  device   {device}, amp {amp}, backend {backend.get_backend()!r} -> "
-            f"{'Triton kernels' if uses_triton else 'PyTorch reference'}")
-        log(f"  batch    {batch_size} reviews, lengths {lengths.min().item()}..{lengths.max().item()} "
-            f"padded to {seq_len}")
+        log(
+            f"  config   n_layer={config.n_layer} d_hidn={config.d_hidn} n_head={config.n_head} "
+            f"d_head={config.d_head} d_ff={config.d_ff}"
+        )
+        log(
+            f"  device   {device}, amp {amp}, backend {backend.get_backend()!r} -> "
+            f"{'Triton kernels' if uses_triton else 'PyTorch reference'}"
+        )
+        log(
+            f"  batch    {batch_size} reviews, lengths {lengths.min().item()}..{lengths.max().item()} "
+            f"padded to {seq_len}"
+        )
 
         model.train()
         start = time.perf_counter()

@@ -1,5 +1,6 @@
 """The data of `fastformer train` once its inputs are checked (fastformer.job_inputs reads the
 reviews): the vocab trained on them, and the loaders."""
+
 import itertools
 
 import torch

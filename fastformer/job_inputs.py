@@ -5,6 +5,7 @@ OSError) before the vocab is trained and before anything is written; what only t
 device, the GPU's memory, the checkpoint's tensors) fastformer.job checks right after, before any
 work.
 """
+
 import dataclasses
 import importlib.util
 import os
@@ -66,8 +67,9 @@ def check_inputs(options):
     classes, without torch; returns the TrainInputs, or raises ValueError or OSError in one line."""
     options.check()
     if options.dataset is not None:
-        options = dataclasses.replace(options, **dict(zip(DATA_FILES, dataset_files(options.dataset, options.train,
-                                                                                    options.test))))
+        options = dataclasses.replace(
+            options, **dict(zip(DATA_FILES, dataset_files(options.dataset, options.train, options.test)))
+        )
     check_backend(options.backend_name, options.device, *triton_available())
     resuming = options.resume is not None
     start = _resumed_run(options) if resuming else _new_run(options)
@@ -79,8 +81,9 @@ def check_inputs(options):
     if vocab is None:
         _check_vocab_to_train(run_options, config, data.train)
     _check_fits_host(options, config, vocab, data.n_classes)
-    return TrainInputs(options, run_options, epochs, run_dir, config, vocab, checkpoint, previous, using_demo, data,
-                       digests)
+    return TrainInputs(
+        options, run_options, epochs, run_dir, config, vocab, checkpoint, previous, using_demo, data, digests
+    )
 
 
 def triton_available():

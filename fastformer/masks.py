@@ -1,4 +1,5 @@
 """Position encoding and attention masks: the tutorial's helpers and the compact mask of the fast path."""
+
 from typing import NamedTuple
 
 import numpy as np

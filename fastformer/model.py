@@ -15,6 +15,7 @@ the tutorial's, so its checkpoints load with strict=True. Three things differ, a
   alone, a layer makes its own, and an attention or feed-forward runs on its parameters. With a
   plan, a sublayer's last bias and dropout are fused into the add + LayerNorm that follows it.
 """
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -68,8 +69,11 @@ def check_same_batch(enc_inputs, dec_inputs, enc_outputs=None):
     dec_inputs of one batch size (bs, *), and enc_outputs, when given (the Decoder's own check),
     (bs, n_enc_seq, d_hidn) for enc_inputs (bs, n_enc_seq). Attention would otherwise name its own
     q, k and v. What is not a tensor is left to check_token_ids."""
-    if isinstance(enc_inputs, torch.Tensor) and isinstance(dec_inputs, torch.Tensor) and enc_inputs.dim() >= 1 and (
-        dec_inputs.dim() >= 1 and enc_inputs.size(0) != dec_inputs.size(0)
+    if (
+        isinstance(enc_inputs, torch.Tensor)
+        and isinstance(dec_inputs, torch.Tensor)
+        and enc_inputs.dim() >= 1
+        and (dec_inputs.dim() >= 1 and enc_inputs.size(0) != dec_inputs.size(0))
     ):
         raise ValueError(
             f"enc_inputs and dec_inputs must hold the same reviews, one per row: got enc_inputs "

@@ -7,6 +7,7 @@ commands' options. Nothing here imports torch: the command checks its options be
     train(TrainOptions(epochs=3, lr=1e-3))            # the same
     train(TrainOptions.from_args(args))               # what `fastformer train` does
 """
+
 import dataclasses
 import math
 import numbers
@@ -20,8 +21,20 @@ from fastformer.data.vocab import N_SPECIAL
 
 DEFAULTS = {"epochs": 5, "lr": 5e-4, "warmup": 0.1, "weight_decay": 0.01, "seed": 0, "vocab_size": 8000, "bucket": True}
 # The options that make a run what it is: --resume refuses a value other than the run's for any.
-RUN_OPTIONS = ("train", "test", "vocab", "vocab_size", "config", "n_output", "batch_size", "lr", "warmup",
-               "weight_decay", "seed", "bucket")
+RUN_OPTIONS = (
+    "train",
+    "test",
+    "vocab",
+    "vocab_size",
+    "config",
+    "n_output",
+    "batch_size",
+    "lr",
+    "warmup",
+    "weight_decay",
+    "seed",
+    "bucket",
+)
 PATH_OPTIONS = ("train", "test", "vocab", "config")
 BACKENDS = ("auto", "triton", "reference")
 AMPS = ("auto", "bf16", "fp16", "off")
@@ -71,8 +84,9 @@ def check_backend(backend_name, device, has_triton, interpret):
     if backend_name != "triton":
         return
     if not has_triton:
-        raise ValueError("--backend triton needs the triton package, which is not installed; "
-                         "pass --backend auto or reference")
+        raise ValueError(
+            "--backend triton needs the triton package, which is not installed; pass --backend auto or reference"
+        )
     if device is not None and not str(device).startswith("cuda") and not interpret:
         raise ValueError(
             f"--backend triton on {device} needs a CUDA GPU, or Triton's interpreter (TRITON_INTERPRET=1 in the "
@@ -94,17 +108,23 @@ def check_step_options(device, amp, kernels, distributed, *, cuda_graphs, compil
         if compile:
             raise ValueError("--cuda-graphs and --compile are alternatives: pass one")
         if amp == "fp16":
-            raise ValueError("--cuda-graphs does not take --amp fp16: its GradScaler reads the host at every step; "
-                             "use --amp bf16 (the default on CUDA) or off")
+            raise ValueError(
+                "--cuda-graphs does not take --amp fp16: its GradScaler reads the host at every step; "
+                "use --amp bf16 (the default on CUDA) or off"
+            )
         if pad_to_buckets is False:
-            raise ValueError("--cuda-graphs needs --pad-to-buckets: a graph is captured per batch shape, and without "
-                             "buckets every review length is a shape")
+            raise ValueError(
+                "--cuda-graphs needs --pad-to-buckets: a graph is captured per batch shape, and without "
+                "buckets every review length is a shape"
+            )
         if distributed:
             raise ValueError("--cuda-graphs is not supported under torchrun")
     if compile:
         if device_type is not None and device_type != "cuda" and kernels == "triton":
-            raise ValueError(f"--compile on {device} needs the reference kernels: torch.compile cannot trace the "
-                             "Triton kernels through Triton's CPU interpreter; pass --backend auto or reference")
+            raise ValueError(
+                f"--compile on {device} needs the reference kernels: torch.compile cannot trace the "
+                "Triton kernels through Triton's CPU interpreter; pass --backend auto or reference"
+            )
         if distributed:
             raise ValueError("--compile is not supported under torchrun")
     return cuda_graphs if pad_to_buckets is None else pad_to_buckets
@@ -116,11 +136,15 @@ def check_precompile(precompile, pad_to_buckets, compile):
     known, unless --compile, whose kernels torch.compile builds). `pad_to_buckets` is the resolved
     choice."""
     if precompile and compile:
-        raise ValueError("--precompile and --compile are alternatives: torch.compile compiles the kernels of its "
-                         "own graph at its first step")
+        raise ValueError(
+            "--precompile and --compile are alternatives: torch.compile compiles the kernels of its "
+            "own graph at its first step"
+        )
     if precompile and not pad_to_buckets:
-        raise ValueError("--precompile needs --pad-to-buckets: the kernels are compiled for the batch shapes, and "
-                         "without buckets every review length is a shape")
+        raise ValueError(
+            "--precompile needs --pad-to-buckets: the kernels are compiled for the batch shapes, and "
+            "without buckets every review length is a shape"
+        )
     return pad_to_buckets and not compile if precompile is None else precompile
 
 
@@ -164,12 +188,22 @@ class TrainOptions:
     def check(self):
         """Raise ValueError naming the first option whose value cannot be right, on its own or with the
         others: everything that can be checked without torch, the files aside."""
-        check_integers(epochs=self.epochs, batch_size=self.batch_size, max_steps=self.max_steps,
-                       vocab_size=self.vocab_size, seed=self.seed)
+        check_integers(
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            max_steps=self.max_steps,
+            vocab_size=self.vocab_size,
+            seed=self.seed,
+        )
         if isinstance(self.lr, float) and not math.isfinite(self.lr):
             raise ValueError(f"--lr must be a finite number, got {self.lr}")
-        check_positive(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, max_steps=self.max_steps,
-                       vocab_size=self.vocab_size)
+        check_positive(
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            max_steps=self.max_steps,
+            vocab_size=self.vocab_size,
+        )
         if self.weight_decay is not None and not (
             isinstance(self.weight_decay, numbers.Real) and math.isfinite(self.weight_decay) and self.weight_decay >= 0
         ):
@@ -177,8 +211,10 @@ class TrainOptions:
         if self.warmup is not None and not (isinstance(self.warmup, numbers.Real) and 0 <= self.warmup < 1):
             raise ValueError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if self.vocab_size is not None and self.vocab_size > MAX_VOCAB_PIECES:
-            raise ValueError(f"--vocab-size must be at most {MAX_VOCAB_PIECES:,} (SentencePiece counts pieces in "
-                             f"32 bits), got {self.vocab_size:,}")
+            raise ValueError(
+                f"--vocab-size must be at most {MAX_VOCAB_PIECES:,} (SentencePiece counts pieces in "
+                f"32 bits), got {self.vocab_size:,}"
+            )
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED:,}, got {self.seed}")
         n_output = self.n_output
@@ -197,9 +233,15 @@ class TrainOptions:
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{_option(name)} must be True or False, got {value!r}")
         check_device(self.device)
-        pad_to_buckets = check_step_options(self.device, self.amp, _kernels_named(self.backend_name), None,
-                                            cuda_graphs=self.cuda_graphs, compile=self.compile,
-                                            pad_to_buckets=self.pad_to_buckets)
+        pad_to_buckets = check_step_options(
+            self.device,
+            self.amp,
+            _kernels_named(self.backend_name),
+            None,
+            cuda_graphs=self.cuda_graphs,
+            compile=self.compile,
+            pad_to_buckets=self.pad_to_buckets,
+        )
         check_precompile(self.precompile, pad_to_buckets, self.compile)
 
     def given(self):
@@ -240,8 +282,10 @@ def check_demo_options(device, backend_name, batch_size, seq_len, seed):
     if not 0 <= seed <= MAX_SEED:
         raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
     if seq_len > TUTORIAL["n_enc_seq"]:
-        raise ValueError(f"--seq-len {seq_len} is longer than the tutorial config's n_enc_seq, "
-                         f"{TUTORIAL['n_enc_seq']}: the longest review its model reads")
+        raise ValueError(
+            f"--seq-len {seq_len} is longer than the tutorial config's n_enc_seq, "
+            f"{TUTORIAL['n_enc_seq']}: the longest review its model reads"
+        )
     # a lower bound: every layer keeps at least its (bs, seq_len, d_hidn) fp32 output for the backward
     kept = batch_size * seq_len * TUTORIAL["d_hidn"] * 4 * (2 * TUTORIAL["n_layer"] + 1)
     memory = host_memory()
@@ -267,8 +311,11 @@ def new_run_options(given):
         train, test = demo.TRAIN_FILE, demo.TEST_FILE
     options = {name: DEFAULTS.get(name) if value is None else value for name, value in given.items()}
     options.update(
-        train=os.path.abspath(train), test=test and os.path.abspath(test), vocab=vocab and os.path.abspath(vocab),
-        config=config and os.path.abspath(config), vocab_size=None if vocab else options["vocab_size"],
+        train=os.path.abspath(train),
+        test=test and os.path.abspath(test),
+        vocab=vocab and os.path.abspath(vocab),
+        config=config and os.path.abspath(config),
+        vocab_size=None if vocab else options["vocab_size"],
     )
     return options, using_demo
 

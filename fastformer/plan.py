@@ -21,6 +21,7 @@ Attention's output projection and the feed-forward's second product leave out th
 add + LayerNorm adds (x + bias, before the dropout, as the tutorial's order has it) and whose
 gradients it sums beside its own (no aten.sum): a planned sublayer returns a `Pending` output.
 """
+
 import itertools
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -99,8 +100,15 @@ class LayerPlan:
         """layer_norm(residual + dropout(sublayer + its bias)) through the fused op, with its copy
         in the autocast dtype. sublayer: Pending; residual: Hidden. Returns a Hidden."""
         out = backend.add_layer_norm(
-            sublayer.x, residual.x, layer_norm.weight, layer_norm.bias, layer_norm.eps, sublayer.dropout_p,
-            x_bias=sublayer.bias, seed=sublayer.seed, lowp_dtype=self.dtype,
+            sublayer.x,
+            residual.x,
+            layer_norm.weight,
+            layer_norm.bias,
+            layer_norm.eps,
+            sublayer.dropout_p,
+            x_bias=sublayer.bias,
+            seed=sublayer.seed,
+            lowp_dtype=self.dtype,
         )
         return Hidden.of(out) if self.dtype is None else Hidden(*out)
 

@@ -25,6 +25,7 @@ through a temporary name and synced (write_file), and read with one-line errors 
 torch is imported only by the functions that read or write tensors, so that `fastformer train`
 checks the run directory before it imports torch.
 """
+
 import contextlib
 import json
 import os
@@ -238,12 +239,15 @@ def save_checkpoint(run_dir, model, trainer, previous=None):
 
 def publish(run_dir, checkpoint, history):
     """Copy a checkpoint's model.pt to the top of the run directory, with its metrics and curves."""
+
     def copy_model(f):
         with open(os.path.join(checkpoint, "model.pt"), "rb") as src:
             shutil.copyfileobj(src, f)
 
     write_file(os.path.join(run_dir, "model.pt"), copy_model)
-    write_json(os.path.join(run_dir, "metrics.json"), {"epochs": history, "test_accuracy": history[-1]["test_accuracy"]})
+    write_json(
+        os.path.join(run_dir, "metrics.json"), {"epochs": history, "test_accuracy": history[-1]["test_accuracy"]}
+    )
     plot_curves(history, os.path.join(run_dir, "curves.png"))
 
 

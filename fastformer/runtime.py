@@ -16,6 +16,7 @@ to bucket lengths (fastformer.data.reviews.bucket_length) so that there are few 
 --compile, through torch.compile(model, fullgraph=True). These, and --pad-to-buckets, change the
 speed and the rounding, not the math: a run may resume with other values of them.
 """
+
 import contextlib
 import os
 from typing import NamedTuple
@@ -54,8 +55,9 @@ def resolve_device(name, local_rank=None):
         raise ValueError(f"--device {name}: CUDA is not available on this machine")
     if device.type == "cuda" and local_rank is not None:
         if device.index is not None:
-            raise ValueError(f"--device {name}: under torchrun each process takes the GPU of its LOCAL_RANK; "
-                             "pass --device cuda")
+            raise ValueError(
+                f"--device {name}: under torchrun each process takes the GPU of its LOCAL_RANK; pass --device cuda"
+            )
         device = torch.device("cuda", local_rank)
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
@@ -63,7 +65,7 @@ def resolve_device(name, local_rank=None):
 
 
 def resolve_amp(amp, device):
-    """"auto" is bf16 autocast on a CUDA GPU that supports it, else off."""
+    """ "auto" is bf16 autocast on a CUDA GPU that supports it, else off."""
     if amp == "auto":
         return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "off"
     return amp
@@ -166,8 +168,15 @@ def check_step_options(device, amp, kernels, launch, *, cuda_graphs, compile, pa
     ("triton" or "reference") and launch; return whether to pad to buckets (default: with
     --cuda-graphs, which needs it, and not otherwise). fastformer.options.check_step_options, with
     everything known."""
-    return options.check_step_options(device, amp, kernels, launch.distributed, cuda_graphs=cuda_graphs,
-                                      compile=compile, pad_to_buckets=pad_to_buckets)
+    return options.check_step_options(
+        device,
+        amp,
+        kernels,
+        launch.distributed,
+        cuda_graphs=cuda_graphs,
+        compile=compile,
+        pad_to_buckets=pad_to_buckets,
+    )
 
 
 def device_memory(device):

@@ -12,6 +12,7 @@
   both replay CUDA graphs of their steps instead of running them eagerly.
 - `train_step` / `loss_curve`: one optimizer step of train_epoch, and the losses of a run of them.
 """
+
 import contextlib
 import math
 import time
@@ -51,12 +52,16 @@ def inverse_sqrt_warmup(step, d_model, warmup_steps=4000):
 
 
 def linear_warmup_decay_scheduler(optimizer, warmup_steps, total_steps):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: linear_warmup_decay(step, warmup_steps, total_steps))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: linear_warmup_decay(step, warmup_steps, total_steps)
+    )
 
 
 def inverse_sqrt_scheduler(optimizer, d_model, warmup_steps=4000):
     """The Keras tutorial's schedule as a LambdaLR; give the optimizer lr=1.0, since the schedule is the lr."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: inverse_sqrt_warmup(step + 1, d_model, warmup_steps))
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: inverse_sqrt_warmup(step + 1, d_model, warmup_steps)
+    )
 
 
 def sequence_cross_entropy(logits, targets, pad_idx):
@@ -136,8 +141,20 @@ def loss_curve(model, batches, optimizer, *, device, amp="off"):
     return torch.stack(losses).tolist()
 
 
-def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", scaler=None,
-                max_steps=None, desc="Train", log_every=10, graphs=None):
+def train_epoch(
+    model,
+    loader,
+    optimizer,
+    scheduler=None,
+    *,
+    device,
+    amp="off",
+    scaler=None,
+    max_steps=None,
+    desc="Train",
+    log_every=10,
+    graphs=None,
+):
     """One epoch of the tutorial's train_epoch (cross-entropy on logits[0]).
 
     Stops early after `max_steps` optimizer steps. The bar shows the running loss, accuracy and
@@ -165,8 +182,9 @@ def train_epoch(model, loader, optimizer, scheduler=None, *, device, amp="off", 
                 break
             labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
             if graphs is None:
-                loss, logits = train_step(model, (labels, enc_inputs, dec_inputs), optimizer, scheduler,
-                                          device=device, amp=amp, scaler=scaler)
+                loss, logits = train_step(
+                    model, (labels, enc_inputs, dec_inputs), optimizer, scheduler, device=device, amp=amp, scaler=scaler
+                )
             else:
                 loss, logits = graphs.train_step((labels, enc_inputs, dec_inputs))
                 if scheduler is not None:

@@ -25,6 +25,7 @@ warm-up trains bit for bit as one without. No optimizer runs. Pass the model its
 DistributedDataParallel or torch.compile wrapper of it (their first calls do work of their own).
 Nothing happens where the kernels are not in use (the PyTorch reference, the interpreter).
 """
+
 import contextlib
 import os
 import time
@@ -112,7 +113,7 @@ def _steps(model, shape, dec_len, device, amp, train, evaluate):
     batch, length = shape
     config = model.config
     enc = torch.full((batch, length), 4, dtype=torch.long, device=device)
-    enc[:, 1 + length // 2:] = config.i_pad
+    enc[:, 1 + length // 2 :] = config.i_pad
     dec = torch.full((batch, dec_len), 2, dtype=torch.long, device=device)  # [BOS]
     labels = torch.zeros(batch, dtype=torch.long, device=device)
     if train:

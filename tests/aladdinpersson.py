@@ -2,6 +2,7 @@
 written for these tests as the oracle that fastformer.compat.aladdinpersson must match: einsum attention,
 masks with nonzero = keep filled with -1e20, scores scaled by 1/sqrt(embed_size), dropout after
 LayerNorm, learned positions, and make_src_mask / make_trg_mask."""
+
 import torch
 import torch.nn as nn
 
@@ -60,7 +61,10 @@ class Encoder(nn.Module):
         self.word_embedding = nn.Embedding(src_vocab_size, embed_size)
         self.position_embedding = nn.Embedding(max_length, embed_size)
         self.layers = nn.ModuleList(
-            [TransformerBlock(embed_size, heads, dropout=dropout, forward_expansion=forward_expansion) for _ in range(num_layers)]
+            [
+                TransformerBlock(embed_size, heads, dropout=dropout, forward_expansion=forward_expansion)
+                for _ in range(num_layers)
+            ]
         )
         self.dropout = nn.Dropout(dropout)
 
@@ -109,11 +113,27 @@ class Decoder(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, src_vocab_size, trg_vocab_size, src_pad_idx, trg_pad_idx, embed_size=512, num_layers=6,
-                 forward_expansion=4, heads=8, dropout=0, device="cpu", max_length=100):
+    def __init__(
+        self,
+        src_vocab_size,
+        trg_vocab_size,
+        src_pad_idx,
+        trg_pad_idx,
+        embed_size=512,
+        num_layers=6,
+        forward_expansion=4,
+        heads=8,
+        dropout=0,
+        device="cpu",
+        max_length=100,
+    ):
         super().__init__()
-        self.encoder = Encoder(src_vocab_size, embed_size, num_layers, heads, device, forward_expansion, dropout, max_length)
-        self.decoder = Decoder(trg_vocab_size, embed_size, num_layers, heads, forward_expansion, dropout, device, max_length)
+        self.encoder = Encoder(
+            src_vocab_size, embed_size, num_layers, heads, device, forward_expansion, dropout, max_length
+        )
+        self.decoder = Decoder(
+            trg_vocab_size, embed_size, num_layers, heads, forward_expansion, dropout, device, max_length
+        )
         self.src_pad_idx = src_pad_idx
         self.trg_pad_idx = trg_pad_idx
         self.device = device

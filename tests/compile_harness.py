@@ -20,6 +20,7 @@ The kernels must be imported without TRITON_INTERPRET, so the tests run this in 
 It prints a JSON list, one object per (model, backend): per sequence length, whether the forward
 and backward ran; the graphs Inductor lowered; the Triton kernels launched; the error, if any.
 """
+
 import argparse
 import contextlib
 import copy
@@ -52,14 +53,22 @@ def seq2seq_transformer():
     """The einsum seq2seq Transformer of Aladdin Persson's tutorial (small): source with padding
     (one row all padding), target ids."""
     model = aladdinpersson.Transformer(
-        src_vocab_size=23, trg_vocab_size=19, src_pad_idx=0, trg_pad_idx=0, embed_size=64, num_layers=1,
-        forward_expansion=2, heads=4, dropout=0.1, max_length=24,
+        src_vocab_size=23,
+        trg_vocab_size=19,
+        src_pad_idx=0,
+        trg_pad_idx=0,
+        embed_size=64,
+        num_layers=1,
+        forward_expansion=2,
+        heads=4,
+        dropout=0.1,
+        max_length=24,
     )
     g = torch.Generator().manual_seed(0)
     batches = []
     for length in LENGTHS:
         src = torch.randint(1, 23, (3, length), generator=g)
-        src[0, length // 2:] = 0
+        src[0, length // 2 :] = 0
         src[-1, :] = 0
         batches.append((src, torch.randint(1, 19, (3, length // 2 + 1), generator=g)))
     return model, batches, lambda outputs: outputs  # the logits

@@ -1,5 +1,6 @@
 """Test setup: the Triton interpreter where there is no GPU, corrected for bf16 and spared its
 repeated patching, the `cuda` marker, a clean backend."""
+
 import importlib.util
 import os
 

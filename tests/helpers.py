@@ -1,5 +1,6 @@
 """Helpers shared by the tests: comparisons that print the worst element, a small config and a
 batch of padded token ids for the modules, and the tiny separable review set of the training jobs."""
+
 import random
 
 import torch
@@ -79,8 +80,19 @@ def token_batch(config, bs=5, enc_len=13, dec_len=7, seed=0):
 POSITIVE = ["good", "great", "lovely", "fine", "superb", "nice"]
 NEGATIVE = ["bad", "awful", "dull", "poor", "boring", "ugly"]
 TINY = {
-    "n_enc_vocab": 120, "n_dec_vocab": 120, "n_enc_seq": 16, "n_dec_seq": 4, "n_layer": 1, "d_hidn": 32,
-    "i_pad": 0, "d_ff": 64, "n_head": 2, "d_head": 16, "dropout": 0.0, "layer_norm_epsilon": 1e-12, "n_output": 2,
+    "n_enc_vocab": 120,
+    "n_dec_vocab": 120,
+    "n_enc_seq": 16,
+    "n_dec_seq": 4,
+    "n_layer": 1,
+    "d_hidn": 32,
+    "i_pad": 0,
+    "d_ff": 64,
+    "n_head": 2,
+    "d_head": 16,
+    "dropout": 0.0,
+    "layer_norm_epsilon": 1e-12,
+    "n_output": 2,
 }
 
 
@@ -100,7 +112,24 @@ def train_args(files, out, *extra):
     """`fastformer train` on the files of test_train_job's `files` fixture: 3 epochs at batch 16 on
     the CPU into `out`, then `extra`."""
     return [
-        "train", "--train", files["train"], "--test", files["test"], "--config", files["config"],
-        "--vocab-size", "60", "--epochs", "3", "--batch-size", "16", "--lr", "3e-3", "--device", "cpu",
-        "--out", str(out), *extra,
+        "train",
+        "--train",
+        files["train"],
+        "--test",
+        files["test"],
+        "--config",
+        files["config"],
+        "--vocab-size",
+        "60",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "16",
+        "--lr",
+        "3e-3",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
     ]

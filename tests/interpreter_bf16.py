@@ -16,6 +16,7 @@ Arithmetic on bf16 values themselves (bf16 + bf16, a comparison of two bf16) sta
 the patterns: the kernels do none, they upcast to fp32 after loading (tests/test_interpreter_bf16.py
 checks what they do use: masked loads, tl.where, stores, math on the upcast values).
 """
+
 import contextlib
 
 import numpy as np

@@ -16,6 +16,7 @@ whose functions have been patched for in this launch returns at once; every othe
 launch's restore, run as they ship. Nothing the kernels compute changes
 (tests/test_interpreter_speed.py checks results bit for bit with and without it).
 """
+
 import contextlib
 
 from triton.runtime import interpreter

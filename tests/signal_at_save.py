@@ -4,6 +4,7 @@
 
 For tests/test_run_safety.py: a kill or Ctrl-C at a chosen point, with no hook in fastformer itself.
 """
+
 import os
 import signal
 import sys

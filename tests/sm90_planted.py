@@ -4,6 +4,7 @@
 exactly its rule, and the control case to pass every rule. Not product code: nothing imports this
 module but that test (through tools.sm90's worker, without TRITON_INTERPRET).
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -21,8 +22,21 @@ def _plain_global_kernel(X, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _gemm_kernel(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gemm_kernel(
+    A,
+    B,
+    C,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """C = A @ B for one (BLOCK_M, BLOCK_N) tile; the planted cases vary its tiles and strides."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -30,10 +44,22 @@ def _gemm_kernel(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
         ks = k + offs_k
-        a = tl.load(A + offs_m[:, None] * stride_am + ks[None, :] * stride_ak, mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
-        b = tl.load(B + ks[:, None] * stride_bk + offs_n[None, :] * stride_bn, mask=(ks[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        a = tl.load(
+            A + offs_m[:, None] * stride_am + ks[None, :] * stride_ak,
+            mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+            other=0.0,
+        )
+        b = tl.load(
+            B + ks[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+            mask=(ks[:, None] < K) & (offs_n[None, :] < N),
+            other=0.0,
+        )
         acc = tl.dot(a, b, acc, out_dtype=tl.float32)
-    tl.store(C + offs_m[:, None] * N + offs_n[None, :], acc.to(C.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    tl.store(
+        C + offs_m[:, None] * N + offs_n[None, :],
+        acc.to(C.dtype.element_ty),
+        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
+    )
 
 
 def _gemm(BLOCK_M, BLOCK_N, BLOCK_K, num_warps=4, num_stages=3, a_misaligned=False):
@@ -43,12 +69,29 @@ def _gemm(BLOCK_M, BLOCK_N, BLOCK_K, num_warps=4, num_stages=3, a_misaligned=Fal
 
     def run():
         M = N = K = 1024
-        a = torch.zeros(M * K + 1, dtype=torch.float16)[1:].view(M, K) if a_misaligned else torch.zeros(M, K, dtype=torch.float16)
+        a = (
+            torch.zeros(M * K + 1, dtype=torch.float16)[1:].view(M, K)
+            if a_misaligned
+            else torch.zeros(M, K, dtype=torch.float16)
+        )
         b = torch.zeros(K, N, dtype=torch.float16)
         c = torch.empty(M, N, dtype=torch.float16)
         grid = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
-        _gemm_kernel[grid](a, b, c, M, N, K, *a.stride(), *b.stride(),
-                           BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=num_warps, num_stages=num_stages)
+        _gemm_kernel[grid](
+            a,
+            b,
+            c,
+            M,
+            N,
+            K,
+            *a.stride(),
+            *b.stride(),
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K,
+            num_warps=num_warps,
+            num_stages=num_stages,
+        )
 
     return run
 

@@ -1,4 +1,5 @@
 """The Triton add + LayerNorm kernel against the fp64 reference: outputs, every gradient, dropout."""
+
 import warnings
 
 import pytest
@@ -211,19 +212,27 @@ def test_frozen_parameters_get_no_gradient_and_no_reduction(trained, device):
     the gradients that are taken match those with every parameter trained."""
     inputs = [t.float() for t in make_inputs((13, 48), device, seed=4)]
     full = run(kernels.add_layer_norm, *inputs, torch.float32)
-    x, residual, weight, bias = (t.clone().requires_grad_(name in ("x", trained)) for name, t in
-                                 zip(("x", "residual", "weight", "bias"), inputs[:4]))
+    x, residual, weight, bias = (
+        t.clone().requires_grad_(name in ("x", trained))
+        for name, t in zip(("x", "residual", "weight", "bias"), inputs[:4])
+    )
     y = kernels.add_layer_norm(x, residual, weight, bias, 1e-5)
     counts = kernels_of(lambda: y.backward(inputs[4]))
     assert counts.get("triton._sum_partials_kernel", 0) == (trained != "none")
-    assert residual.grad is None and (weight.grad is None) == (trained != "weight") and (bias.grad is None) == (trained != "bias")
+    assert (
+        residual.grad is None
+        and (weight.grad is None) == (trained != "weight")
+        and (bias.grad is None) == (trained != "bias")
+    )
     for name, got, expected in zip(NAMES[1:], (x.grad, None, weight.grad, bias.grad), full[1:]):
         if got is not None:
             assert torch.equal(got, expected), name
 
 
 def test_no_rows(device):
-    x, residual, weight, bias = (torch.randn(*shape, device=device, requires_grad=True) for shape in ((0, 16), (0, 16), (16,), (16,)))
+    x, residual, weight, bias = (
+        torch.randn(*shape, device=device, requires_grad=True) for shape in ((0, 16), (0, 16), (16,), (16,))
+    )
     kernels.add_layer_norm(x, residual, weight, bias, 1e-5).sum().backward()
     assert x.grad.shape == (0, 16) and torch.equal(weight.grad, torch.zeros(16, device=device))
     assert torch.equal(bias.grad, torch.zeros(16, device=device))
@@ -242,5 +251,7 @@ def test_sum_partials(n_partials, n_cols, dtype, device):
         bound += 2.0**-11 * expected.abs()
     assert out.dtype == dtype
     err = (out.double() - expected).abs()
-    assert (err <= bound).all(), f"sum_partials: error {err.max().item():.3e} over the bound at column {err.sub(bound).argmax().item()}"
+    assert (err <= bound).all(), (
+        f"sum_partials: error {err.max().item():.3e} over the bound at column {err.sub(bound).argmax().item()}"
+    )
     assert torch.equal(out, sum_partials(partial, torch.empty(n_cols, dtype=dtype, device=device)))

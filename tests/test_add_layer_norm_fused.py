@@ -2,6 +2,7 @@
 and reduced with dW and db in the backward; a seed passed in; y's fp16/bf16 copy written by the
 same kernel, whose gradient the backward adds itself. Parity with the fp64 reference, bit-exact
 casts and gradients, launch counts, argument checks."""
+
 import pytest
 import torch
 
@@ -274,10 +275,13 @@ def test_y_low_is_y_cast_bit_for_bit(case, device):
 
 @pytest.mark.parametrize(
     "case, used",
-    [pytest.param(case, used, marks=pytest.mark.bf16 if "bf16" in case else ())
-     for case in LOWP_CASES for used in ("both", "y", "y_low")
-     # an fp16 y's two gradients are added in fp32, where autograd adds them in fp16
-     if (case, used) != ("fp16", "both")],
+    [
+        pytest.param(case, used, marks=pytest.mark.bf16 if "bf16" in case else ())
+        for case in LOWP_CASES
+        for used in ("both", "y", "y_low")
+        # an fp16 y's two gradients are added in fp32, where autograd adds them in fp16
+        if (case, used) != ("fp16", "both")
+    ],
 )
 def test_gradients_through_y_and_y_low_are_autograds_bit_for_bit(case, used, device):
     """The backward adds the gradients of an fp32 y and of y_low in fp32, as autograd adds those of

@@ -1,6 +1,7 @@
 """fastformer.compat.aladdinpersson against a transcription of Aladdin Persson's Transformer
 (tests/aladdinpersson.py): signatures, strict checkpoint loading, outputs and gradients on both
 backends, masks, training steps, and cached greedy decoding."""
+
 import inspect
 
 import pytest
@@ -13,8 +14,17 @@ from tests import aladdinpersson as theirs
 from tests.helpers import assert_max_diff, assert_within_torch_error
 
 CLASSES = ["SelfAttention", "TransformerBlock", "Encoder", "DecoderBlock", "Decoder", "Transformer"]
-SMALL = dict(src_vocab_size=23, trg_vocab_size=19, src_pad_idx=0, trg_pad_idx=0, embed_size=64, num_layers=2,
-             forward_expansion=2, heads=4, max_length=24)
+SMALL = dict(
+    src_vocab_size=23,
+    trg_vocab_size=19,
+    src_pad_idx=0,
+    trg_pad_idx=0,
+    embed_size=64,
+    num_layers=2,
+    forward_expansion=2,
+    heads=4,
+    max_length=24,
+)
 
 
 def batch(n=3, src_len=11, trg_len=7, seed=0):
@@ -132,8 +142,13 @@ def test_bad_arguments():
         model(src, trg.masked_fill(trg == trg.max(), -4))
 
 
-@pytest.mark.parametrize("dtype, atol", [pytest.param(torch.float32, 1e-5, id="fp32"),
-                                         pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.bf16)])
+@pytest.mark.parametrize(
+    "dtype, atol",
+    [
+        pytest.param(torch.float32, 1e-5, id="fp32"),
+        pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.bf16),
+    ],
+)
 def test_triton_backend_matches_reference_outputs_and_all_gradients(dtype, atol, device):
     """Shared weights: the Triton backend vs the reference backend in the same dtype, both against
     the reference backend in fp64."""

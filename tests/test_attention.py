@@ -3,6 +3,7 @@
 On a CPU the kernels run through Triton's interpreter (tests/conftest.py), so shapes stay small;
 bf16 runs there too, through the interpreter as tests/interpreter_bf16.py corrects it.
 """
+
 import warnings
 
 import pytest
@@ -51,7 +52,7 @@ def padding(B, Lk, where, device):
     lengths = torch.linspace(max(1, Lk // 3), Lk, B).long()
     for b in range(B):
         if where == "end":
-            pad[b, lengths[b]:] = True
+            pad[b, lengths[b] :] = True
         elif where == "start":
             pad[b, : Lk - lengths[b]] = True
         elif where == "middle":
@@ -92,7 +93,9 @@ def test_parity_key_padding(where, causal, dtype, atol, device):
 @pytest.mark.parametrize("dtype, atol", DTYPES)
 @pytest.mark.parametrize("per_head", [False, True], ids=["(B,Lq,Lk)", "(B,H,Lq,Lk)"])
 @pytest.mark.parametrize(
-    "with_pad, causal", [(False, False), (True, False), (False, True), (True, True)], ids=["", "+pad", "+causal", "+pad+causal"]
+    "with_pad, causal",
+    [(False, False), (True, False), (False, True), (True, True)],
+    ids=["", "+pad", "+causal", "+pad+causal"],
 )
 def test_parity_dense_mask(per_head, with_pad, causal, dtype, atol, device):
     B, H, Lq, Lk = 2, 3, 21, 40

@@ -4,6 +4,7 @@ The rules themselves (which configs compile for sm_90a without spills) are held 
 tests/test_sm90_compile.py; here: every launch keeps a config, short sequences compile fewer, and
 the pruner reads the length buckets that the launchers pass positionally.
 """
+
 import importlib
 import itertools
 
@@ -12,7 +13,9 @@ import triton
 
 from fastformer.kernels import _configs
 
-attention_module = importlib.import_module("fastformer.kernels.attention")  # the module; `kernels.attention` is the function
+attention_module = importlib.import_module(
+    "fastformer.kernels.attention"
+)  # the module; `kernels.attention` is the function
 
 KERNELS = {
     "forward": (attention_module._FWD_TILES, attention_module._fwd_fits),
@@ -32,8 +35,13 @@ def kept(tiles, fits, launch):
 
 def launch(block_d, dropout, lq, lk, mask=False, pad=False, causal=False):
     return {
-        "BLOCK_D": block_d, "HAS_DROPOUT": dropout, "HAS_MASK": mask, "HAS_PAD": pad, "IS_CAUSAL": causal,
-        "LQ_BUCKET": lq, "LK_BUCKET": lk,
+        "BLOCK_D": block_d,
+        "HAS_DROPOUT": dropout,
+        "HAS_MASK": mask,
+        "HAS_PAD": pad,
+        "IS_CAUSAL": causal,
+        "LQ_BUCKET": lq,
+        "LK_BUCKET": lk,
     }
 
 
@@ -66,7 +74,12 @@ def test_short_sequences_compile_fewer_variants_on_first_use():
 
 def test_the_pruner_reads_positional_length_buckets():
     prune = _configs._pruner("attention forward", attention_module._fwd_fits)
-    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=2) for bm, bn, w in attention_module._FWD_TILES]
+    configs = [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=2)
+        for bm, bn, w in attention_module._FWD_TILES
+    ]
     named_args = {"LQ_BUCKET": 64, "LK_BUCKET": 32}  # the autotuner's positional arguments
-    kept_configs = prune(configs, named_args, BLOCK_D=64, HAS_DROPOUT=False, HAS_PAD=True, IS_CAUSAL=False, HAS_MASK=False)
+    kept_configs = prune(
+        configs, named_args, BLOCK_D=64, HAS_DROPOUT=False, HAS_PAD=True, IS_CAUSAL=False, HAS_MASK=False
+    )
     assert [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in kept_configs] == [(64, 32)]

@@ -2,6 +2,7 @@
 of the seeds a model draws once per forward, decides the dropout mask alone, and no seed is drawn
 for the call (a call is its kernels alone). The bad seeds are in tests/test_ops_reference.py's argument table.
 """
+
 import pytest
 import torch
 

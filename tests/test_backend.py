@@ -1,4 +1,5 @@
 """The backend switch: set_backend, use_backend, FASTFORMER_BACKEND, and attention probabilities."""
+
 import warnings
 
 import pytest

@@ -7,6 +7,7 @@ no autocast. flash-attention's rule holds the Triton model to twice PyTorch's ow
 max|triton - fp64| <= 2 * max|reference_bf16 - fp64| + atol, for the logits and every parameter's
 gradient.
 """
+
 import pytest
 import torch
 
@@ -27,7 +28,9 @@ def test_model_under_bf16_autocast_matches_fp64_within_twice_torchs_error(device
     # padded reviews of lengths 1 to 9: odd lengths, a length-1 query, Lq != Lk across attention
     enc, dec = (t.to(device) for t in token_batch(config, bs=3, enc_len=9, dec_len=5))
     dec[:, 0] = 2  # every decoder sequence starts with [BOS]
-    upstream = torch.randn(enc.shape[0], config.n_output, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    upstream = torch.randn(
+        enc.shape[0], config.n_output, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
 
     def run_model(backend, dtype, autocast):
         model = fastformer.MovieClassification(config).to(device)
@@ -42,7 +45,9 @@ def test_model_under_bf16_autocast_matches_fp64_within_twice_torchs_error(device
     torch_logits, torch_grads = run_model("reference", torch.float32, autocast=True)
     with monkeypatch.context() as patch:  # the Triton model runs every op's kernel, no reference
         for name in REFERENCES:
-            patch.setattr(kernels, name, lambda *args, name=name, **kwargs: pytest.fail(f"the Triton model called {name}"))
+            patch.setattr(
+                kernels, name, lambda *args, name=name, **kwargs: pytest.fail(f"the Triton model called {name}")
+            )
         logits, grads = run_model("triton", torch.float32, autocast=True)
 
     assert logits.dtype == torch_logits.dtype == torch.bfloat16

@@ -1,5 +1,6 @@
 """Padding to buckets (--pad-to-buckets, on with --cuda-graphs): the bucket rule, the collate, the
 job's loaders, and that the extra padding changes the model's logits and gradients by rounding only."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,10 @@ def test_padding_to_the_bucket_changes_logits_and_gradients_by_rounding_only(bac
         with fastformer.use_backend(name):
             logits = model(enc_inputs, dec)[0]
         F.cross_entropy(logits, labels).backward()
-        return {"logits": logits.detach(), **{f"grad {n}": p.grad for n, p in model.named_parameters() if p.grad is not None}}
+        return {
+            "logits": logits.detach(),
+            **{f"grad {n}": p.grad for n, p in model.named_parameters() if p.grad is not None},
+        }
 
     fp64 = run("reference", torch.float64, enc)
     fp64_bucketed = run("reference", torch.float64, bucketed)
@@ -72,8 +76,10 @@ def test_the_jobs_loaders_pad_to_buckets_when_asked(tmp_path):
 
     words = ["the", "film", "was", "good", "bad", "long", "short", "dull", "great", "fine", "and", "but", "not", "very"]
     g = torch.Generator().manual_seed(0)
-    reviews = [Review(str(i), " ".join(words[j] for j in torch.randint(0, len(words), (int(n),), generator=g).tolist()),
-                      i % 2) for i, n in enumerate(torch.randint(1, 30, (80,), generator=g))]
+    reviews = [
+        Review(str(i), " ".join(words[j] for j in torch.randint(0, len(words), (int(n),), generator=g).tolist()), i % 2)
+        for i, n in enumerate(torch.randint(1, 30, (80,), generator=g))
+    ]
     vocab = train_vocab([r.doc for r in reviews], str(tmp_path / "vocab.model"), n_pieces=40)
     config = small_config(n_enc_seq=24, n_enc_vocab=vocab.get_piece_size(), n_dec_vocab=vocab.get_piece_size())
     for pad_to_buckets in (False, True):

@@ -1,4 +1,5 @@
 """The `fastformer` command."""
+
 import subprocess
 import sys
 
@@ -40,11 +41,32 @@ def test_train_arguments_become_one_train_options_with_the_apis_defaults():
 
     parser = build_parser()
     assert TrainOptions.from_args(parser.parse_args(["train"])) == TrainOptions()
-    args = parser.parse_args(["train", "--backend", "reference", "--lr", "1e-3", "--no-bucket", "--cuda-graphs",
-                              "--n-output", "auto", "--max-steps", "7", "--no-precompile", "--autotune"])
+    args = parser.parse_args(
+        [
+            "train",
+            "--backend",
+            "reference",
+            "--lr",
+            "1e-3",
+            "--no-bucket",
+            "--cuda-graphs",
+            "--n-output",
+            "auto",
+            "--max-steps",
+            "7",
+            "--no-precompile",
+            "--autotune",
+        ]
+    )
     assert TrainOptions.from_args(args) == TrainOptions(
-        backend_name="reference", lr=1e-3, bucket=False, cuda_graphs=True, n_output="auto", max_steps=7,
-        precompile=False, autotune=True,
+        backend_name="reference",
+        lr=1e-3,
+        bucket=False,
+        cuda_graphs=True,
+        n_output="auto",
+        max_steps=7,
+        precompile=False,
+        autotune=True,
     )
 
 
@@ -74,14 +96,20 @@ def test_help_and_version_do_not_import_torch_or_triton():
         (["demo", "--batch-size", "0"], "fastformer demo: error: --batch-size must be positive, got 0"),
         (["demo", "--seq-len", "-3"], "fastformer demo: error: --seq-len must be positive, got -3"),
         pytest.param(
-            ["demo", "--device", "cuda"], "fastformer demo: error: --device cuda: CUDA is not available on this machine",
+            ["demo", "--device", "cuda"],
+            "fastformer demo: error: --device cuda: CUDA is not available on this machine",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
         ),
         (["demo", "--device", "tpu9"], "fastformer demo: error: --device tpu9: fastformer runs on cpu, cuda or cuda:N"),
-        (["evaluate", "--run", "nowhere", "--batch-size", "0"], "fastformer evaluate: error: --batch-size must be positive"),
+        (
+            ["evaluate", "--run", "nowhere", "--batch-size", "0"],
+            "fastformer evaluate: error: --batch-size must be positive",
+        ),
         (["train", "--precompile"], "fastformer train: error: --precompile needs --pad-to-buckets"),
-        (["train", "--precompile", "--pad-to-buckets", "--compile"],
-         "fastformer train: error: --precompile and --compile are alternatives"),
+        (
+            ["train", "--precompile", "--pad-to-buckets", "--compile"],
+            "fastformer train: error: --precompile and --compile are alternatives",
+        ),
     ],
 )
 def test_bad_options_are_one_line_exit_2(argv, message, capsys):

@@ -6,6 +6,7 @@ dry-run sm_90a driver, subprocesses without TRITON_INTERPRET on a new Triton cac
 - with autotuning on, the timings are kept on disk for the GPU that took them: a second process on
   that GPU times nothing, one on another GPU model times again (and compiles nothing).
 """
+
 import json
 import os
 import subprocess
@@ -33,7 +34,11 @@ def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("cold-start") / "quick.json"
     proc = subprocess.run(
         [sys.executable, "-m", "tools.cold_start", "--quick", "--json", str(out)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())["jobs"]["demo --quick"]
@@ -52,10 +57,12 @@ def test_a_second_run_compiles_and_times_nothing(quick):
     second = quick["second"]["kernels"]
     assert sum(c["compiles"] for c in second.values()) == 0, second
     assert sum(c["timings"] for c in second.values()) == 0, second
-    assert {k: c["specializations"] for k, c in second.items()} == {k: c["specializations"] for k, c in quick["first"]["kernels"].items()}
+    assert {k: c["specializations"] for k, c in second.items()} == {
+        k: c["specializations"] for k, c in quick["first"]["kernels"].items()
+    }
 
 
-AUTOTUNED_LAUNCH = textwrap.dedent('''
+AUTOTUNED_LAUNCH = textwrap.dedent("""
     import json, sys
     import torch
     from tools import cold_start, sm90
@@ -66,15 +73,21 @@ AUTOTUNED_LAUNCH = textwrap.dedent('''
     with sm90.dry_run(), counts.counting():
         kernels.linear_gelu(torch.zeros(100, 32, dtype=torch.float16), torch.zeros(64, 32, dtype=torch.float16), None)
     print(json.dumps(counts.result()["_linear_gelu_fwd_kernel"]))
-''')
+""")
 
 
 def test_autotuning_keeps_its_timings_on_disk_for_the_gpu_that_took_them(tmp_path):
     env = _env(TRITON_CACHE_DIR=str(tmp_path), FASTFORMER_AUTOTUNE="1")
 
     def run(gpu):
-        proc = subprocess.run([sys.executable, "-c", AUTOTUNED_LAUNCH, gpu], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-c", AUTOTUNED_LAUNCH, gpu],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-6000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 

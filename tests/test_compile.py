@@ -2,6 +2,7 @@
 and Triton: train mode, dropout, padding, bf16 autocast, two sequence lengths, forward and
 backward, with the aot_eager and inductor backends (how, and where a CPU must stop: the docstring
 of tests/compile_harness.py). CI runs this on the newest and on the oldest supported stack."""
+
 import json
 import os
 import subprocess
@@ -26,7 +27,11 @@ def results():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, "-m", "tests.compile_harness", "--models", *MODELS, "--backends", *BACKENDS],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return {(r["model"], r["backend"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
@@ -34,8 +39,14 @@ def results():
 
 # the kernels a train step of each model launches: attention both ways, the FFN, add + LayerNorm
 KERNELS = {
-    "movie": {"_attn_fwd_kernel", "_attn_bwd_kernel", "_linear_gelu_fwd_kernel", "_activation_grad_kernel",
-              "_add_ln_fwd_kernel", "_add_ln_bwd_kernel"},
+    "movie": {
+        "_attn_fwd_kernel",
+        "_attn_bwd_kernel",
+        "_linear_gelu_fwd_kernel",
+        "_activation_grad_kernel",
+        "_add_ln_fwd_kernel",
+        "_add_ln_bwd_kernel",
+    },
     "seq2seq": {"_attn_fwd_kernel", "_attn_bwd_kernel", "_linear_gelu_fwd_kernel", "_activation_grad_kernel"},
 }
 

@@ -1,4 +1,5 @@
 """fastformer.config: check_config on good and bad configs, and Config.load on files that are not configs."""
+
 import warnings
 
 import pytest
@@ -89,13 +90,17 @@ def test_load_reads_a_config_with_a_byte_order_mark(tmp_path):
 def test_the_models_check_their_config_when_built():
     with pytest.raises(ValueError, match=r"^config.n_layer must be a positive integer, got 0$"):
         fastformer.MovieClassification(Config.tutorial(n_layer=0))
-    without_output = {k: v for k, v in Config.tutorial(n_layer=1, d_hidn=16, d_ff=32, d_head=8).items() if k != "n_output"}
+    without_output = {
+        k: v for k, v in Config.tutorial(n_layer=1, d_hidn=16, d_ff=32, d_head=8).items() if k != "n_output"
+    }
     fastformer.Transformer(Config(without_output))  # the Transformer does not read n_output
     with pytest.raises(ValueError, match=r"^config is missing n_output$"):
         fastformer.MovieClassification(Config(without_output))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"n_head": 3, "d_head": 7, "n_dec_vocab": 11, "n_dec_seq": 3, "n_output": 5}])
+@pytest.mark.parametrize(
+    "overrides", [{}, {"n_head": 3, "d_head": 7, "n_dec_vocab": 11, "n_dec_seq": 3, "n_output": 5}]
+)
 def test_parameter_count_is_the_models(overrides):
     config = Config.tutorial(n_layer=2, **overrides)
     model = fastformer.MovieClassification(config)
@@ -105,8 +110,10 @@ def test_parameter_count_is_the_models(overrides):
 def test_a_model_too_large_for_the_memory_names_the_size_that_costs_most():
     from fastformer.config import BYTES_TO_TRAIN, check_fits
 
-    message = (r"^--n-output 1000000000: the model would have 256,015,290,368 parameters, 4,096,244,645,888 bytes "
-               r"\(3.7 TiB\) to train .* more than the memory \(1.0 GiB\)$")
+    message = (
+        r"^--n-output 1000000000: the model would have 256,015,290,368 parameters, 4,096,244,645,888 bytes "
+        r"\(3.7 TiB\) to train .* more than the memory \(1.0 GiB\)$"
+    )
     with pytest.raises(ValueError, match=message):
         check_fits(Config.tutorial(n_output=10**9), 2**30, "the memory", BYTES_TO_TRAIN, {"n_output": "--n-output"})
     check_fits(Config.tutorial(), 2**30, "the memory", BYTES_TO_TRAIN)  # 15 M parameters: 245 MB

@@ -1,5 +1,6 @@
 """fastformer.graphs and `fastformer train --cuda-graphs`: the option checks and the optimizer's
 two forms on a CPU; on a GPU (`cuda`), replayed steps against eager steps, bit for bit."""
+
 import json
 
 import pytest
@@ -22,19 +23,46 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     config = root / "tiny.json"
     config.write_text(json.dumps(TINY), encoding="utf-8")
-    return {"train": write_reviews(root / "train.txt", 240, seed=0), "test": write_reviews(root / "test.txt", 60, seed=1),
-            "config": str(config)}
+    return {
+        "train": write_reviews(root / "train.txt", 240, seed=0),
+        "test": write_reviews(root / "test.txt", 60, seed=1),
+        "config": str(config),
+    }
 
 
-@pytest.mark.parametrize("device, amp, kernels, distributed, options, message", [
-    (CPU, "off", "reference", False, dict(cuda_graphs=True), "--cuda-graphs needs a CUDA device; the device is cpu"),
-    (CUDA, "bf16", "triton", False, dict(cuda_graphs=True, compile=True), "--cuda-graphs and --compile are alternatives"),
-    (CUDA, "fp16", "triton", False, dict(cuda_graphs=True), "--cuda-graphs does not take --amp fp16"),
-    (CUDA, "bf16", "triton", False, dict(cuda_graphs=True, pad_to_buckets=False), "--cuda-graphs needs --pad-to-buckets"),
-    (CUDA, "bf16", "triton", True, dict(cuda_graphs=True), "--cuda-graphs is not supported under torchrun"),
-    (CPU, "off", "triton", False, dict(compile=True), "--compile on cpu needs the reference kernels"),
-    (CPU, "off", "reference", True, dict(compile=True), "--compile is not supported under torchrun"),
-])
+@pytest.mark.parametrize(
+    "device, amp, kernels, distributed, options, message",
+    [
+        (
+            CPU,
+            "off",
+            "reference",
+            False,
+            dict(cuda_graphs=True),
+            "--cuda-graphs needs a CUDA device; the device is cpu",
+        ),
+        (
+            CUDA,
+            "bf16",
+            "triton",
+            False,
+            dict(cuda_graphs=True, compile=True),
+            "--cuda-graphs and --compile are alternatives",
+        ),
+        (CUDA, "fp16", "triton", False, dict(cuda_graphs=True), "--cuda-graphs does not take --amp fp16"),
+        (
+            CUDA,
+            "bf16",
+            "triton",
+            False,
+            dict(cuda_graphs=True, pad_to_buckets=False),
+            "--cuda-graphs needs --pad-to-buckets",
+        ),
+        (CUDA, "bf16", "triton", True, dict(cuda_graphs=True), "--cuda-graphs is not supported under torchrun"),
+        (CPU, "off", "triton", False, dict(compile=True), "--compile on cpu needs the reference kernels"),
+        (CPU, "off", "reference", True, dict(compile=True), "--compile is not supported under torchrun"),
+    ],
+)
 def test_step_options_that_cannot_run_are_refused(device, amp, kernels, distributed, options, message):
     launch = runtime.Launch(0, 2, 0, True) if distributed else runtime.Launch()
     options = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None), **options)
@@ -42,24 +70,30 @@ def test_step_options_that_cannot_run_are_refused(device, amp, kernels, distribu
         runtime.check_step_options(device, amp, kernels, launch, **options)
 
 
-@pytest.mark.parametrize("device, amp, kernels, options, pad_to_buckets", [
-    (CUDA, "bf16", "triton", dict(cuda_graphs=True), True),  # --cuda-graphs pads to buckets by default
-    (CUDA, "off", "reference", dict(cuda_graphs=True, pad_to_buckets=True), True),
-    (CUDA, "bf16", "triton", dict(compile=True), False),
-    (CPU, "off", "reference", dict(compile=True), False),  # torch.compile traces the reference on a CPU
-    (CPU, "off", "reference", dict(compile=True, pad_to_buckets=True), True),
-    (CPU, "off", "triton", dict(pad_to_buckets=True), True),
-    (CPU, "off", "reference", dict(), False),  # the default: eager, padded to the longest review
-])
+@pytest.mark.parametrize(
+    "device, amp, kernels, options, pad_to_buckets",
+    [
+        (CUDA, "bf16", "triton", dict(cuda_graphs=True), True),  # --cuda-graphs pads to buckets by default
+        (CUDA, "off", "reference", dict(cuda_graphs=True, pad_to_buckets=True), True),
+        (CUDA, "bf16", "triton", dict(compile=True), False),
+        (CPU, "off", "reference", dict(compile=True), False),  # torch.compile traces the reference on a CPU
+        (CPU, "off", "reference", dict(compile=True, pad_to_buckets=True), True),
+        (CPU, "off", "triton", dict(pad_to_buckets=True), True),
+        (CPU, "off", "reference", dict(), False),  # the default: eager, padded to the longest review
+    ],
+)
 def test_step_options_that_run_and_the_padding_they_get(device, amp, kernels, options, pad_to_buckets):
     options = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None), **options)
     assert runtime.check_step_options(device, amp, kernels, runtime.Launch(), **options) is pad_to_buckets
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--cuda-graphs"], "--cuda-graphs needs a CUDA device; the device is cpu"),
-    (["--compile", "--backend", "triton"], "--compile on cpu needs the reference kernels"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--cuda-graphs"], "--cuda-graphs needs a CUDA device; the device is cpu"),
+        (["--compile", "--backend", "triton"], "--compile on cpu needs the reference kernels"),
+    ],
+)
 def test_the_command_refuses_them_in_one_line_before_any_work(files, tmp_path, capsys, argv, message):
     out = tmp_path / "run"
     assert main(train_args(files, out, *argv)) == 2
@@ -83,6 +117,7 @@ def test_graphed_steps_need_a_cuda_model():
 def test_make_capturable_switches_forms_and_keeps_every_value():
     """Eager -> capturable -> eager leaves an AdamW that steps exactly as one never switched (lr 0.5
     is exact in fp32, the capturable form's lr dtype)."""
+
     def adamw():
         torch.manual_seed(0)
         param = torch.nn.Parameter(torch.randn(4, 3))
@@ -90,7 +125,7 @@ def test_make_capturable_switches_forms_and_keeps_every_value():
 
     def step(param, optimizer):
         optimizer.zero_grad()
-        (param ** 2).sum().backward()
+        (param**2).sum().backward()
         optimizer.step()
 
     switched, untouched = adamw(), adamw()
@@ -127,8 +162,10 @@ class EagerGraphs:
 def test_the_loops_take_their_steps_from_the_graphs_and_step_the_schedule():
     config = small_config(dropout=0.0)
     g = torch.Generator().manual_seed(0)
-    batches = [(torch.randint(0, 3, (4,), generator=g), torch.randint(1, 50, (4, 16), generator=g),
-                torch.full((4, 1), 2)) for _ in range(3)]
+    batches = [
+        (torch.randint(0, 3, (4,), generator=g), torch.randint(1, 50, (4, 16), generator=g), torch.full((4, 1), 2))
+        for _ in range(3)
+    ]
 
     def run(graphed):
         torch.manual_seed(0)

@@ -1,5 +1,6 @@
 """fastformer.data: the vocab, the review readers on good and malformed files, Dataset, collate,
 the length-bucketing sampler, and the embedded demo set."""
+
 import json
 
 import pytest
@@ -61,8 +62,11 @@ def test_vocab_without_the_special_ids_is_refused(tmp_path):
 
     prefix = str(tmp_path / "plain")
     spm.SentencePieceTrainer.train(  # SentencePiece's defaults: <unk> 0, <s> 1, </s> 2, no [PAD]
-        input=write(tmp_path / "corpus.txt", "\n".join(TEXTS)), model_prefix=prefix, vocab_size=40,
-        model_type="bpe", minloglevel=2,
+        input=write(tmp_path / "corpus.txt", "\n".join(TEXTS)),
+        model_prefix=prefix,
+        vocab_size=40,
+        model_type="bpe",
+        minloglevel=2,
     )
     with pytest.raises(ValueError, match=r"does not have \[PAD\] at id 0"):
         load_vocab(prefix + ".model")
@@ -79,7 +83,10 @@ def test_read_nsmc_skips_empty_documents_and_keeps_quotes(tmp_path):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("id\ttext\tlabel\n1\tgood\t1\n", "expected a TSV header with columns id, document, label, got id, text, label"),
+        (
+            "id\ttext\tlabel\n1\tgood\t1\n",
+            "expected a TSV header with columns id, document, label, got id, text, label",
+        ),
         ("", "expected a TSV header"),
         ("id\tdocument\tlabel\n1\tgood\n", "line 2: expected 3 tab-separated fields, got 2"),
         ("id\tdocument\tlabel\n1\tgood\tyes\n", "line 2: label must be an integer, got 'yes'"),
@@ -139,16 +146,22 @@ def test_infer_classes_needs_every_class_from_zero():
     assert infer_classes(reviews(0, 2, 1, 2), "f") == 3
     with pytest.raises(ValueError, match=r"^f line 3: review 1 has label -1; classes are 0, 1, \.\.\.$"):
         infer_classes(reviews(0, -1), "f")
-    with pytest.raises(ValueError, match=r"^f: labels go up to 99999999 but no review has label 2, 3, 4 or 99999994 more"):
+    with pytest.raises(
+        ValueError, match=r"^f: labels go up to 99999999 but no review has label 2, 3, 4 or 99999994 more"
+    ):
         infer_classes(reviews(0, 1, 99999999), "f")
 
 
 def test_tsv_and_jsonl_give_the_same_dataset(tmp_path, vocab):
     texts = ["the movie was great fun", "awful acting"]
-    tsv = write(tmp_path / "r.txt", "id\tdocument\tlabel\n" + "".join(f"{i}\t{t}\t{i % 2}\n" for i, t in enumerate(texts)))
+    tsv = write(
+        tmp_path / "r.txt", "id\tdocument\tlabel\n" + "".join(f"{i}\t{t}\t{i % 2}\n" for i, t in enumerate(texts))
+    )
     jsonl = write(
         tmp_path / "r.json",
-        "".join(json.dumps({"id": i, "doc": vocab.encode_as_pieces(t), "label": i % 2}) + "\n" for i, t in enumerate(texts)),
+        "".join(
+            json.dumps({"id": i, "doc": vocab.encode_as_pieces(t), "label": i % 2}) + "\n" for i, t in enumerate(texts)
+        ),
     )
     a, b = MovieDataSet(vocab, tsv, progress=False), MovieDataSet(vocab, jsonl, progress=False)
     assert len(a) == len(b) == 2
@@ -237,8 +250,11 @@ def test_a_jsonl_label_that_is_not_an_integer_is_refused(tmp_path, value):
 def test_lines_of_any_length_and_line_ends_are_read(tmp_path):
     long = "good " * 60_000  # 300,000 characters: more than the csv module's field limit of 131,072
     path = write(tmp_path / "long.txt", f"id\tdocument\tlabel\r\n1\t{long}\t1\r\n2\tbad\t0\r3\tfine\t1\n")
-    assert read_reviews(path) == [Review("1", long, 1, line=2), Review("2", "bad", 0, line=3),
-                                  Review("3", "fine", 1, line=4)]
+    assert read_reviews(path) == [
+        Review("1", long, 1, line=2),
+        Review("2", "bad", 0, line=3),
+        Review("3", "fine", 1, line=4),
+    ]
 
 
 def test_a_directory_or_a_nul_byte_is_named(tmp_path):

@@ -1,6 +1,7 @@
 """`torchrun --nproc_per_node 2 -m fastformer train` on a CPU (gloo): two processes at batch b train
 like one at batch 2b, before and after --resume; only rank 0 writes and prints; the batch split
 across ranks; and what a plain run keeps."""
+
 import json
 import os
 import subprocess
@@ -34,20 +35,51 @@ def files(tmp_path_factory):
     train = write_reviews(root / "train.txt", 96, seed=0)  # 6 batches of 2 x 8
     vocab = root / "vocab.model"
     train_vocab([review.doc for review in read_reviews(train)], str(vocab), n_pieces=60)
-    return {"train": train, "test": write_reviews(root / "test.txt", 24, seed=1), "config": str(config),
-            "vocab": str(vocab), "root": root}
+    return {
+        "train": train,
+        "test": write_reviews(root / "test.txt", 24, seed=1),
+        "config": str(config),
+        "vocab": str(vocab),
+        "root": root,
+    }
 
 
 def train_args(files, out, batch_size, epochs=1):
-    return ["train", "--train", files["train"], "--test", files["test"], "--config", files["config"], "--vocab",
-            files["vocab"], "--epochs", str(epochs), "--batch-size", str(batch_size), "--lr", str(LR),
-            "--device", "cpu", "--out", str(out)]
+    return [
+        "train",
+        "--train",
+        files["train"],
+        "--test",
+        files["test"],
+        "--config",
+        files["config"],
+        "--vocab",
+        files["vocab"],
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        str(batch_size),
+        "--lr",
+        str(LR),
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
 
 
 def torchrun(args):
     """`torchrun --standalone --nproc_per_node 2 -m fastformer ARGS` (a free port, one thread each)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "-m", "fastformer", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "fastformer",
+        *args,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
 
@@ -117,7 +149,7 @@ def test_sharded_batches_split_every_batch_evenly_in_order():
         assert len({len(part) for part in parts}) == 1  # every rank gets as many reviews
         together = [i for position in zip(*parts) for i in position]
         assert together[: len(batch)] == batch  # rank r takes positions r, r + 3, ...
-        assert together[len(batch):] == (batch * 3)[: len(together) - len(batch)]  # refilled from its start
+        assert together[len(batch) :] == (batch * 3)[: len(together) - len(batch)]  # refilled from its start
     assert [len(parts[0]) for parts in zip(*shares)].count(1) == 1  # [i] becomes [i], [i], [i]
     with pytest.raises(ValueError, match=r"rank must be in 0\.\.1"):
         ShardedBatchSampler(batches(), 2, 2)

@@ -13,6 +13,7 @@ and docs/ run.
   Other shell lines are not run.
 - The README's relative links point at files that exist (the site build checks docs/'s own).
 """
+
 import json
 import os
 import re
@@ -66,7 +67,7 @@ def read_blocks(page):
         while end < len(lines) and lines[end].strip() != fence.group(1):
             end += 1
         mark = SKIP_MARK.search(above)
-        found.append(Block(page, i + 2, fence.group(2), "\n".join(lines[i + 1:end]), mark and mark.group(1).strip()))
+        found.append(Block(page, i + 2, fence.group(2), "\n".join(lines[i + 1 : end]), mark and mark.group(1).strip()))
         above, i = "", end + 1
     return found
 
@@ -119,7 +120,11 @@ def test_python_examples_run(page, example_dir, tmp_path):
     (tmp_path / "blocks.json").write_text(json.dumps(to_run), encoding="utf-8")
     result = subprocess.run(
         [sys.executable, "-c", RUNNER, str(tmp_path / "blocks.json")],
-        cwd=work, capture_output=True, text=True, timeout=600, check=False,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
         env={**_environment(), "PYTHONPATH": str(ROOT)},
     )
     assert result.returncode == 0, f"an example of {page_id(page)} failed:\n{result.stderr[-4000:]}"
@@ -138,8 +143,8 @@ def _fastformer_commands(block):
                 segment.pop(0)
             if segment[:1] == ["fastformer"]:
                 yield block.line + offset, segment[1:]
-            elif "-m" in segment and segment[segment.index("-m") + 1:][:1] == ["fastformer"]:
-                yield block.line + offset, segment[segment.index("-m") + 2:]
+            elif "-m" in segment and segment[segment.index("-m") + 1 :][:1] == ["fastformer"]:
+                yield block.line + offset, segment[segment.index("-m") + 2 :]
             segment = []
 
 
@@ -152,9 +157,7 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "page, line, args", COMMANDS, ids=[f"{page_id(p)}:{line}" for p, line, _ in COMMANDS]
-)
+@pytest.mark.parametrize("page, line, args", COMMANDS, ids=[f"{page_id(p)}:{line}" for p, line, _ in COMMANDS])
 def test_fastformer_commands_parse(page, line, args, capsys):
     where = f"{page_id(page)}:{line}: fastformer {' '.join(args)}"
     if "--help" in args or "-h" in args:
@@ -194,9 +197,22 @@ def test_the_site_builds_with_no_broken_link(tmp_path):
     pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]'")
     pytest.importorskip("material", reason="mkdocs-material is not installed: pip install -e '.[docs]'")
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-         "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # material's notice about its successor
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stderr[-6000:]}"

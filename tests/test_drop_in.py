@@ -1,4 +1,5 @@
 """fastformer is a drop-in for the tutorial: same API, state_dict, and outputs on the reference path."""
+
 import inspect
 
 import pytest
@@ -32,7 +33,13 @@ def paired_models(config, cls_name="MovieClassification"):
 
 
 def test_exports_the_tutorial_names():
-    for name in [*PUBLIC_MODULES, "Config", "get_sinusoid_encoding_table", "get_attn_pad_mask", "get_attn_decoder_mask"]:
+    for name in [
+        *PUBLIC_MODULES,
+        "Config",
+        "get_sinusoid_encoding_table",
+        "get_attn_pad_mask",
+        "get_attn_decoder_mask",
+    ]:
         assert hasattr(fastformer, name), name
     assert isinstance(fastformer.__version__, str)
 
@@ -146,7 +153,9 @@ def test_position_embedding_is_frozen_and_pads_get_row_zero():
     encoder = fastformer.Encoder(config)
     assert not encoder.pos_emb.weight.requires_grad
     assert encoder.pos_emb.weight.shape == (config.n_enc_seq + 1, config.d_hidn)
-    assert torch.equal(encoder.pos_emb.weight[0], torch.tensor(fastformer.get_sinusoid_encoding_table(1, 32)[0]).float())
+    assert torch.equal(
+        encoder.pos_emb.weight[0], torch.tensor(fastformer.get_sinusoid_encoding_table(1, 32)[0]).float()
+    )
 
 
 def test_fully_padded_review_gives_finite_outputs():

@@ -4,6 +4,7 @@ Element (row, col) is kept when word col % 4 of Philox4x32-10 on the counter (co
 keyed by the seed's low and high 32 bits, is >= fp32(p) * 2**32. A NumPy Philox here checks the
 kernels bit for bit, so a wrong interleave or a shifted counter fails.
 """
+
 import numpy as np
 import pytest
 import torch

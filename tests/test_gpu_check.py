@@ -2,6 +2,7 @@
 --stage; a failing stage recorded with its traceback while the run goes on; the exit statuses; and
 the helpers whose real work only a GPU run reaches (bitwise comparison, graph breaks, JUnit counts,
 the model FLOP count, pytest's time budget)."""
+
 import inspect
 import json
 import math
@@ -16,12 +17,27 @@ import torch
 from tools import gpu_check
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_KEYS = {"schema", "command", "mode", "device", "started", "finished", "env", "units", "stages", "targets",
-            "targets_note", "report", "plots"}
+TOP_KEYS = {
+    "schema",
+    "command",
+    "mode",
+    "device",
+    "started",
+    "finished",
+    "env",
+    "units",
+    "stages",
+    "targets",
+    "targets_note",
+    "report",
+    "plots",
+}
 STAGE_KEYS = {"status", "seconds", "reason", "error", "traceback", "details"}
 RECORD_KEYS = {"bench", "provider", "params", "ms", "tflops", "tokens_per_s", "peak_mem_mb", "mfu"}
 # the --smoke run on a GPU would run the cuda tests and compile for real: that is the command's job there
-CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU behaviour of --smoke; on a GPU run the command")
+CPU_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the CPU behaviour of --smoke; on a GPU run the command"
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +49,13 @@ def smoke(tmp_path_factory):
     (out / "notes.txt").write_text("not gpu_check's\n")
     (out / "plot-attention_fwd_d128.png").write_bytes(b"an earlier run's plot")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-m", "tools.gpu_check", "--smoke", "--out", str(out)], cwd=ROOT, env=env,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.gpu_check", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     return result, out, json.loads((out / "results.json").read_text())
 
 
@@ -84,8 +105,14 @@ def test_results_json_schema(smoke):
         assert set(entry) == STAGE_KEYS, name
         assert entry["seconds"] >= 0 and entry["error"] is None and entry["traceback"] is None
     statuses = {name: entry["status"] for name, entry in doc["stages"].items()}
-    assert statuses == {"env": "passed", "tests": "skipped", "compile": "skipped", "determinism": "passed",
-                        "bench": "passed", "model": "passed"}
+    assert statuses == {
+        "env": "passed",
+        "tests": "skipped",
+        "compile": "skipped",
+        "determinism": "passed",
+        "bench": "passed",
+        "model": "passed",
+    }
     for name in ("tests", "compile"):
         assert doc["stages"][name]["reason"].startswith("needs CUDA: ")
     assert doc["plots"] == sorted(p.name for p in smoke[1].iterdir() if p.suffix == ".png")
@@ -107,11 +134,14 @@ def test_smoke_stage_details(smoke):
     determinism = stages["determinism"]
     assert [s["repetitions"] for s in determinism["attention"]["settings"]] == [gpu_check.SMOKE.attention_reps] * 2
     assert all(s["mismatch"] is None for s in determinism["attention"]["settings"])
-    assert determinism["training"]["steps"] == gpu_check.SMOKE.train_steps and determinism["training"]["mismatch"] is None
+    assert (
+        determinism["training"]["steps"] == gpu_check.SMOKE.train_steps and determinism["training"]["mismatch"] is None
+    )
     assert stages["bench"]["failed"] == 0 and stages["bench"]["measured"] >= 5
     model = stages["model"]
     assert {(r["bench"], r["provider"]) for r in model["rows"]} == {
-        (b, p) for b in ("model_train", "model_infer") for p in ("fastformer", "fastformer_autotune", "reference_fp32")}
+        (b, p) for b in ("model_train", "model_infer") for p in ("fastformer", "fastformer_autotune", "reference_fp32")
+    }
     assert all(r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None for r in model["rows"])
     assert model["mfu_note"].startswith("needs CUDA")
 
@@ -122,8 +152,13 @@ def test_smoke_report_and_targets(smoke):
     report = doc["report"]
     assert set(report) == {"env", "results", "skipped", "failed"} and not report["failed"]
     assert all(set(r) == RECORD_KEYS for r in report["results"])
-    assert {r["bench"] for r in report["results"]} == {"attention_fwd", "attention_fwd_bwd", "ffn_fwd_bwd",
-                                                       "model_train", "model_infer"}
+    assert {r["bench"] for r in report["results"]} == {
+        "attention_fwd",
+        "attention_fwd_bwd",
+        "ffn_fwd_bwd",
+        "model_train",
+        "model_infer",
+    }
     assert {s["provider"] for s in report["skipped"]} == {"flex", "compile", *gpu_check.MODEL_VARIANTS}
     assert all("CUDA only" in s["reason"] for s in report["skipped"])
     assert len(doc["targets"]) == 11 and all(t["met"] is None for t in doc["targets"])
@@ -144,7 +179,7 @@ def test_smoke_summary_and_log(smoke):
     log = (out / "log.txt").read_text()
     assert "=== determinism: passed" in log
     assert "SKIPPED" in log  # the pytest run's own output, streamed
-    table = smoke[0].stdout[smoke[0].stdout.index("stage        status"):]  # the table printed at the end
+    table = smoke[0].stdout[smoke[0].stdout.index("stage        status") :]  # the table printed at the end
     assert table in log and "not judged (CPU)" in table
     assert all(f"\n{name:<12} {entry['status']:<8} " in "\n" + table for name, entry in doc["stages"].items())
 
@@ -170,6 +205,7 @@ def test_bench_report_renders_the_results_for_committing(smoke, tmp_path):
 
 def _recorders(monkeypatch, calls):
     for name in gpu_check.STAGES:
+
         def stage(run, name=name):
             calls.append(name)
             return {"summary": f"{name} ran"}
@@ -208,18 +244,23 @@ def test_a_failing_stage_is_recorded_with_its_traceback_and_the_run_goes_on(tmp_
     doc = json.loads((tmp_path / "results.json").read_text())
     env = doc["stages"]["env"]
     assert env["status"] == "failed" and env["error"] == "RuntimeError: planted failure"
-    assert "in planted_failure" in env["traceback"] and env["traceback"].rstrip().endswith("RuntimeError: planted failure")
+    assert "in planted_failure" in env["traceback"] and env["traceback"].rstrip().endswith(
+        "RuntimeError: planted failure"
+    )
     assert doc["stages"]["compile"]["status"] == "passed"
     assert "in planted_failure" in (tmp_path / "summary.md").read_text()
     assert "in planted_failure" in (tmp_path / "log.txt").read_text()
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--stage", "env,nope"], ["'nope'", *gpu_check.STAGES]),
-    (["--stage", " , "], ["no stage given", *gpu_check.STAGES]),
-    (["--quick", "--smoke"], ["not allowed"]),
-    (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--stage", "env,nope"], ["'nope'", *gpu_check.STAGES]),
+        (["--stage", " , "], ["no stage given", *gpu_check.STAGES]),
+        (["--quick", "--smoke"], ["not allowed"]),
+        (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+    ],
+)
 def test_a_bad_command_line_exits_2_with_one_line(tmp_path, capsys, argv, words):
     out = tmp_path / "out"
     assert gpu_check.main(["--out", str(out), *argv]) == 2
@@ -265,7 +306,8 @@ def test_graph_breaks_are_reported_by_reason_and_place():
 
     line = inspect.getsourcelines(breaks_once)[1] + 2
     assert gpu_check.graph_breaks(breaks_once, torch.randn(3)) == [
-        {"reason": "Call to `torch._dynamo.graph_break()`", "where": f"tests/test_gpu_check.py:{line}"}]
+        {"reason": "Call to `torch._dynamo.graph_break()`", "where": f"tests/test_gpu_check.py:{line}"}
+    ]
     assert gpu_check.graph_breaks(lambda x: x + 1, torch.randn(3)) == []
 
 
@@ -281,9 +323,16 @@ def test_junit_counts(tmp_path):
         "</testsuite></testsuites>"
     )
     assert gpu_check.junit_counts(path) == {
-        "tests": 4, "passed": 1, "failed": 1, "errors": 1, "skipped": 1, "seconds": 2.5,
-        "failures": ["tests.test_a::test_bad[bf16] (failure): AssertionError: dq off",
-                     "tests.test_a::test_setup (error): fixture failed"],
+        "tests": 4,
+        "passed": 1,
+        "failed": 1,
+        "errors": 1,
+        "skipped": 1,
+        "seconds": 2.5,
+        "failures": [
+            "tests.test_a::test_bad[bf16] (failure): AssertionError: dq off",
+            "tests.test_a::test_setup (error): fixture failed",
+        ],
         "skip_reasons": {"needs a CUDA GPU": 1},
     }
 
@@ -302,12 +351,16 @@ def test_the_model_stage_times_the_variants_its_plan_names():
     replay and its torch.compile (the cases themselves: bench/test_report.py)."""
     from types import SimpleNamespace
 
-    for plan, variants in ((gpu_check.SMOKE, gpu_check.MODEL_VARIANTS), (gpu_check.QUICK, ("fastformer_graphs",)),
-                           (gpu_check.FULL, gpu_check.MODEL_VARIANTS)):
+    for plan, variants in (
+        (gpu_check.SMOKE, gpu_check.MODEL_VARIANTS),
+        (gpu_check.QUICK, ("fastformer_graphs",)),
+        (gpu_check.FULL, gpu_check.MODEL_VARIANTS),
+    ):
         run = SimpleNamespace(plan=plan, cuda=False, device=torch.device("cpu"))
         providers = [(c.bench, c.provider) for c in gpu_check._model_cases(run)]
         assert [p for p in providers if p[1] in gpu_check.MODEL_VARIANTS] == [
-            (f"model_{kind}", v) for kind in ("train", "infer") for v in variants]
+            (f"model_{kind}", v) for kind in ("train", "infer") for v in variants
+        ]
         assert ("model_train", "fastformer") in providers
     assert gpu_check.FULL.model_batch == 128  # bench/test_report.py: 128 reviews pad to a bucket length
 

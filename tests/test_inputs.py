@@ -8,6 +8,7 @@ exit status 2, before torch is imported, with nothing written: no run directory,
 `runs/`. They run in one subprocess (about a second for all of them), which reports after each
 case whether torch was imported.
 """
+
 import json
 import os
 import shlex
@@ -65,8 +66,11 @@ CASES = [
     ("label-yes", f"{TRAIN} --train {{label_yes}}", "{label_yes} line 2: label must be an integer, got 'yes'"),
     ("label-empty", f"{TRAIN} --train {{label_empty}}", "{label_empty} line 2: label must be an integer, got ''"),
     ("label-nan", f"{TRAIN} --train {{label_nan}}", "{label_nan} line 2: label must be an integer, got 'nan'"),
-    ("label-huge", f"{TRAIN} --train {{label_huge}}",
-     "{label_huge} line 2: label '1000000000000000000000' is no class number (an integer of 18 digits or more)"),
+    (
+        "label-huge",
+        f"{TRAIN} --train {{label_huge}}",
+        "{label_huge} line 2: label '1000000000000000000000' is no class number (an integer of 18 digits or more)",
+    ),
     ("label-out-of-range", f"{TRAIN} --train {{three}}", "line 4: review 2 has label 2, outside the 2 classes 0..1"),
     ("test-label-out-of-range", f"{TRAIN} --test {{three}}", "test file {three} line 4: review 2 has label 2"),
     ("classes-with-a-gap", f"{TRAIN} --train {{gap}} --n-output auto", "labels go up to 3 but no review has label 2"),
@@ -115,11 +119,24 @@ def _run_dir(path, paths, **run):
     (path / "checkpoint-1").mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(TINY))
     shutil.copyfile(paths["vocab"], path / "vocab.model")
-    info = {"epochs": 2, "demo_data": False, "train": paths["train"], "test": paths["test"], "vocab": None,
-            "vocab_size": 60, "config": paths["config"], "n_output": 2, "batch_size": 16, "lr": 3e-3, "warmup": 0.1,
-            "weight_decay": 0.01, "seed": 0, "bucket": True,
-            "data_sha256": {"train": file_sha256(paths["train"], "train"), "test": file_sha256(paths["test"], "test")},
-            **run}
+    info = {
+        "epochs": 2,
+        "demo_data": False,
+        "train": paths["train"],
+        "test": paths["test"],
+        "vocab": None,
+        "vocab_size": 60,
+        "config": paths["config"],
+        "n_output": 2,
+        "batch_size": 16,
+        "lr": 3e-3,
+        "warmup": 0.1,
+        "weight_decay": 0.01,
+        "seed": 0,
+        "bucket": True,
+        "data_sha256": {"train": file_sha256(paths["train"], "train"), "test": file_sha256(paths["test"], "test")},
+        **run,
+    }
     (path / "run.json").write_text(json.dumps(info))
     for name in ("model.pt", "checkpoint-1/model.pt", "checkpoint-1/trainer.pt"):
         (path / name).write_bytes(b"not read")
@@ -132,8 +149,10 @@ def paths(tmp_path_factory):
     data = root / "data"
     data.mkdir()
     paths = {
-        "root": str(root), "out": str(root / "out"),
-        "train": write_reviews(data / "train.txt", 40, seed=0), "test": write_reviews(data / "test.txt", 10, seed=1),
+        "root": str(root),
+        "out": str(root / "out"),
+        "train": write_reviews(data / "train.txt", 40, seed=0),
+        "test": write_reviews(data / "test.txt", 10, seed=1),
         "three": write_reviews(data / "three.txt", 9, 2, (0, 1, 2)),
         "gap": write_reviews(data / "gap.txt", 9, 2, (0, 1, 3)),
     }
@@ -197,8 +216,15 @@ def outcomes(paths, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OMP_NUM_THREADS")}
     env.update(TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(sys.path))
     cases = [(case, shlex.split(argv.format(**paths))) for case, argv, _ in CASES]
-    result = subprocess.run([sys.executable, "-c", HARNESS], input=json.dumps(cases), capture_output=True, text=True,
-                            cwd=cwd, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", HARNESS],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout), os.listdir(cwd), os.listdir(tmp)
 

@@ -5,6 +5,7 @@ transformers). Installed side by side in one environment, each keeps its own fil
 The install test needs the package index (pip downloads `kernels`, its dependencies and
 setuptools), so it is marked `network` and deselected by default: `pytest -m network`.
 """
+
 import os
 import shutil
 import subprocess
@@ -68,7 +69,11 @@ def test_an_uninstalled_checkout_says_to_install_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
         [sys.executable, "-S", "-c", "from fastformer import kernels"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
@@ -129,7 +134,19 @@ def test_installs_beside_the_pypi_kernels_project(tmp_path):
 
     shutil.copytree(REPO / "tests", tmp_path / "tests")
     shutil.copy(REPO / "pyproject.toml", tmp_path)
-    out = _run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not network", "tests/test_backend.py",
-               "tests/test_dropout_bits.py", "tests/test_drop_in.py", cwd=tmp_path)
+    out = _run(
+        python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "not network",
+        "tests/test_backend.py",
+        "tests/test_dropout_bits.py",
+        "tests/test_drop_in.py",
+        cwd=tmp_path,
+    )
     assert " passed" in out and "failed" not in out
     assert fastformer.__version__ in _run(python, "-m", "pip", "show", "fastformer", cwd=tmp_path)

@@ -1,6 +1,7 @@
 """tests/interpreter_bf16.py, the correction of Triton's interpreter for bf16: through it a bf16
 tl.dot and the fp32 <-> bf16 casts compute what a GPU computes, without it they do not, and the
 kernels take bf16 under the interpreter exactly when it computes bf16 right."""
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,9 @@ from tests import interpreter_bf16
 
 pytestmark = [
     pytest.mark.bf16,
-    pytest.mark.skipif(not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use"),
+    pytest.mark.skipif(
+        not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use"
+    ),
 ]
 
 BF16_MAX = torch.finfo(torch.bfloat16).max
@@ -100,7 +103,9 @@ def test_bf16_dot_is_the_fp32_dot_of_the_bf16_values_up_to_the_order_of_its_sums
     exact = acc.double() + a.double() @ b.double()
     bound = (K + 1) * 2.0**-24 * (acc.double().abs() + a.double().abs() @ b.double().abs())
     err = (c.double() - exact).abs()
-    assert (err <= bound).all(), f"max error {err.max().item():.3e}, bound there {bound.flatten()[err.argmax()].item():.3e}"
+    assert (err <= bound).all(), (
+        f"max error {err.max().item():.3e}, bound there {bound.flatten()[err.argmax()].item():.3e}"
+    )
 
 
 def cast_cases():

@@ -1,6 +1,7 @@
 """tests/interpreter_speed.py, which tests/conftest.py installs: the kernels compute bit for bit
 what they compute on the interpreter as it ships, and a launch leaves triton.language as the
 shipped interpreter leaves it, also when the kernel fails."""
+
 import pytest
 import torch
 

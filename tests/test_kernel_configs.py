@@ -4,6 +4,7 @@ which compiles everything autotuning can try, covers every pick; and the switch 
 and autotuning. Pure Python, no compile: the picks are held to the compiler by
 tests/test_sm90_compile.py and tools/cold_start.py.
 """
+
 import importlib
 import itertools
 
@@ -35,8 +36,14 @@ def attention_launches():
     for D, mask, dropout, (lq, lk) in itertools.product(HEAD_DIMS, MASKS, (False, True), LENGTHS):
         pad, causal, dense = MASKS[mask]
         yield {
-            "HEAD_DIM": D, "BLOCK_D": attention._head_block(D), "HAS_PAD": pad, "IS_CAUSAL": causal, "HAS_MASK": dense,
-            "HAS_DROPOUT": dropout, "LQ_BUCKET": triton.next_power_of_2(lq), "LK_BUCKET": triton.next_power_of_2(lk),
+            "HEAD_DIM": D,
+            "BLOCK_D": attention._head_block(D),
+            "HAS_PAD": pad,
+            "IS_CAUSAL": causal,
+            "HAS_MASK": dense,
+            "HAS_DROPOUT": dropout,
+            "LQ_BUCKET": triton.next_power_of_2(lq),
+            "LK_BUCKET": triton.next_power_of_2(lk),
         }
 
 
@@ -50,18 +57,32 @@ def test_the_attention_rule_picks_the_first_config_autotuning_tries(kernel):
 
 
 GEMM_SHAPES = [  # (N, K) of the matrix products: the CI matrix's FFNs both ways, and small ones
-    (TUTORIAL["d_ff"], TUTORIAL["d_hidn"]), (LARGE["d_ff"], LARGE["d_hidn"]), (64, 32), (48, 20), (1, 1), (300, 7),
+    (TUTORIAL["d_ff"], TUTORIAL["d_hidn"]),
+    (LARGE["d_ff"], LARGE["d_hidn"]),
+    (64, 32),
+    (48, 20),
+    (1, 1),
+    (300, 7),
 ]
 
 
 def test_the_gemm_rule_picks_the_first_config_autotuning_tries():
     tuned = linear_gelu._linear_gelu_fwd
     for (N, K), store_pre in itertools.product(GEMM_SHAPES, (False, True)):
-        launch = {"N": N, "K": K, "M_BUCKET": 256, "STORE_PRE": store_pre, "ACTIVATION": "gelu", "DOT_PRECISION": "tf32"}
+        launch = {
+            "N": N,
+            "K": K,
+            "M_BUCKET": 256,
+            "STORE_PRE": store_pre,
+            "ACTIVATION": "gelu",
+            "DOT_PRECISION": "tf32",
+        }
         kept = tried(tuned, launch)
         assert kept and tuned._first_fit(launch) == kept[0], launch
         meta = kept[0][0]
-        assert meta["BLOCK_N"] <= max(64, triton.next_power_of_2(N)) and meta["BLOCK_K"] <= max(32, triton.next_power_of_2(K))
+        assert meta["BLOCK_N"] <= max(64, triton.next_power_of_2(N)) and meta["BLOCK_K"] <= max(
+            32, triton.next_power_of_2(K)
+        )
 
 
 def test_the_fused_ffn_rule_picks_the_first_config_autotuning_tries():
@@ -76,8 +97,10 @@ def test_the_tutorial_encoders_forward_tiles_grow_with_the_reviews():
     """The tutorial's shapes pick what docs/cold-start.md says they do (what tools.cold_start compiles)."""
     train = {"HEAD_DIM": 64, "BLOCK_D": 64, "HAS_PAD": True, "IS_CAUSAL": False, "HAS_MASK": False, "HAS_DROPOUT": True}
     picks = {
-        bucket: (attention._attn_fwd._first_fit({**train, "LQ_BUCKET": bucket, "LK_BUCKET": bucket})[0]["BLOCK_M"],
-                 attention._attn_fwd._first_fit({**train, "LQ_BUCKET": bucket, "LK_BUCKET": bucket})[0]["BLOCK_N"])
+        bucket: (
+            attention._attn_fwd._first_fit({**train, "LQ_BUCKET": bucket, "LK_BUCKET": bucket})[0]["BLOCK_M"],
+            attention._attn_fwd._first_fit({**train, "LQ_BUCKET": bucket, "LK_BUCKET": bucket})[0]["BLOCK_N"],
+        )
         for bucket in (16, 32, 64, 128, 256)
     }
     assert picks == {16: (64, 32), 32: (64, 32), 64: (64, 64), 128: (128, 64), 256: (128, 64)}
@@ -86,8 +109,12 @@ def test_the_tutorial_encoders_forward_tiles_grow_with_the_reviews():
 def test_a_pick_is_kept_per_key_and_dtypes(monkeypatch):
     monkeypatch.setattr(_configs, "INTERPRET", False)
     tuned = _configs.Configs(
-        attention._attn_fwd_kernel, "test", attention._candidates(attention._FWD_TILES), attention._KEY,
-        attention._fwd_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16},
+        attention._attn_fwd_kernel,
+        "test",
+        attention._candidates(attention._FWD_TILES),
+        attention._KEY,
+        attention._fwd_fits,
+        interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16},
     )
     calls = []
 
@@ -96,8 +123,18 @@ def test_a_pick_is_kept_per_key_and_dtypes(monkeypatch):
         return attention._fwd_fits(*args)
 
     tuned.fits = counting_fits
-    launch = {**dict.fromkeys(attention._KEY, 0), "HEAD_DIM": 64, "BLOCK_D": 64, "LQ_BUCKET": 64, "LK_BUCKET": 64,
-              "HAS_PAD": True, "IS_CAUSAL": False, "HAS_MASK": False, "HAS_DROPOUT": False, "Q": torch.zeros(1, dtype=torch.float16)}
+    launch = {
+        **dict.fromkeys(attention._KEY, 0),
+        "HEAD_DIM": 64,
+        "BLOCK_D": 64,
+        "LQ_BUCKET": 64,
+        "LK_BUCKET": 64,
+        "HAS_PAD": True,
+        "IS_CAUSAL": False,
+        "HAS_MASK": False,
+        "HAS_DROPOUT": False,
+        "Q": torch.zeros(1, dtype=torch.float16),
+    }
     first = tuned.pick(launch)
     asked = len(calls)
     assert tuned.pick(launch) == first and len(calls) == asked  # the second launch looks it up
@@ -152,7 +189,10 @@ def test_a_launch_runs_the_rules_config_or_the_autotuner(monkeypatch):
     launch = {"N": 1024, "K": 256, "M_BUCKET": 4096, "STORE_PRE": True, "ACTIVATION": "gelu", "DOT_PRECISION": "tf32"}
     tuned[(1,)](**launch)
     meta, num_warps, num_stages = tuned._first_fit(launch)
-    assert launched.pop() == (linear_gelu._linear_gelu_fwd_kernel, {**launch, **meta, "num_warps": num_warps, "num_stages": num_stages})
+    assert launched.pop() == (
+        linear_gelu._linear_gelu_fwd_kernel,
+        {**launch, **meta, "num_warps": num_warps, "num_stages": num_stages},
+    )
     kernels.set_autotune(True)
     try:
         tuned[(1,)](**launch)

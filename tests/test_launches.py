@@ -1,5 +1,6 @@
 """tools.launches: its kernel counter against hand-counted ops and Triton launches, counts that do
 not depend on the batch, and the model-side cuts it measures (autocast's results, bit for bit)."""
+
 import json
 
 import pytest
@@ -85,7 +86,10 @@ def test_counter_counts_triton_launches_and_not_what_the_interpreter_runs():
     forward, backward = counter.ops("forward"), counter.ops("backward")
     assert forward == {"triton._add_ln_fwd_kernel": 1}
     assert backward["triton._add_ln_bwd_kernel"] == 1
-    assert {op for op in backward if op.startswith("triton.")} == {"triton._add_ln_bwd_kernel", "triton._sum_partials_kernel"}
+    assert {op for op in backward if op.startswith("triton.")} == {
+        "triton._add_ln_bwd_kernel",
+        "triton._sum_partials_kernel",
+    }
     assert "aten.copy_" not in backward
 
 

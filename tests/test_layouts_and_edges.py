@@ -5,6 +5,7 @@ Layouts: every tensor argument of every op, passed as a strided view and as an e
 view, must give what its `.contiguous()` copy gives, outputs and gradients alike. A kernel that
 assumes a layout it was not given reads the wrong elements (or past the tensor's end).
 """
+
 import math
 
 import pytest
@@ -55,19 +56,38 @@ def _inputs(op, device):
         pad = torch.zeros(2, 11, dtype=torch.bool)
         pad[1, 7:] = True  # pads at the end of one sequence
         pad, dense = pad.to(device), (torch.rand(2, 9, 11, generator=g) < 0.2).to(device)
-        return _attention, [("q", r(2, 3, 9, 16)), ("k", r(2, 3, 11, 16)), ("v", r(2, 3, 11, 16)),
-                            ("key_padding_mask", pad), ("attn_mask", dense)]
+        return _attention, [
+            ("q", r(2, 3, 9, 16)),
+            ("k", r(2, 3, 11, 16)),
+            ("v", r(2, 3, 11, 16)),
+            ("key_padding_mask", pad),
+            ("attn_mask", dense),
+        ]
     if op == "linear_gelu":
         return kernels.linear_gelu, [("x", r(3, 5, 24)), ("weight", r(20, 24)), ("bias", r(20))]
     if op == "feed_forward":
-        return kernels.feed_forward, [("x", r(3, 5, 24)), ("w1", r(40, 24)), ("b1", r(40)), ("w2", r(24, 40)),
-                                      ("b2", r(24))]
+        return kernels.feed_forward, [
+            ("x", r(3, 5, 24)),
+            ("w1", r(40, 24)),
+            ("b1", r(40)),
+            ("w2", r(24, 40)),
+            ("b2", r(24)),
+        ]
     if op == "feed_forward_fused":
-        return _feed_forward_fused, [("x", r(3, 5, 24)), ("w1", r(40, 24)), ("b1", r(40)), ("w2", r(24, 40)),
-                                     ("b2", r(24))]
+        return _feed_forward_fused, [
+            ("x", r(3, 5, 24)),
+            ("w1", r(40, 24)),
+            ("b1", r(40)),
+            ("w2", r(24, 40)),
+            ("b2", r(24)),
+        ]
     assert op == "add_layer_norm"
     return lambda x, residual, weight, bias: kernels.add_layer_norm(x, residual, weight, bias, 1e-5), [
-        ("x", r(3, 5, 24)), ("residual", r(3, 5, 24)), ("weight", r(24)), ("bias", r(24))]
+        ("x", r(3, 5, 24)),
+        ("residual", r(3, 5, 24)),
+        ("weight", r(24)),
+        ("bias", r(24)),
+    ]
 
 
 def _run(fn, args):
@@ -96,8 +116,8 @@ def test_every_argument_as_a_view_gives_the_result_of_its_contiguous_copy(op, in
     name, arg = named[index]
     view = LAYOUTS[layout](arg)
     args = [t for _, t in named]
-    expected = _run(fn, [*args[:index], view.contiguous(), *args[index + 1:]])
-    got = _run(fn, [*args[:index], view, *args[index + 1:]])
+    expected = _run(fn, [*args[:index], view.contiguous(), *args[index + 1 :]])
+    got = _run(fn, [*args[:index], view, *args[index + 1 :]])
     torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0, msg=lambda m: f"{op} output, {name} {layout}: {m}")
     for g, e in zip(got[1], expected[1]):
         torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"{op} gradient, {name} {layout}: {m}")
@@ -165,7 +185,9 @@ BF16_CALLS = {
 
 
 @pytest.mark.bf16
-@pytest.mark.skipif(not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use")
+@pytest.mark.skipif(
+    not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use"
+)
 @pytest.mark.parametrize("op", BF16_CALLS)
 def test_bf16_under_the_interpreter_is_refused(op, uncorrected_interpreter):
     with pytest.raises(TypeError, match=rf"^{op}: bfloat16 is not supported under Triton's interpreter"):
@@ -173,7 +195,9 @@ def test_bf16_under_the_interpreter_is_refused(op, uncorrected_interpreter):
 
 
 @pytest.mark.bf16
-@pytest.mark.skipif(not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use")
+@pytest.mark.skipif(
+    not INTERPRET, reason="about Triton's interpreter (TRITON_INTERPRET=1), which a GPU run does not use"
+)
 def test_bf16_autocast_under_the_interpreter_is_refused_too(uncorrected_interpreter):
     x, w, b = torch.randn(3, 16), torch.randn(8, 16), torch.randn(8)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="bfloat16 is not supported"):

@@ -1,5 +1,6 @@
 """The Triton linear + activation kernel (`linear_gelu`, GELU or ReLU) and the FFN built
 on it, against fp64 references."""
+
 import functools
 import importlib
 import itertools
@@ -134,7 +135,9 @@ def test_feed_forward_fused_without_biases(d, dtype, atol, device):
             return op(x.to(dtype), w1.to(dtype), None, w2.to(dtype), None, activation="relu")
 
     reference = kernels.feed_forward_reference
-    assert_within_torch_error("y", run(kernels.feed_forward_fused, dtype), run(reference, torch.float64), run(reference, dtype), atol)
+    assert_within_torch_error(
+        "y", run(kernels.feed_forward_fused, dtype), run(reference, torch.float64), run(reference, dtype), atol
+    )
 
 
 @pytest.mark.parametrize("d", [32, 48])
@@ -150,9 +153,11 @@ def test_feed_forward_fused_reads_every_argument_as_laid_out(d, dtype, layout, d
             if arg.dim() == 1 and layout == "padded_rows":
                 continue
             view = LAYOUTS[layout](arg)
-            got = kernels.feed_forward_fused(*args[:i], view, *args[i + 1:])
-            expected = kernels.feed_forward_fused(*args[:i], view.contiguous(), *args[i + 1:])
-            torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=lambda m, i=i, layout=layout: f"argument {i} {layout}: {m}")
+            got = kernels.feed_forward_fused(*args[:i], view, *args[i + 1 :])
+            expected = kernels.feed_forward_fused(*args[:i], view.contiguous(), *args[i + 1 :])
+            torch.testing.assert_close(
+                got, expected, rtol=0, atol=0, msg=lambda m, i=i, layout=layout: f"argument {i} {layout}: {m}"
+            )
 
 
 def test_relu_really_is_relu(device):
@@ -184,8 +189,12 @@ def test_without_bias(dtype, atol, device):
     sums); under no_grad no pre-activation is written either."""
     x, w, _ = make_inputs((9, 32), [32, 48], device)
     check_parity(
-        lambda x, w: kernels.linear_gelu(x, w, None), lambda x, w: kernels.linear_gelu_reference(x, w, None),
-        [x, w], dtype, atol, ("y", "dx", "dw"),
+        lambda x, w: kernels.linear_gelu(x, w, None),
+        lambda x, w: kernels.linear_gelu_reference(x, w, None),
+        [x, w],
+        dtype,
+        atol,
+        ("y", "dx", "dw"),
     )
     with torch.no_grad():
         y = kernels.linear_gelu(x.to(dtype), w.to(dtype), None)
@@ -197,7 +206,9 @@ def test_no_grad_skips_the_saved_pre_activation_and_matches(device):
     x, w, b = (t.float() for t in make_inputs((9, 32), [32, 16], device))
     with torch.no_grad():
         y = kernels.linear_gelu(x, w, b)
-    torch.testing.assert_close(y.double(), kernels.linear_gelu_reference(x.double(), w.double(), b.double()), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        y.double(), kernels.linear_gelu_reference(x.double(), w.double(), b.double()), rtol=0, atol=1e-5
+    )
 
 
 def test_autocast_runs_in_half_precision(device):
@@ -287,7 +298,9 @@ def test_activation_gradient_reads_dy_rows_as_they_are_laid_out(layout, device):
 
 def test_feed_forward_checks_its_arguments_once(monkeypatch, device):
     """feed_forward validates its arguments, then runs linear_gelu without validating them again."""
-    feed_forward_module, linear_module = (importlib.import_module(f"fastformer.kernels.{m}") for m in ("feed_forward", "linear_gelu"))
+    feed_forward_module, linear_module = (
+        importlib.import_module(f"fastformer.kernels.{m}") for m in ("feed_forward", "linear_gelu")
+    )
     check, calls = linear_module.check_linear_args, []
 
     def counted(*args, **kwargs):

@@ -1,5 +1,6 @@
 """The whole model on the Triton backend (attention, linear_gelu, add_layer_norm kernels) against
 the reference backend, with shared weights: outputs and every parameter's gradient."""
+
 import pytest
 import torch
 

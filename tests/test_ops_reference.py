@@ -1,4 +1,5 @@
 """The PyTorch references of the ops: semantics, dtypes, autocast and argument checks."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -109,15 +110,27 @@ def test_attention_reference_takes_non_contiguous_views():
         ({"q": torch.ones(2, 3, 5, 16, dtype=torch.int32)}, TypeError, "q must be one of"),
         ({"k": torch.randn(2, 3, 7, 16).half()}, TypeError, "share one dtype"),
         ({"q": [1, 2]}, TypeError, "q must be a torch.Tensor"),
-        ({"key_padding_mask": torch.zeros(2, 6, dtype=torch.bool)}, ValueError, r"key_padding_mask must have shape \(B, Lk\)"),
+        (
+            {"key_padding_mask": torch.zeros(2, 6, dtype=torch.bool)},
+            ValueError,
+            r"key_padding_mask must have shape \(B, Lk\)",
+        ),
         ({"key_padding_mask": torch.zeros(2, 7)}, TypeError, "key_padding_mask must be one of"),
         ({"attn_mask": torch.zeros(2, 5, 6, dtype=torch.bool)}, ValueError, "attn_mask must have shape"),
         ({"attn_mask": torch.zeros(2, 5, 7, dtype=torch.long)}, TypeError, "attn_mask must be one of"),
         ({"dropout_p": 1.0}, ValueError, "dropout_p"),
         ({"softmax_scale": -1.0}, ValueError, "softmax_scale"),
         ({"seed": torch.zeros(1)}, ValueError, r"seed must be a one-element int64 tensor .* got torch.float32"),
-        ({"seed": torch.zeros(1, dtype=torch.int32)}, ValueError, r"seed must be a one-element int64 tensor .* got torch.int32"),
-        ({"seed": torch.zeros(2, dtype=torch.int64)}, ValueError, r"seed must be a one-element int64 tensor .* shape \(2,\)"),
+        (
+            {"seed": torch.zeros(1, dtype=torch.int32)},
+            ValueError,
+            r"seed must be a one-element int64 tensor .* got torch.int32",
+        ),
+        (
+            {"seed": torch.zeros(2, dtype=torch.int64)},
+            ValueError,
+            r"seed must be a one-element int64 tensor .* shape \(2,\)",
+        ),
         ({"seed": 1234}, TypeError, "seed must be a torch.Tensor or None, got int"),
     ],
 )
@@ -137,8 +150,12 @@ def test_linear_gelu_and_feed_forward_references():
     hidden = kernels.linear_gelu_reference(x, w1, b1)
     exact = 0.5 * (x @ w1.T + b1) * (1 + torch.erf((x @ w1.T + b1) / 2**0.5))
     assert_max_diff("linear_gelu", hidden, exact, 1e-5)
-    assert_max_diff("linear_gelu relu", kernels.linear_gelu_reference(x, w1, b1, activation="relu"),
-                    (x @ w1.T + b1).clamp_min(0), 1e-5)
+    assert_max_diff(
+        "linear_gelu relu",
+        kernels.linear_gelu_reference(x, w1, b1, activation="relu"),
+        (x @ w1.T + b1).clamp_min(0),
+        1e-5,
+    )
     assert_max_diff("feed_forward", kernels.feed_forward_reference(x, w1, b1, w2, b2), exact @ w2.T + b2, 1e-4)
     assert_max_diff("public feed_forward", kernels.feed_forward(x, w1, b1, w2, b2), exact @ w2.T + b2, 1e-4)
 

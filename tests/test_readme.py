@@ -1,4 +1,5 @@
 """The README's quick start and CI run the same test command."""
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

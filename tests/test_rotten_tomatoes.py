@@ -2,6 +2,7 @@
 the conversion and its split, the digest pin, the pip step, one-line errors that leave no files,
 and `fastformer train --dataset rotten-tomatoes`. One test, marked `network`, downloads the real
 sdist (`pytest -m network`)."""
+
 import hashlib
 import io
 import json
@@ -52,25 +53,30 @@ def tar_gz(members):
 
 def data_archive(snippets=None, extra=None):
     """hutto_ICWSM_2014.tar.gz's layout: a folder holding the ground-truth file (and others)."""
-    return tar_gz({
-        "hutto_ICWSM_2014/_README_.txt": b"readme",
-        rotten_tomatoes.SNIPPETS: snippets_text() if snippets is None else snippets,
-        **(extra or {}),
-    })
+    return tar_gz(
+        {
+            "hutto_ICWSM_2014/_README_.txt": b"readme",
+            rotten_tomatoes.SNIPPETS: snippets_text() if snippets is None else snippets,
+            **(extra or {}),
+        }
+    )
 
 
 def sdist(inner=None, extra=None):
     """vaderSentiment-3.3.2.tar.gz's layout, with `inner` as its hutto_ICWSM_2014.tar.gz."""
-    return tar_gz({
-        "vaderSentiment-3.3.2/setup.py": b"raise SystemExit('never run')\n",
-        rotten_tomatoes.DATA_MEMBER: data_archive() if inner is None else inner,
-        **(extra or {}),
-    })
+    return tar_gz(
+        {
+            "vaderSentiment-3.3.2/setup.py": b"raise SystemExit('never run')\n",
+            rotten_tomatoes.DATA_MEMBER: data_archive() if inner is None else inner,
+            **(extra or {}),
+        }
+    )
 
 
 @pytest.fixture
 def pinned(tmp_path, monkeypatch):
     """write(data, name) saves an archive and pins its digest as the sdist's; returns its path."""
+
     def write(data, name=rotten_tomatoes.SDIST, pin="SDIST_SHA256"):
         path = tmp_path / "archives" / name
         path.parent.mkdir(exist_ok=True)
@@ -96,14 +102,28 @@ def test_converts_to_nsmc_files_with_the_fixed_split(pinned, tmp_path, capsys):
     train = (cache / "train.tsv").read_text(encoding="utf-8")
     assert train.splitlines()[:2] == ["id\tdocument\tlabel", "3\tEffective but too tepid biopic\t0"]
     assert [(r.id, r.label) for r in read_reviews(str(cache / "train.tsv"))] == [
-        ("3", 0), ("4", 1), ("6", 0), ("7", 1), ("8", 1), ("9", 1)]
+        ("3", 0),
+        ("4", 1),
+        ("6", 0),
+        ("7", 1),
+        ("8", 1),
+        ("9", 1),
+    ]
     assert [(r.id, r.label) for r in read_reviews(str(cache / "test.tsv"))] == [
-        ("20", 0), ("21", 1), ("22", 0), ("40", 1)]
+        ("20", 0),
+        ("21", 1),
+        ("22", 0),
+        ("40", 1),
+    ]
     assert read_reviews(str(cache / "train.tsv"))[2].doc == SNIPPETS[3][2]  # quotes kept as they are
-    assert out.splitlines()[0] == ("Rotten Tomatoes snippets (vaderSentiment 3.3.2, MIT licence): 11 sentences, "
-                                   "6 positive, 4 negative, 1 rated 0 (dropped)")
-    assert out.splitlines()[1:3] == [f"  train.tsv     6 reviews (4 positive, 2 negative)  {cache}/train.tsv",
-                                     f"  test.tsv      4 reviews (2 positive, 2 negative)  {cache}/test.tsv"]
+    assert out.splitlines()[0] == (
+        "Rotten Tomatoes snippets (vaderSentiment 3.3.2, MIT licence): 11 sentences, "
+        "6 positive, 4 negative, 1 rated 0 (dropped)"
+    )
+    assert out.splitlines()[1:3] == [
+        f"  train.tsv     6 reviews (4 positive, 2 negative)  {cache}/train.tsv",
+        f"  test.tsv      4 reviews (2 positive, 2 negative)  {cache}/test.tsv",
+    ]
     assert out.splitlines()[-1].startswith(f"Train on it: fastformer train --train {cache}/train.tsv --test ")
     before = {name: (cache / name).read_bytes() for name in ("train.tsv", "test.tsv")}
     assert convert(pinned(sdist()), cache, capsys)[0] == 0
@@ -155,14 +175,21 @@ def test_download_runs_pip_with_the_pinned_hash_once(pinned, tmp_path, monkeypat
     assert "Downloading" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("output, message", [
-    ("ERROR: Could not find a version that satisfies the requirement vaderSentiment==3.3.2 (from versions: none)\n"
-     "ERROR: No matching distribution found for vaderSentiment==3.3.2\n",
-     "No matching distribution found for vaderSentiment==3.3.2; with the file at hand, pass --from"),
-    ("ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.\n    vaderSentiment==3.3.2 from x:\n"
-     "        Expected sha256 5d7c\n             Got        0123abcd\n",
-     "the archive the index served has sha256 0123abcd, not the pinned"),
-])
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        (
+            "ERROR: Could not find a version that satisfies the requirement vaderSentiment==3.3.2 (from versions: none)\n"
+            "ERROR: No matching distribution found for vaderSentiment==3.3.2\n",
+            "No matching distribution found for vaderSentiment==3.3.2; with the file at hand, pass --from",
+        ),
+        (
+            "ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.\n    vaderSentiment==3.3.2 from x:\n"
+            "        Expected sha256 5d7c\n             Got        0123abcd\n",
+            "the archive the index served has sha256 0123abcd, not the pinned",
+        ),
+    ],
+)
 def test_a_failed_download_is_one_line_exit_2_and_leaves_nothing(tmp_path, monkeypatch, capsys, output, message):
     monkeypatch.setattr(rotten_tomatoes.subprocess, "run", FakePip(output=output, returncode=1))
     cache = tmp_path / "cache"
@@ -185,8 +212,10 @@ def bad_archives():
     rows = SNIPPETS[:2]
     where = f"{rotten_tomatoes.DATA_MEMBER}: {rotten_tomatoes.SNIPPETS}"
     malformed = [
-        (snippets_text(rows) + b"\r\n5\tno rating",
-         "line 3: expected id, rating and sentence separated by tabs, got 2 field(s)"),
+        (
+            snippets_text(rows) + b"\r\n5\tno rating",
+            "line 3: expected id, rating and sentence separated by tabs, got 2 field(s)",
+        ),
         (snippets_text([*rows, (5, "4.5", "too good")]), "line 3: rating '4.5' is not a number from -4 to 4"),
         (snippets_text([*rows, (5, "high", "too good")]), "line 3: rating 'high' is not a number from -4 to 4"),
         (snippets_text([*rows, (4, 1.0, "again")]), "line 3: id '4' repeats an earlier id"),
@@ -198,12 +227,16 @@ def bad_archives():
         (b"not gzip at all", "not a readable tar.gz archive"),
         (sdist()[:-300], "damaged archive"),  # truncated
         (tar_gz({"vaderSentiment-3.3.2/setup.py": b""}), f"has no {rotten_tomatoes.DATA_MEMBER}"),
-        (sdist(extra={"vaderSentiment-3.3.2/../../evil.py": b""}),
-         "refusing an archive with the member path 'vaderSentiment-3.3.2/../../evil.py'"),
+        (
+            sdist(extra={"vaderSentiment-3.3.2/../../evil.py": b""}),
+            "refusing an archive with the member path 'vaderSentiment-3.3.2/../../evil.py'",
+        ),
         (sdist(extra={"/etc/cron.d/evil": b""}), "refusing an archive with the member path '/etc/cron.d/evil'"),
         (sdist(data_archive(extra={"hutto_ICWSM_2014\\..\\evil": b""})), "refusing an archive with the member path"),
-        (sdist(tar_gz({rotten_tomatoes.SNIPPETS: symlink(rotten_tomatoes.SNIPPETS)})),
-         f"{rotten_tomatoes.SNIPPETS} is not a regular file"),
+        (
+            sdist(tar_gz({rotten_tomatoes.SNIPPETS: symlink(rotten_tomatoes.SNIPPETS)})),
+            f"{rotten_tomatoes.SNIPPETS} is not a regular file",
+        ),
     ]
 
 
@@ -214,7 +247,11 @@ def test_bad_archives_are_one_line_exit_2_and_leave_the_old_files(pinned, tmp_pa
     unpinned = tmp_path / "other.tar.gz"
     unpinned.write_bytes(sdist(extra={"x": b"another archive"}))
     digest = hashlib.sha256(unpinned.read_bytes()).hexdigest()
-    cases = [*bad_archives(), (unpinned, f"{unpinned}: sha256 {digest} is neither {rotten_tomatoes.SDIST}'s"), (tmp_path / "missing.tar.gz", f"--from {tmp_path / 'missing.tar.gz'}: no such file")]
+    cases = [
+        *bad_archives(),
+        (unpinned, f"{unpinned}: sha256 {digest} is neither {rotten_tomatoes.SDIST}'s"),
+        (tmp_path / "missing.tar.gz", f"--from {tmp_path / 'missing.tar.gz'}: no such file"),
+    ]
     for source, message in cases:
         code, out, err = convert(pinned(source) if isinstance(source, bytes) else source, cache, capsys)
         assert code == 2, (message, out)
@@ -243,8 +280,23 @@ def test_train_on_the_dataset(pinned, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY))
-    args = ["train", "--dataset", "rotten-tomatoes", "--config", str(config), "--vocab-size", "60",
-            "--max-steps", "1", "--batch-size", "4", "--device", "cpu", "--out", str(tmp_path / "run")]
+    args = [
+        "train",
+        "--dataset",
+        "rotten-tomatoes",
+        "--config",
+        str(config),
+        "--vocab-size",
+        "60",
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("fastformer train: error: --dataset rotten-tomatoes: ") and err.count("\n") == 1
@@ -265,5 +317,11 @@ def test_the_real_download(tmp_path, capsys):
     the conversion gives the counts the module documents."""
     counts = rotten_tomatoes.prepare(cache=str(tmp_path))
     assert rotten_tomatoes.sha256(str(tmp_path / rotten_tomatoes.SDIST)) == rotten_tomatoes.SDIST_SHA256
-    assert counts == {"sentences": 10605, "zero": 37, "train": 8985, "train_positive": 4449, "test": 1583,
-                      "test_positive": 793}
+    assert counts == {
+        "sentences": 10605,
+        "zero": 37,
+        "train": 8985,
+        "train_positive": 4449,
+        "test": 1583,
+        "test_positive": 793,
+    }

@@ -5,6 +5,7 @@ The signals are sent from a subprocess that runs tests/signal_at_save.py: it wra
 signal its own process at the n-th call, then runs the command. Each epoch saves twice (model.pt,
 then trainer.pt), so call 2k+1 is epoch k+1's model.pt and call 2k+2 its trainer.pt.
 """
+
 import json
 import os
 import shutil
@@ -36,9 +37,25 @@ def files(tmp_path_factory):
 
 def train_args(files, out, epochs=2):
     return [
-        "train", "--train", files["train"], "--test", files["test"], "--config", files["config"],
-        "--vocab", files["vocab"], "--epochs", str(epochs), "--batch-size", "16", "--lr", "3e-3",
-        "--device", "cpu", "--out", str(out),
+        "train",
+        "--train",
+        files["train"],
+        "--test",
+        files["test"],
+        "--config",
+        files["config"],
+        "--vocab",
+        files["vocab"],
+        "--epochs",
+        str(epochs),
+        "--batch-size",
+        "16",
+        "--lr",
+        "3e-3",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
     ]
 
 
@@ -69,7 +86,13 @@ def test_killed_between_model_and_trainer_resumes_exactly(files, uninterrupted, 
     killed = run_until_signal(train_args(files, out), "SIGKILL", at_save=4)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert sorted(os.listdir(out)) == [
-        ".checkpoint.tmp", "checkpoint-1", "config.json", "curves.png", "metrics.json", "model.pt", "run.json",
+        ".checkpoint.tmp",
+        "checkpoint-1",
+        "config.json",
+        "curves.png",
+        "metrics.json",
+        "model.pt",
+        "run.json",
         "vocab.model",
     ]
     assert main(["train", "--resume", str(out)]) == 0
@@ -107,7 +130,13 @@ def test_ctrl_c_prints_one_line_exits_130_and_keeps_the_last_checkpoint(files, t
     )
     assert "Traceback" not in interrupted.stderr
     assert sorted(os.listdir(out)) == [
-        "checkpoint-1", "config.json", "curves.png", "metrics.json", "model.pt", "run.json", "vocab.model",
+        "checkpoint-1",
+        "config.json",
+        "curves.png",
+        "metrics.json",
+        "model.pt",
+        "run.json",
+        "vocab.model",
     ]
 
 
@@ -131,7 +160,13 @@ def test_a_failed_write_is_one_line_naming_the_file_and_leaves_no_temporary_file
         f"last checkpoint: {out}/checkpoint-1"
     )
     assert sorted(os.listdir(out)) == [
-        "checkpoint-1", "config.json", "curves.png", "metrics.json", "model.pt", "run.json", "vocab.model",
+        "checkpoint-1",
+        "config.json",
+        "curves.png",
+        "metrics.json",
+        "model.pt",
+        "run.json",
+        "vocab.model",
     ]
     assert torch.load(out / "checkpoint-1" / "trainer.pt")["epoch"] == 1
     assert (out / "model.pt").read_bytes() == (out / "checkpoint-1" / "model.pt").read_bytes()

@@ -11,6 +11,7 @@ What this cannot see: faults at run time (illegal addresses, races), numerics (t
 tests check them, bf16 included, on a CPU), occupancy and timing. The `cuda` tests and the
 benchmarks cover those on a GPU. The full table: `python -m tools.sm90_report` (tools/results/sm90-compile.md).
 """
+
 import ast
 import collections
 import itertools
@@ -86,7 +87,9 @@ def test_kernel_meets_the_sm90_rules(records, kernel):
     mine = [r for r in records if r.kernel == kernel]
     assert mine, f"{kernel} was not compiled by any case of tools.sm90_cases.ci_cases"
     broken = [f"{r.config} in {r.case}: {'; '.join(sm90.problems(r))}" for r in mine if sm90.problems(r)]
-    assert not broken, f"{kernel} breaks the sm_90a rules in {len(broken)} of {len(mine)} compiles:\n" + "\n".join(broken[:40])
+    assert not broken, f"{kernel} breaks the sm_90a rules in {len(broken)} of {len(mine)} compiles:\n" + "\n".join(
+        broken[:40]
+    )
 
 
 @pytest.mark.parametrize("case", sorted(sm90_planted.EXPECTED))

@@ -1,4 +1,5 @@
 """`fastformer train`, `evaluate` and `predict` end to end on a tiny separable set, on CPU."""
+
 import json
 import os
 import re
@@ -38,7 +39,13 @@ def run_dir(files):
 
 def test_train_learns_and_writes_a_complete_run_directory(run_dir):
     assert sorted(os.listdir(run_dir)) == [
-        "checkpoint-3", "config.json", "curves.png", "metrics.json", "model.pt", "run.json", "vocab.model",
+        "checkpoint-3",
+        "config.json",
+        "curves.png",
+        "metrics.json",
+        "model.pt",
+        "run.json",
+        "vocab.model",
     ]
     assert sorted(os.listdir(run_dir / "checkpoint-3")) == ["model.pt", "trainer.pt"]
     assert (run_dir / "model.pt").read_bytes() == (run_dir / "checkpoint-3" / "model.pt").read_bytes()
@@ -76,7 +83,9 @@ def test_predict_refuses_an_empty_text(run_dir, text, capsys):
     assert main(["predict", "--run", str(run_dir), "--device", "cpu", "the film was good", text]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == f"fastformer predict: error: text 2 of 2 ({text!r}) is empty or only whitespace: nothing to classify\n"
+    assert (
+        err == f"fastformer predict: error: text 2 of 2 ({text!r}) is empty or only whitespace: nothing to classify\n"
+    )
 
 
 def test_evaluate_and_predict_commands(run_dir, files, capsys):
@@ -85,7 +94,10 @@ def test_evaluate_and_predict_commands(run_dir, files, capsys):
     out = capsys.readouterr().out
     accuracy = json.loads((run_dir / "metrics.json").read_text())["test_accuracy"]
     assert f"accuracy {accuracy:.4f}" in out and "on 60 reviews" in out
-    assert main(["predict", "--run", str(run_dir), "--device", "cpu", "the film was superb nice", "the film was poor"]) == 0
+    assert (
+        main(["predict", "--run", str(run_dir), "--device", "cpu", "the film was superb nice", "the film was poor"])
+        == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split()[0] == "positive" and lines[1].split()[0] == "negative"
 
@@ -110,7 +122,19 @@ def test_resume_refuses_options_that_differ_from_the_run(run_dir, files, tmp_pat
     other_config = tmp_path / "other.json"
     other_config.write_text(json.dumps(dict(TINY, d_ff=128)))
     run_json = (copy / "run.json").read_bytes()
-    args = ["train", "--resume", str(copy), "--epochs", "4", "--lr", "1e-3", "--seed", "3", "--config", str(other_config)]
+    args = [
+        "train",
+        "--resume",
+        str(copy),
+        "--epochs",
+        "4",
+        "--lr",
+        "1e-3",
+        "--seed",
+        "3",
+        "--config",
+        str(other_config),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
@@ -124,8 +148,26 @@ def test_resume_refuses_options_that_differ_from_the_run(run_dir, files, tmp_pat
 
 def test_max_steps_and_held_out_split(files, tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["train", "--train", files["train"], "--config", files["config"], "--vocab-size", "60", "--epochs", "2",
-            "--batch-size", "16", "--max-steps", "5", "--device", "cpu", "--out", str(out), "--no-bucket"]
+    args = [
+        "train",
+        "--train",
+        files["train"],
+        "--config",
+        files["config"],
+        "--vocab-size",
+        "60",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--max-steps",
+        "5",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--no-bucket",
+    ]
     assert main(args) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert [e["steps"] for e in metrics["epochs"]] == [5]
@@ -142,14 +184,22 @@ def test_default_run_uses_the_embedded_demo_set(tmp_path, capsys):
     stdout = capsys.readouterr().out
     assert "4000 train / 1000 test reviews (the embedded demo set)" in stdout
     config = Config.load(out / "config.json")
-    assert (config.n_layer, config.d_hidn, config.n_enc_vocab) == (3, 128, load_vocab(str(out / "vocab.model")).get_piece_size())
+    assert (config.n_layer, config.d_hidn, config.n_enc_vocab) == (
+        3,
+        128,
+        load_vocab(str(out / "vocab.model")).get_piece_size(),
+    )
 
 
-@pytest.mark.parametrize("call", [
-    lambda: job.train(epochs=0),
-    lambda: job.train(TrainOptions(epochs=0)),
-    lambda: job.train(TrainOptions(epochs=3), epochs=0),  # keywords override the fields of the options
-], ids=["keywords", "options", "options-and-keywords"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: job.train(epochs=0),
+        lambda: job.train(TrainOptions(epochs=0)),
+        lambda: job.train(TrainOptions(epochs=3), epochs=0),  # keywords override the fields of the options
+    ],
+    ids=["keywords", "options", "options-and-keywords"],
+)
 def test_train_takes_train_options_or_their_fields_as_keywords(call):
     with pytest.raises(ValueError, match=r"^--epochs must be positive, got 0$"):
         call()
@@ -185,14 +235,25 @@ def bad_input_cases(files, root):
         (["--train", str(empty)], "has no reviews", False),
         (["--train", str(latin1)], f"{latin1} line 3: not UTF-8 (byte 0xe9)", False),
         (["--train", three_labels, "--config", files["config"]], "has label 2, outside the 2 classes 0..1", False),
-        (["--train", three_labels], f"train file {three_labels} line 4: review 2 has label 2, outside the 2 classes 0..1; "
-         "pass --n-output with the number of classes, or --n-output auto", False),
-        (["--train", huge_label, "--n-output", "auto"], f"train file {huge_label}: labels go up to 99999999 but no review "
-         "has label 2, 3, 4 or 99999994 more", False),
+        (
+            ["--train", three_labels],
+            f"train file {three_labels} line 4: review 2 has label 2, outside the 2 classes 0..1; "
+            "pass --n-output with the number of classes, or --n-output auto",
+            False,
+        ),
+        (
+            ["--train", huge_label, "--n-output", "auto"],
+            f"train file {huge_label}: labels go up to 99999999 but no review has label 2, 3, 4 or 99999994 more",
+            False,
+        ),
         (["--train", negative_label, "--n-output", "auto"], "line 4: review 2 has label -1", False),
         ([*train, "--test", three_labels], f"test file {three_labels} line 4: review 2 has label 2", False),
         ([*train, "--config", str(root / "small_vocab.json")], "config.n_enc_vocab is 20", False),
-        ([*train, "--config", str(root / "fractional.json")], "config.d_ff must be a positive integer, got 64.5", False),
+        (
+            [*train, "--config", str(root / "fractional.json")],
+            "config.d_ff must be a positive integer, got 64.5",
+            False,
+        ),
         ([*train, "--config", str(root / "no_layers.json")], "no_layers.json: config is missing n_layer", False),
         ([*train, "--config", str(root / "not_json.json")], "not_json.json: not a JSON config (Expecting value", False),
         ([*train, "--config", str(root / "nope.json")], "config file not found", False),
@@ -202,7 +263,11 @@ def bad_input_cases(files, root):
         ([*train, "--epochs", "0"], "--epochs must be positive", False),
         ([*train, "--lr", "inf"], "--lr must be a finite number, got inf", False),
         ([*train, "--n-output", "0"], "argument --n-output: must be a positive integer or auto, got '0'", False),
-        ([*train, "--vocab-size", "1"], "a vocab of 1 pieces is too small for this corpus: its characters alone need", True),
+        (
+            [*train, "--vocab-size", "1"],
+            "a vocab of 1 pieces is too small for this corpus: its characters alone need",
+            True,
+        ),
     ]
 
 
@@ -225,8 +290,23 @@ def test_bad_input_is_one_line_exit_2_and_no_run_directory(files, tmp_path, caps
 def test_n_output_auto_infers_the_classes(files, tmp_path):
     out = tmp_path / "run"
     three_labels = write_reviews(tmp_path / "three.txt", 60, seed=2, labels=(0, 1, 2))
-    args = ["train", "--train", three_labels, "--n-output", "auto", "--config", files["config"], "--vocab-size", "60",
-            "--max-steps", "2", "--device", "cpu", "--out", str(out)]
+    args = [
+        "train",
+        "--train",
+        three_labels,
+        "--n-output",
+        "auto",
+        "--config",
+        files["config"],
+        "--vocab-size",
+        "60",
+        "--max-steps",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     assert Config.load(out / "config.json").n_output == 3
     run = json.loads((out / "run.json").read_text())
@@ -239,8 +319,23 @@ def test_an_unknown_config_key_is_a_one_line_warning(files, tmp_path, monkeypatc
     monkeypatch.setattr(fastformer.config, "_warned_keys", set())
     config = tmp_path / "typo.json"
     config.write_text(json.dumps(dict(TINY, n_heads=4)))
-    args = ["train", "--train", files["train"], "--test", files["test"], "--config", str(config), "--vocab-size", "60",
-            "--max-steps", "1", "--device", "cpu", "--out", str(tmp_path / "run")]
+    args = [
+        "train",
+        "--train",
+        files["train"],
+        "--test",
+        files["test"],
+        "--config",
+        str(config),
+        "--vocab-size",
+        "60",
+        "--max-steps",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(args) == 0
     warnings = [line for line in capsys.readouterr().err.split("\n") if "warning" in line]
     assert warnings == [
@@ -254,7 +349,8 @@ def test_a_loss_that_becomes_nan_stops_training_with_exit_1(files, tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()[-1].split("\r")[-1]
     assert re.fullmatch(
         r"fastformer train: error: the loss is (nan|inf) at step \d+ of epoch 1 \(step \d+ of the run\): training "
-        r"stopped; no checkpoint yet \(the first epoch did not end\)", err
+        r"stopped; no checkpoint yet \(the first epoch did not end\)",
+        err,
     ), err
     assert sorted(os.listdir(out)) == ["config.json", "run.json", "vocab.model"]  # resumable, or replaced by a rerun
 
@@ -295,7 +391,13 @@ def test_a_nan_loss_keeps_the_last_good_checkpoint(files, tmp_path, monkeypatch,
         f"last checkpoint: {out}/checkpoint-1"
     )
     assert sorted(os.listdir(out)) == [
-        "checkpoint-1", "config.json", "curves.png", "metrics.json", "model.pt", "run.json", "vocab.model",
+        "checkpoint-1",
+        "config.json",
+        "curves.png",
+        "metrics.json",
+        "model.pt",
+        "run.json",
+        "vocab.model",
     ]
     state = torch.load(out / "model.pt")
     assert all(torch.isfinite(v).all() for v in state.values())
@@ -316,8 +418,18 @@ def damage(path, how):
         ("model.pt", "empty", "evaluate", "model.pt is empty (0 bytes)"),
         ("model.pt", "truncated", "predict", "model.pt ({size} bytes) is not a readable PyTorch checkpoint: truncated"),
         ("checkpoint-3/trainer.pt", "empty", "resume", "trainer.pt is empty (0 bytes)"),
-        ("checkpoint-3/trainer.pt", "truncated", "resume", "trainer.pt ({size} bytes) is not a readable PyTorch checkpoint"),
-        ("checkpoint-3/model.pt", "truncated", "resume", "checkpoint-3/model.pt ({size} bytes) is not a readable PyTorch"),
+        (
+            "checkpoint-3/trainer.pt",
+            "truncated",
+            "resume",
+            "trainer.pt ({size} bytes) is not a readable PyTorch checkpoint",
+        ),
+        (
+            "checkpoint-3/model.pt",
+            "truncated",
+            "resume",
+            "checkpoint-3/model.pt ({size} bytes) is not a readable PyTorch",
+        ),
         ("run.json", "truncated", "evaluate", "run.json: not a JSON run file ("),
         ("run.json", "empty", "resume", "run.json: not a JSON run file (the file is empty)"),
         ("config.json", "empty", "predict", "config.json: not a JSON config (the file is empty)"),
@@ -361,7 +473,9 @@ def test_existing_output_directory_is_not_overwritten(run_dir, files, capsys):
     assert os.path.isfile(run_dir / "model.pt")
 
 
-@pytest.mark.parametrize("extra", [["--amp", "bf16"], ["--amp", "fp16"], ["--backend", "triton"]], ids=["bf16", "fp16", "triton"])
+@pytest.mark.parametrize(
+    "extra", [["--amp", "bf16"], ["--amp", "fp16"], ["--backend", "triton"]], ids=["bf16", "fp16", "triton"]
+)
 def test_train_runs_under_autocast_and_on_the_kernels(files, tmp_path, extra):
     """A few steps with autocast (fp16 through the GradScaler) and on the Triton kernels (the
     interpreter on CPU: one step of a batch of 4 and a test set of 4, since the interpreter's time
@@ -435,8 +549,15 @@ def test_pad_to_buckets_precompiles_the_shapes_of_the_data(files, tmp_path, monk
     calls = []
 
     def warm_up(model, shapes, *, device, amp, progress):
-        calls.append({"shapes": shapes, "device": str(device), "amp": amp, "autotune": kernels.autotune_enabled(),
-                      "trained": any(p.grad is not None for p in model.parameters())})
+        calls.append(
+            {
+                "shapes": shapes,
+                "device": str(device),
+                "amp": amp,
+                "autotune": kernels.autotune_enabled(),
+                "trained": any(p.grad is not None for p in model.parameters()),
+            }
+        )
         return {"shapes": len(shapes), "seconds": 0.0}
 
     monkeypatch.setattr(job, "warm_up", warm_up)
@@ -445,7 +566,9 @@ def test_pad_to_buckets_precompiles_the_shapes_of_the_data(files, tmp_path, monk
     assert not kernels.autotune_enabled()
     assert len(calls) == 1 and calls[0]["device"] == "cpu" and calls[0]["amp"] == "off"
     assert calls[0]["autotune"] and not calls[0]["trained"]
-    assert calls[0]["shapes"] == [(8, TINY["n_enc_seq"])]  # every review's bucket is n_enc_seq's (which bucket_shapes' test covers)
+    assert calls[0]["shapes"] == [
+        (8, TINY["n_enc_seq"])
+    ]  # every review's bucket is n_enc_seq's (which bucket_shapes' test covers)
     assert f"compiled the kernels of {len(calls[0]['shapes'])} batch shapes" in capsys.readouterr().out
     assert main(train_args(files, tmp_path / "eager", "--epochs", "1", "--pad-to-buckets", "--no-precompile")) == 0
     assert main(train_args(files, tmp_path / "unpadded", "--epochs", "1")) == 0

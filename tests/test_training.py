@@ -1,4 +1,5 @@
 """fastformer.training: the schedules' values, the padding-masked loss, and the loops."""
+
 import math
 
 import pytest

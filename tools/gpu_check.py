@@ -88,6 +88,7 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                         `python -m bench.report --from results.json` writes bench/results/<gpu>.json
   plots                 names of the PNGs written
 """
+
 import argparse
 import datetime
 import itertools
@@ -150,16 +151,18 @@ UNITS = {
 # (one large allocation), and the whole `fastformer train` runs with --cuda-graphs and --compile
 # (minutes of first-call kernel compiles); the parity of every op the models run, bf16 included,
 # and the graph replays against eager steps stay.
-REDUCED_TESTS = ("not dense_mask and not fused_parity and not 65535 and not train_with_cuda_graphs "
-                 "and not compile_on_cuda_trains")
+REDUCED_TESTS = (
+    "not dense_mask and not fused_parity and not 65535 and not train_with_cuda_graphs and not compile_on_cuda_trains"
+)
 # fastformer's ways of running a model step, timed beside its eager row ("fastformer") in the
 # model stage: replayed from CUDA graphs, and through torch.compile(model, fullgraph=True)
 COMPILED_PROVIDERS = ("compile", "flex", "fastformer_compile")
 CPU_TARGETS = "not judged: a CPU run (the targets are GPU targets; CPU ratios say nothing of them)"
 BENCH_ORDER = ("model_train", "ffn_fwd_bwd", "attention_fwd", "attention_fwd_bwd")
 # smoke_suite's tiny MovieClassification
-TINY = dict(n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12,
-            n_dec_seq=12)
+TINY = dict(
+    n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12
+)
 # The convergence comparison: 200 real review sentences (tests/data/README.md), a vocab trained on
 # them, and the atol of its rule by autocast ("off", fp32: tests/test_convergence.py measured
 # |fastformer - fp64| up to 1.3e-6 against 2 x 1.2e-6 + atol; "bf16": not yet run on a GPU, where
@@ -314,8 +317,12 @@ def first_mismatch(first, second):
     for name, a in first.items():
         b = second[name]
         if a.shape != b.shape or a.dtype != b.dtype:
-            return {"tensor": name, "index": None, "first": f"{a.dtype} {tuple(a.shape)}",
-                    "second": f"{b.dtype} {tuple(b.shape)}"}
+            return {
+                "tensor": name,
+                "index": None,
+                "first": f"{a.dtype} {tuple(a.shape)}",
+                "second": f"{b.dtype} {tuple(b.shape)}",
+            }
         differ = _bits(a) != _bits(b)  # bits, so NaN == NaN and -0.0 != 0.0
         if bool(differ.any()):
             index = tuple(int(i) for i in differ.nonzero()[0])
@@ -335,8 +342,9 @@ def graph_breaks(fn, *args):
     try:
         explanation = torch._dynamo.explain(fn)(*args)
     except Exception as error:  # noqa: BLE001 (the compile error is already recorded; say why there is no list)
-        return [{"reason": f"torch._dynamo.explain failed too: {type(error).__name__}: {_first_line(error)}",
-                 "where": None}]
+        return [
+            {"reason": f"torch._dynamo.explain failed too: {type(error).__name__}: {_first_line(error)}", "where": None}
+        ]
     finally:
         torch._dynamo.reset()
     breaks = []
@@ -363,7 +371,9 @@ def junit_counts(path):
             element = case.find(tag)
             if element is not None:
                 message = (element.get("message") or element.text or "").strip().splitlines()
-                failures.append(f"{case.get('classname')}::{case.get('name')} ({tag}): {message[0][:300] if message else ''}")
+                failures.append(
+                    f"{case.get('classname')}::{case.get('name')} ({tag}): {message[0][:300] if message else ''}"
+                )
         skipped = case.find("skipped")
         if skipped is not None:
             skip_reasons[skipped.get("message") or ""] += 1
@@ -474,11 +484,15 @@ class Run:
         results = union["results"]
         if self._plotted == len(results):
             return
-        groups = sorted({(r["bench"], r["params"]["D"]) for r in results if r["bench"].startswith("attention")
-                         and r["tflops"]}, key=lambda g: (g[1] != 64, g))
+        groups = sorted(
+            {(r["bench"], r["params"]["D"]) for r in results if r["bench"].startswith("attention") and r["tflops"]},
+            key=lambda g: (g[1] != 64, g),
+        )
         has_model = any(r["bench"].startswith("model") and r["tokens_per_s"] for r in results)
         keep = set(groups[: MAX_PLOTS - has_model])
-        chosen = [r for r in results if not r["bench"].startswith("attention") or (r["bench"], r["params"]["D"]) in keep]
+        chosen = [
+            r for r in results if not r["bench"].startswith("attention") or (r["bench"], r["params"]["D"]) in keep
+        ]
         staging = os.path.join(self.out, f".{PLOT_PREFIX}-tmp")
         try:
             written = bench_report.plot(dict(union, results=chosen), staging)
@@ -487,7 +501,7 @@ class Run:
             return
         names = []
         for path in written:
-            name = PLOT_PREFIX + os.path.basename(path)[len(os.path.basename(staging)):]
+            name = PLOT_PREFIX + os.path.basename(path)[len(os.path.basename(staging)) :]
             os.replace(path, os.path.join(self.out, name))
             names.append(name)
         for stale in set(self.plots) - set(names):
@@ -534,8 +548,12 @@ def run_stage(run, name):
     except Skipped as skip:
         entry.update(status="skipped", reason=str(skip), details=skip.details)
     except Exception as error:  # noqa: BLE001 (a failing stage is recorded; the next one runs)
-        entry.update(status="failed", error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc(),
-                     details=getattr(error, "details", {}))
+        entry.update(
+            status="failed",
+            error=f"{type(error).__name__}: {error}",
+            traceback=traceback.format_exc(),
+            details=getattr(error, "details", {}),
+        )
         print(entry["traceback"], end="", flush=True)
     finally:
         entry["seconds"] = time.monotonic() - run.stage_started
@@ -560,22 +578,37 @@ def _release(run):
 # ----------------------------------------------------------------------------------------------
 def stage_env(run):
     details = {
-        "device": str(run.device), "gpu": run.env["gpu"], "capability": None, "sm_count": None, "memory_gib": None,
-        "driver": None, "cuda": torch.version.cuda, "torch": torch.__version__, "triton": run.env["triton"],
-        "python": platform.python_version(), "git_commit": _git_commit(), "bf16_gemm_tflops": None,
-        "d2d_copy_gbps": None, "ceilings_note": None,
+        "device": str(run.device),
+        "gpu": run.env["gpu"],
+        "capability": None,
+        "sm_count": None,
+        "memory_gib": None,
+        "driver": None,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "triton": run.env["triton"],
+        "python": platform.python_version(),
+        "git_commit": _git_commit(),
+        "bf16_gemm_tflops": None,
+        "d2d_copy_gbps": None,
+        "ceilings_note": None,
     }
     versions = f"torch {details['torch']}, Triton {details['triton']}, CUDA {details['cuda']}"
     if not run.cuda:
         details["ceilings_note"] = "needs CUDA: the ceilings are GPU figures and are not measured on a CPU"
         if run.mode != "smoke":
-            raise Failed(f"no CUDA device: torch.cuda.is_available() is False ({versions}); the other stages need one",
-                         details)
+            raise Failed(
+                f"no CUDA device: torch.cuda.is_available() is False ({versions}); the other stages need one", details
+            )
         details["summary"] = f"no CUDA device, a CPU smoke run: {versions}; ceilings not measured (needs CUDA)"
         return details
     props = torch.cuda.get_device_properties(run.device)
-    details.update(capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
-                   memory_gib=props.total_memory / 2**30, driver=_driver_version(run.device))
+    details.update(
+        capability=f"{props.major}.{props.minor}",
+        sm_count=props.multi_processor_count,
+        memory_gib=props.total_memory / 2**30,
+        driver=_driver_version(run.device),
+    )
     details["bf16_gemm_tflops"] = run.gemm_rate()
     details["d2d_copy_gbps"] = run.env["d2d_copy_gbps"] = copy_gbps(run.device, run.plan.copy_bytes)
     details["summary"] = (
@@ -611,8 +644,19 @@ def _output(command):
 
 def stage_tests(run):
     junit = os.path.join(run.out, "junit.xml")
-    command = [sys.executable, "-m", "pytest", "tests", "-m", "cuda", "-v", "--tb=short", "-p", "no:cacheprovider",
-               f"--junitxml={junit}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests",
+        "-m",
+        "cuda",
+        "-v",
+        "--tb=short",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+    ]
     if run.plan.tests_filter:
         command += ["-k", run.plan.tests_filter]
     budget = run.plan.budget_seconds["tests"]
@@ -629,8 +673,11 @@ def stage_tests(run):
         raise Failed(f"pytest exited {returncode}: {counts}", details)
     if details["passed"] == 0:
         if not run.cuda:
-            raise Skipped(f"needs CUDA: the {details['skipped']} cuda tests selected all skip on this machine "
-                          "(pytest ran them, junit.xml has each reason)", details)
+            raise Skipped(
+                f"needs CUDA: the {details['skipped']} cuda tests selected all skip on this machine "
+                "(pytest ran them, junit.xml has each reason)",
+                details,
+            )
         raise Failed(f"no cuda test passed: {counts}", details)
     return details
 
@@ -640,8 +687,9 @@ def _stream(command, timeout):
     at `timeout` seconds interrupt it (pytest then still writes its report), and kill it a minute
     later. Returns (returncode, timed_out)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, errors="replace")
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
     expired = threading.Event()
 
     def interrupt():
@@ -666,14 +714,26 @@ def _stream(command, timeout):
 
 def stage_compile(run):
     if not run.cuda:
-        raise Skipped("needs CUDA: torch.compile lowers fastformer's Triton ops for CUDA tensors only (on a CPU, "
-                      "tests/test_backend.py and tests/test_aladdinpersson.py trace the models with backend='eager')")
+        raise Skipped(
+            "needs CUDA: torch.compile lowers fastformer's Triton ops for CUDA tensors only (on a CPU, "
+            "tests/test_backend.py and tests/test_aladdinpersson.py trace the models with backend='eager')"
+        )
     deadline = run.deadline("compile")
     models = {}
-    for name, build in (("MovieClassification", _movie_classification), ("aladdinpersson.Transformer", _aladdinpersson)):
+    for name, build in (
+        ("MovieClassification", _movie_classification),
+        ("aladdinpersson.Transformer", _aladdinpersson),
+    ):
         entry = models[name] = {
-            "compiled": False, "first_call_seconds": None, "eval_first_call_seconds": None, "step_ms": None,
-            "eager_step_ms": None, "max_abs_diff": None, "tolerance": None, "graph_breaks": [], "error": None,
+            "compiled": False,
+            "first_call_seconds": None,
+            "eval_first_call_seconds": None,
+            "step_ms": None,
+            "eager_step_ms": None,
+            "max_abs_diff": None,
+            "tolerance": None,
+            "graph_breaks": [],
+            "error": None,
         }
         if time.monotonic() > deadline:
             entry["error"] = f"not run: the stage's budget of {run.plan.budget_seconds['compile']} s was spent"
@@ -686,8 +746,12 @@ def stage_compile(run):
             entry["error"] = f"{_error_text(error)} (traceback in log.txt)"
     broken = {name: m["error"] for name, m in models.items() if m["error"]}
     summary = "; ".join(
-        f"{name}: " + (broken[name] if name in broken else
-                       f"one graph, compiled step {m['step_ms']:.1f} ms vs eager {m['eager_step_ms']:.1f} ms")
+        f"{name}: "
+        + (
+            broken[name]
+            if name in broken
+            else f"one graph, compiled step {m['step_ms']:.1f} ms vs eager {m['eager_step_ms']:.1f} ms"
+        )
         for name, m in models.items()
     )
     details = {"summary": summary, "models": models}
@@ -754,8 +818,11 @@ def _compile_check(run, entry, model, inputs, loss_of, logits_of):
         return
     entry["first_call_seconds"] = time.perf_counter() - start
     entry["compiled"] = True
-    bad = sorted(name for name, p in model.named_parameters()
-                 if name in eager_grads and (p.grad is None or not bool(torch.isfinite(p.grad).all())))
+    bad = sorted(
+        name
+        for name, p in model.named_parameters()
+        if name in eager_grads and (p.grad is None or not bool(torch.isfinite(p.grad).all()))
+    )
     if not bool(torch.isfinite(loss)) or bad:
         entry["error"] = f"compiled train step: loss {loss.item():.4g}; missing or non-finite gradients: {bad[:5]}"
         return
@@ -774,8 +841,9 @@ def _compile_check(run, entry, model, inputs, loss_of, logits_of):
     entry["max_abs_diff"] = (got - expected).abs().max().item()
     entry["tolerance"] = suite.ATOL["bf16" if run.amp == "bf16" else "fp32"] * (expected.abs().max().item() or 1.0)
     if not entry["max_abs_diff"] <= entry["tolerance"]:
-        entry["error"] = (f"eval-mode logits differ from eager by {entry['max_abs_diff']:.3g} "
-                          f"(tolerance {entry['tolerance']:.3g})")
+        entry["error"] = (
+            f"eval-mode logits differ from eager by {entry['max_abs_diff']:.3g} (tolerance {entry['tolerance']:.3g})"
+        )
 
 
 ATTENTION_SETTINGS = (("padding + causal", True, 0.0), ("padding, dropout 0.1", False, 0.1))
@@ -792,11 +860,15 @@ def stage_determinism(run):
     details = {"summary": "bitwise equal: " + ", ".join(parts), "attention": attention, "training": training}
     if mismatches:
         m = mismatches[0]["mismatch"]
-        details["summary"] = (f"not bitwise reproducible: {m['tensor']} at {m['at']}, index {m['index']}: "
-                              f"{m['first']!r} then {m['second']!r}")
+        details["summary"] = (
+            f"not bitwise reproducible: {m['tensor']} at {m['at']}, index {m['index']}: "
+            f"{m['first']!r} then {m['second']!r}"
+        )
         raise Failed(details["summary"], details)
     if short or training["steps"] < run.plan.train_steps:
-        details["summary"] = f"cut by the stage's budget of {run.plan.budget_seconds['determinism']} s: " + ", ".join(parts)
+        details["summary"] = f"cut by the stage's budget of {run.plan.budget_seconds['determinism']} s: " + ", ".join(
+            parts
+        )
         raise Failed(details["summary"], details)
     return details
 
@@ -822,8 +894,11 @@ def _attention_repeats(run, deadline):
             if mismatch:
                 mismatch["at"] = f"repetition {repetitions}"
         settings.append({"setting": setting, "repetitions": repetitions, "mismatch": mismatch})
-        print(f"attention ({setting}): {repetitions} repetitions, "
-              f"{'bitwise equal' if mismatch is None else 'MISMATCH ' + json.dumps(mismatch)}", flush=True)
+        print(
+            f"attention ({setting}): {repetitions} repetitions, "
+            f"{'bitwise equal' if mismatch is None else 'MISMATCH ' + json.dumps(mismatch)}",
+            flush=True,
+        )
     return {"shape": {"B": B, "H": H, "L": L, "D": D}, "dtype": dtype, "mask": "padding", "settings": settings}
 
 
@@ -831,8 +906,10 @@ def _training_twice(run, deadline):
     """The plan's train steps of MovieClassification from one seed, twice: every step's logits,
     loss and gradients, and the final weights, compared bit for bit."""
     config = fastformer.Config.tutorial(**run.plan.config)
-    batches = [suite._review_batch(config, run.plan.model_batch, False, run.device, seed=s)
-               for s in range(run.plan.train_steps)]
+    batches = [
+        suite._review_batch(config, run.plan.model_batch, False, run.device, seed=s)
+        for s in range(run.plan.train_steps)
+    ]
     first = _train_trace(run, config, batches, deadline)
     second = _train_trace(run, config, batches[: len(first) - 1], deadline)  # never more steps than the first
     steps = len(second) - 1
@@ -845,10 +922,18 @@ def _training_twice(run, deadline):
         if mismatch:
             mismatch["at"] = label
             break
-    print(f"training: {steps} steps twice, {'bitwise equal' if mismatch is None else 'MISMATCH ' + json.dumps(mismatch)}",
-          flush=True)
+    print(
+        f"training: {steps} steps twice, {'bitwise equal' if mismatch is None else 'MISMATCH ' + json.dumps(mismatch)}",
+        flush=True,
+    )
     config_summary = {k: config[k] for k in ("n_layer", "d_hidn", "n_head", "d_head", "d_ff", "dropout")}
-    return {"config": config_summary, "batch": run.plan.model_batch, "amp": run.amp, "steps": steps, "mismatch": mismatch}
+    return {
+        "config": config_summary,
+        "batch": run.plan.model_batch,
+        "amp": run.amp,
+        "steps": steps,
+        "mismatch": mismatch,
+    }
 
 
 def _train_trace(run, config, batches, deadline):
@@ -878,9 +963,13 @@ def stage_bench(run):
     targets = run.targets()
     met = sum(t["met"] is True for t in targets)
     judged = sum(t["met"] is not None for t in targets)
-    verdict = f"targets met {met} of {judged} measured ({len(targets)} in all)" if run.cuda else "targets " + CPU_TARGETS
-    details["summary"] = (f"{details['measured']} measured, {details['skipped']} skipped, {details['failed']} failed, "
-                          f"{details['not_run']} not run; {verdict}")
+    verdict = (
+        f"targets met {met} of {judged} measured ({len(targets)} in all)" if run.cuda else "targets " + CPU_TARGETS
+    )
+    details["summary"] = (
+        f"{details['measured']} measured, {details['skipped']} skipped, {details['failed']} failed, "
+        f"{details['not_run']} not run; {verdict}"
+    )
     _raise_for_cases(details)
     return details
 
@@ -889,6 +978,7 @@ def _bench_cases(run):
     """bench.report --targets' cases (in --quick, D 64 at L 4096, the tutorial's FFN layer, no compiled
     model), the model first; in --smoke a few tiny cases of every kind the report draws."""
     if run.mode == "smoke":
+
         def wanted(c):
             if c.bench == "attention_fwd":
                 return (c.params["mask"], c.params["L"]) in (("padding_causal", 13), ("causal", 16))
@@ -899,6 +989,7 @@ def _bench_cases(run):
         return [c for c in suite.smoke_suite(run.device) if wanted(c)]
     cases = [c for c in suite.full_suite(run.device) if bench_report.judged(c)]
     if run.mode == "quick":
+
         def wanted(c):
             if c.bench.startswith("attention"):
                 return c.params["D"] == 64 and c.params["L"] == 4096
@@ -913,8 +1004,9 @@ def _bench_cases(run):
 def stage_model(run):
     details = _measure(run, "model", _model_cases(run))
     results = run.reports["model"]["results"]
-    details["rows"] = [{k: r[k] for k in ("bench", "provider", "ms", "tokens_per_s", "peak_mem_mb", "tflops", "mfu")}
-                       for r in results]
+    details["rows"] = [
+        {k: r[k] for k in ("bench", "provider", "ms", "tokens_per_s", "peak_mem_mb", "tflops", "mfu")} for r in results
+    ]
     details["mfu_note"] = None if run.gemm_rate() else "needs CUDA: the MFU denominator is the GPU's bf16 GEMM rate"
     parts = []
     for bench in ("model_train", "model_infer"):
@@ -926,8 +1018,10 @@ def stage_model(run):
             mfu = f", MFU {ours['mfu']:.1%}" if ours["mfu"] else ""
             speedups = f" (speed-up {peers})" if peers else ""
             parts.append(f"{bench[6:]}: fastformer {ours['tokens_per_s']:,.0f} tok/s{mfu}{speedups}")
-            parts += [f"{bench[6:]}: {p} {r['tokens_per_s']:,.0f} tok/s ({ours['ms'] / r['ms']:.2f}x eager)"
-                      for p, r in variants.items()]
+            parts += [
+                f"{bench[6:]}: {p} {r['tokens_per_s']:,.0f} tok/s ({ours['ms'] / r['ms']:.2f}x eager)"
+                for p, r in variants.items()
+            ]
     convergence = details["convergence"] = _convergence(run)
     parts.append(_convergence_note(convergence))
     details["summary"] = "; ".join(p for p in parts if p) or "nothing measured"
@@ -949,7 +1043,9 @@ def _model_cases(run):
     cases = []
     for kind in ("train", "infer"):
         for provider in providers:
-            case = suite.model_case(kind, "classify", provider, run.device, B=run.plan.model_batch, config=config, amp=amp)
+            case = suite.model_case(
+                kind, "classify", provider, run.device, B=run.plan.model_batch, config=config, amp=amp
+            )
             case.flops = model_flops(config, *lengths, kind)
             cases.append(case)
         for variant in run.plan.model_variants:
@@ -970,8 +1066,9 @@ def convergence_setup(overrides, batch, steps, reviews):
     config = fastformer.Config.tutorial(**dict(overrides, n_enc_vocab=n_vocab, n_dec_vocab=n_vocab, dropout=0.0))
     order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(0)).tolist()[:reviews]
     dataset = MovieDataSet(vocab, [texts[i] for i in order], max_len=config.n_enc_seq, progress=False)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch,
-                                         collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad))
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch, collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad)
+    )
     return config, list(itertools.islice(itertools.cycle(list(loader)), steps))
 
 
@@ -980,9 +1077,11 @@ def convergence_curves(config, batches, device, amp, lr=CONVERGENCE_LR):
     "fastformer" (the Triton kernels) and "reference" (PyTorch) under `amp`, "reference_fp64"
     (PyTorch in fp64, no autocast; the loss itself is taken in fp32, as fastformer.training does)."""
     curves = {}
-    for name, backend_name, dtype, run_amp in (("fastformer", "triton", torch.float32, amp),
-                                               ("reference", "reference", torch.float32, amp),
-                                               ("reference_fp64", "reference", torch.float64, "off")):
+    for name, backend_name, dtype, run_amp in (
+        ("fastformer", "triton", torch.float32, amp),
+        ("reference", "reference", torch.float32, amp),
+        ("reference_fp64", "reference", torch.float64, "off"),
+    ):
         torch.manual_seed(0)
         model = fastformer.MovieClassification(config).to(device, dtype)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -999,8 +1098,14 @@ def compare_curves(curves, atol):
     torch_error = max(abs(a - b) for a, b in zip(curves["reference"], fp64))
     tolerance = 2 * torch_error + atol
     worst = max(range(len(ours)), key=ours.__getitem__)
-    return {"max_loss_diff": ours[worst], "reference_max_loss_diff": torch_error, "loss_atol": atol,
-            "loss_tolerance": tolerance, "worst_step": worst + 1, "agree": ours[worst] <= tolerance}
+    return {
+        "max_loss_diff": ours[worst],
+        "reference_max_loss_diff": torch_error,
+        "loss_atol": atol,
+        "loss_tolerance": tolerance,
+        "worst_step": worst + 1,
+        "agree": ours[worst] <= tolerance,
+    }
 
 
 def _convergence(run):
@@ -1012,12 +1117,17 @@ def _convergence(run):
     config, batches = convergence_setup(run.plan.config, plan["batch"], plan["steps"], plan["reviews"])
     curves = convergence_curves(config, batches, run.device, run.amp)
     result = compare_curves(curves, LOSS_ATOL[run.amp])
-    curve = [dict(step=i + 1, **{f"{name}_loss": values[i] for name, values in curves.items()})
-             for i in range(len(batches))]
-    sizes = {k: config[k] for k in ("n_layer", "d_hidn", "n_head", "d_head", "d_ff", "n_enc_seq", "n_enc_vocab",
-                                    "dropout")}
-    print(f"convergence: {len(batches)} steps, max |fastformer - fp64| {result['max_loss_diff']:.3g} "
-          f"(tolerance {result['loss_tolerance']:.3g}), {'agree' if result['agree'] else 'DISAGREE'}", flush=True)
+    curve = [
+        dict(step=i + 1, **{f"{name}_loss": values[i] for name, values in curves.items()}) for i in range(len(batches))
+    ]
+    sizes = {
+        k: config[k] for k in ("n_layer", "d_hidn", "n_head", "d_head", "d_ff", "n_enc_seq", "n_enc_vocab", "dropout")
+    }
+    print(
+        f"convergence: {len(batches)} steps, max |fastformer - fp64| {result['max_loss_diff']:.3g} "
+        f"(tolerance {result['loss_tolerance']:.3g}), {'agree' if result['agree'] else 'DISAGREE'}",
+        flush=True,
+    )
     return {"config": sizes, **plan, "amp": run.amp, "lr": CONVERGENCE_LR, "curve": curve, **result}
 
 
@@ -1025,9 +1135,11 @@ def _convergence_note(convergence):
     if "not_run" in convergence:
         return f"convergence not run: {convergence['not_run']}"
     verdict = "agree" if convergence["agree"] else f"DISAGREE at step {convergence['worst_step']}"
-    return (f"convergence over {convergence['steps']} steps: triton and reference loss curves {verdict} "
-            f"(max |fastformer - fp64| {convergence['max_loss_diff']:.2g}, "
-            f"tolerance {convergence['loss_tolerance']:.2g})")
+    return (
+        f"convergence over {convergence['steps']} steps: triton and reference loss curves {verdict} "
+        f"(max |fastformer - fp64| {convergence['max_loss_diff']:.2g}, "
+        f"tolerance {convergence['loss_tolerance']:.2g})"
+    )
 
 
 def _measure(run, stage, cases):
@@ -1041,26 +1153,41 @@ def _measure(run, stage, cases):
     for i, case in enumerate(cases, 1):
         if time.monotonic() > deadline:
             reason = f"not run: the {stage} stage's budget of {run.plan.budget_seconds[stage]} s was spent"
-            report["skipped"].append({"bench": case.bench, "provider": case.provider, "params": case.params,
-                                      "reason": reason})
+            report["skipped"].append(
+                {"bench": case.bench, "provider": case.provider, "params": case.params, "reason": reason}
+            )
             not_run += 1
             continue
         print(f"[{stage} {i}/{len(cases)}] {case.id}", flush=True)
         if case.provider in COMPILED_PROVIDERS:
             torch._dynamo.reset()
-        part = bench_report.run([case], run.device, warmup=run.plan.measure_warmup, rep=run.plan.measure_rep,
-                                gemm_rate=gemm_rate, log=lambda line: print(line, flush=True))
+        part = bench_report.run(
+            [case],
+            run.device,
+            warmup=run.plan.measure_warmup,
+            rep=run.plan.measure_rep,
+            gemm_rate=gemm_rate,
+            log=lambda line: print(line, flush=True),
+        )
         for key in ("results", "skipped", "failed"):
             report[key] += part[key]
         run.write(plots=False)
-    return {"cases": len(cases), "measured": len(report["results"]), "skipped": len(report["skipped"]) - not_run,
-            "failed": len(report["failed"]), "not_run": not_run}
+    return {
+        "cases": len(cases),
+        "measured": len(report["results"]),
+        "skipped": len(report["skipped"]) - not_run,
+        "failed": len(report["failed"]),
+        "not_run": not_run,
+    }
 
 
 def _raise_for_cases(details):
     if details["failed"] or details["not_run"]:
-        raise Failed(f"{details['failed']} cases failed (errors in the report's \"failed\" list), "
-                     f"{details['not_run']} not run: {details['summary']}", details)
+        raise Failed(
+            f'{details["failed"]} cases failed (errors in the report\'s "failed" list), '
+            f"{details['not_run']} not run: {details['summary']}",
+            details,
+        )
 
 
 STAGE_FUNCTIONS = {
@@ -1108,7 +1235,9 @@ def summary_table(document):
     width = max(len(t["target"]) for t in document["targets"])
     lines += ["", f"{'target':<{width}}  {'required':>9}  {'measured':>8}  result"]
     for t in document["targets"]:
-        lines.append(f"{t['target']:<{width}}  {_required(t):>9}  {_worst(t):>8}  {_met(t, not document['targets_note'])}")
+        lines.append(
+            f"{t['target']:<{width}}  {_required(t):>9}  {_worst(t):>8}  {_met(t, not document['targets_note'])}"
+        )
     return "\n".join(lines)
 
 
@@ -1135,8 +1264,10 @@ def summary_markdown(document):
         lines += [f"Targets {document['targets_note']}.", ""]
     lines += ["| target | required | measured (worst) | cases | result |", "|---|---|---|---|---|"]
     judged = not document["targets_note"]
-    lines += [f"| {t['target']} | {_required(t)} | {_worst(t)} | {t['cases']} | {_met(t, judged)} |"
-              for t in document["targets"]]
+    lines += [
+        f"| {t['target']} | {_required(t)} | {_worst(t)} | {t['cases']} | {_met(t, judged)} |"
+        for t in document["targets"]
+    ]
     for name, entry in document["stages"].items():
         lines += ["", f"## {name}: {entry['status']}", ""]
         if entry["reason"]:
@@ -1231,8 +1362,11 @@ class _Tee:
 def parse_args(argv):
     parser = _Parser(prog="python -m tools.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, metavar="DIR", help="the folder the files go to (created if needed)")
-    parser.add_argument("--stage", default=",".join(STAGES),
-                        help=f"comma-separated stages to run, from: {', '.join(STAGES)} (default: all)")
+    parser.add_argument(
+        "--stage",
+        default=",".join(STAGES),
+        help=f"comma-separated stages to run, from: {', '.join(STAGES)} (default: all)",
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="a reduced matrix of every stage (under 8 minutes)")
     size.add_argument("--smoke", action="store_true", help="tiny shapes; on a CPU through Triton's interpreter")
@@ -1266,8 +1400,11 @@ def main(argv=None):
         stdout, stderr = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Tee(stdout, log), _Tee(stderr, log)
         try:
-            print(f"gpu_check {run.mode} on {run.env['gpu']} ({run.device.type}): stages {', '.join(args.stages)}; "
-                  f"torch {run.env['torch']}, Triton {run.env['triton']}; writing into {args.out}", flush=True)
+            print(
+                f"gpu_check {run.mode} on {run.env['gpu']} ({run.device.type}): stages {', '.join(args.stages)}; "
+                f"torch {run.env['torch']}, Triton {run.env['triton']}; writing into {args.out}",
+                flush=True,
+            )
             for name in args.stages:
                 run_stage(run, name)
             run.finished = _now()

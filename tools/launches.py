@@ -63,6 +63,7 @@ does, except where listed; the counter makes up for each:
 On a CUDA machine the steps run on the GPU, with bf16 for fastformer (that path has not been run
 yet). On a CPU a run takes about ten minutes, most of it fastformer's steps in the interpreter.
 """
+
 import argparse
 import collections
 import contextlib
@@ -100,13 +101,42 @@ STEPS = ("train", "infer")
 PHASES = ("forward", "loss", "backward", "optimizer")
 
 NO_KERNEL = {
-    "empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided", "resize_",
-    "_unsafe_view", "_record_function_enter", "_record_function_enter_new", "_record_function_exit",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "empty_permuted",
+    "new_empty",
+    "new_empty_strided",
+    "resize_",
+    "_unsafe_view",
+    "_record_function_enter",
+    "_record_function_enter_new",
+    "_record_function_exit",
 }
 CUDA_FP32_AUTOCAST = {  # ops CUDA's autocast runs in fp32, casting half inputs, and a CPU's does not
-    "native_layer_norm", "native_group_norm", "exp", "expm1", "log", "log10", "log1p", "log2", "pow",
-    "reciprocal", "rsqrt", "acos", "asin", "cosh", "sinh", "tan", "erfinv", "softplus", "logsumexp", "renorm",
-    "dist", "_pdist_forward", "_cdist_forward",
+    "native_layer_norm",
+    "native_group_norm",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log1p",
+    "log2",
+    "pow",
+    "reciprocal",
+    "rsqrt",
+    "acos",
+    "asin",
+    "cosh",
+    "sinh",
+    "tan",
+    "erfinv",
+    "softplus",
+    "logsumexp",
+    "renorm",
+    "dist",
+    "_pdist_forward",
+    "_cdist_forward",
 }
 LAYERS = [  # (function or class of the model's code, layer type): an op takes the innermost on its stack
     (fastformer.model.check_token_ids, "token-id checks"),
@@ -125,8 +155,17 @@ LAYERS = [  # (function or class of the model's code, layer type): an op takes t
     (fastformer.model.MovieClassification, "classifier head"),
 ]
 LAYER_ORDER = (
-    "token-id checks", "embedding + masks", "weight cat + cast", "dropout seeds", "attention", "feed-forward",
-    "add + LayerNorm", "classifier head", "loss", "optimizer", "other",
+    "token-id checks",
+    "embedding + masks",
+    "weight cat + cast",
+    "dropout seeds",
+    "attention",
+    "feed-forward",
+    "add + LayerNorm",
+    "classifier head",
+    "loss",
+    "optimizer",
+    "other",
 )
 _TRACEBACK_FRAME = re.compile(r'File "(.+)", line (\d+), in ')
 
@@ -234,8 +273,11 @@ class KernelCounter(TorchDispatchMode):
         ):
             self.syncs[self.phase, self.layer()] += 1
             return
-        if self.autocast and name in CUDA_FP32_AUTOCAST and any(t.dtype in (torch.float16, torch.bfloat16)
-                                                                 for t in inputs):
+        if (
+            self.autocast
+            and name in CUDA_FP32_AUTOCAST
+            and any(t.dtype in (torch.float16, torch.bfloat16) for t in inputs)
+        ):
             self.autocast_mismatches[f"aten.{name}"] += 1
         self.kernels[self.phase, self.layer(), f"aten.{name}"] += kernels
 
@@ -421,8 +463,11 @@ def summary(counter):
         "syncs": sum(counter.syncs.values()),
         "by_phase": {phase: by_phase[phase] for phase in PHASES if by_phase[phase]},
         "by_layer": {layer: by_layer[layer] for layer in LAYER_ORDER if by_layer[layer]},
-        "ops": {layer: {phase: ops[layer][phase] for phase in PHASES if phase in ops[layer]}
-                for layer in LAYER_ORDER if layer in ops},
+        "ops": {
+            layer: {phase: ops[layer][phase] for phase in PHASES if phase in ops[layer]}
+            for layer in LAYER_ORDER
+            if layer in ops
+        },
         "autocast_mismatches": dict(counter.autocast_mismatches),
     }
 
@@ -440,7 +485,7 @@ def measure(providers=tuple(PROVIDERS), batch=SHAPE["batch"], enc_len=SHAPE["enc
     }
     for provider in providers:
         dtype = amp_dtype(provider)
-        entry = {"backend": PROVIDERS[provider][0], "autocast": None if dtype is None else str(dtype)[len("torch."):]}
+        entry = {"backend": PROVIDERS[provider][0], "autocast": None if dtype is None else str(dtype)[len("torch.") :]}
         for step in STEPS:
             entry[step] = summary(count_step(provider, step, config, batch, enc_len, device))
         report["providers"][provider] = entry
@@ -487,8 +532,11 @@ def main(argv=None):
     for provider, entry in report["providers"].items():
         for step in STEPS:
             if entry[step]["autocast_mismatches"]:
-                print(f"warning: CUDA's autocast would cast inputs of {entry[step]['autocast_mismatches']} in "
-                      f"{provider}'s {step} step; the count leaves those casts out", file=sys.stderr)
+                print(
+                    f"warning: CUDA's autocast would cast inputs of {entry[step]['autocast_mismatches']} in "
+                    f"{provider}'s {step} step; the count leaves those casts out",
+                    file=sys.stderr,
+                )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)

@@ -25,6 +25,7 @@ The kernels must be imported without TRITON_INTERPRET (the interpreter replaces 
 and the autotune lists at import time), so `compile_cases` runs the work in fresh subprocesses;
 `python -m tools.sm90 --worker` is that subprocess.
 """
+
 import argparse
 import contextlib
 import dataclasses
@@ -113,7 +114,9 @@ _PASS_THROUGH = ("ttg.convert_layout", "tt.trans", "ttg.memdesc_trans")
 def read_ptxas_log(log: str) -> dict[str, object]:
     registers = [int(m) for m in _PTXAS_USAGE.findall(log)]
     spills = [(int(stores), int(loads)) for stores, loads in _PTXAS_SPILLS.findall(log)]
-    notes = {line.split(":", 1)[-1].strip() for line in log.splitlines() if "warning" in line or "Performance Loss" in line}
+    notes = {
+        line.split(":", 1)[-1].strip() for line in log.splitlines() if "warning" in line or "Performance Loss" in line
+    }
     return {
         "registers": max(registers, default=0),
         "spill_stores": max((s for s, _ in spills), default=0),
@@ -336,7 +339,9 @@ class _Recorder:
         return kernel, facts
 
     def _record(self, src, options, facts):
-        meta = {name: value for (name,), value in _constexprs(src).items() if name.startswith("BLOCK_") or name == "GROUP_M"}
+        meta = {
+            name: value for (name,), value in _constexprs(src).items() if name.startswith("BLOCK_") or name == "GROUP_M"
+        }
         num_stages = (options or {}).get("num_stages", 3)
         config = " ".join(f"{k}={v}" for k, v in sorted(meta.items()))
         config += f" w{(options or {}).get('num_warps', 4)} s{num_stages}"
@@ -346,7 +351,9 @@ class _Recorder:
             return
         self.seen.add(ident)
         self.records.append(
-            Record(case=self.case.name, kernel=kernel, config=config, num_stages=num_stages, dtype=self.case.dtype, **facts)
+            Record(
+                case=self.case.name, kernel=kernel, config=config, num_stages=num_stages, dtype=self.case.dtype, **facts
+            )
         )
 
 
@@ -410,8 +417,14 @@ def run_cases(cases: list[Case], modules=("fastformer.kernels",)) -> list[Record
             except Exception as error:  # noqa: BLE001
                 if not any(r.case == case.name and r.error for r in recorder.records):
                     recorder.records.append(
-                        Record(case=case.name, kernel="<launch>", config="", num_stages=0, dtype=case.dtype,
-                               error=f"{type(error).__name__}: {error}"[:400])
+                        Record(
+                            case=case.name,
+                            kernel="<launch>",
+                            config="",
+                            num_stages=0,
+                            dtype=case.dtype,
+                            error=f"{type(error).__name__}: {error}"[:400],
+                        )
                     )
                     traceback.print_exc()
             finally:
@@ -439,7 +452,9 @@ def compile_cases(source: str, names: list[str] | None = None, jobs: int = 2, ti
             shard_env = dict(env, TRITON_CACHE_DIR=str(Path(tmp) / f"cache{i}"))
             cmd = [sys.executable, "-m", "tools.sm90", "--worker", source, "--out", str(out), "--cases", *shard]
             log = open(Path(tmp) / f"shard{i}.log", "w")  # noqa: SIM115 (closed once its worker exits)
-            procs.append((subprocess.Popen(cmd, env=shard_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), out, log))
+            procs.append(
+                (subprocess.Popen(cmd, env=shard_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), out, log)
+            )
         deadline = time.monotonic() + timeout
         for proc, out, log in procs:
             try:

@@ -5,6 +5,7 @@ real launcher, with tensors laid out as the model lays them out.
 the rest of the product (every head dim in both dtypes with every mask, odd lengths) for
 `python -m tools.sm90_report --full`. Tensors are CPU tensors: nothing is launched (see tools.sm90).
 """
+
 import itertools
 import sys
 
@@ -117,8 +118,19 @@ def layer_norm_case(dtype, d, dropout, rows=1024, fused=False):
             x, residual, weight, bias, x_bias, seed, 1e-12, p, stream, lowp
         )
         add_layer_norm._add_layer_norm_backward_op(
-            torch.zeros_like(y), torch.zeros_like(y_low) if fused else None, x, residual, weight, x_bias,
-            mean, rstd, seed, p, True, fused, torch.float32,
+            torch.zeros_like(y),
+            torch.zeros_like(y_low) if fused else None,
+            x,
+            residual,
+            weight,
+            x_bias,
+            mean,
+            rstd,
+            seed,
+            p,
+            True,
+            fused,
+            torch.float32,
         )
 
     return Case(name, run, _name(dtype))
@@ -147,7 +159,9 @@ def model_case(B=32, L=64):
         config = fastformer.Config.tutorial()
         model = fastformer.MovieClassification(config)
         lengths = torch.linspace(1, L, B).long()
-        enc = torch.randint(4, config.n_enc_vocab, (B, L)).masked_fill(torch.arange(L) >= lengths[:, None], config.i_pad)
+        enc = torch.randint(4, config.n_enc_vocab, (B, L)).masked_fill(
+            torch.arange(L) >= lengths[:, None], config.i_pad
+        )
         dec = torch.full((B, 1), 2)  # [BOS]
         labels = torch.randint(0, config.n_output, (B,))
         with fastformer.use_backend("triton"), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -199,7 +213,9 @@ def ci_cases():
 def full_cases():
     """The whole product: every head dim x mask x dropout x dtype, and the odd-length layouts."""
     cases = _common_cases(DOT_DTYPES)
-    cases += [layer_norm_case("fp32", d, dropout) for d in (TUTORIAL["d_hidn"], LARGE["d_hidn"]) for dropout in (False, True)]
+    cases += [
+        layer_norm_case("fp32", d, dropout) for d in (TUTORIAL["d_hidn"], LARGE["d_hidn"]) for dropout in (False, True)
+    ]
     for dtype, D, mask, dropout in itertools.product(DOT_DTYPES, HEAD_DIMS, MASKS, (False, True)):
         cases.append(attention_case(dtype, D, mask, dropout))
     for dtype, D in itertools.product(DOT_DTYPES, HEAD_DIMS):

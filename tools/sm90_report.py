@@ -15,6 +15,7 @@ Triton 3.6, whose table is tools/results/sm90-compile-triton36.md:
     pip install --target /tmp/triton36 triton==3.6.0
     PYTHONPATH=/tmp/triton36 python -m tools.sm90_report --out tools/results/sm90-compile-triton36.md
 """
+
 import argparse
 import datetime
 import sys
@@ -46,7 +47,8 @@ def row(r):
         str(r.registers),
         f"{r.spill_stores}/{r.spill_loads}",
         _tensor_cores(r),
-        (f"{r.pipelined_dot_loops}/{r.dot_loops}" if r.dot_loops else "-") + (f" (+{r.outer_dot_loops} outer)" if r.outer_dot_loops else ""),
+        (f"{r.pipelined_dot_loops}/{r.dot_loops}" if r.dot_loops else "-")
+        + (f" (+{r.outer_dot_loops} outer)" if r.outer_dot_loops else ""),
         "; ".join(sm90.problems(r) + [f"ptxas: {w}" for w in r.warnings]) or "ok",
     )
 
@@ -62,12 +64,12 @@ def markdown(records, matrix):
         f"{datetime.date.today().isoformat()} with Triton {triton.__version__}: {len(records)} compiles "
         f"({len({(r.kernel, r.config) for r in records})} distinct kernel configs), {broken} breaking a rule.",
         "",
-        "Compiled for `GPUTarget(\"cuda\", 90, 32)` on a machine with no GPU, through the project's own "
+        'Compiled for `GPUTarget("cuda", 90, 32)` on a machine with no GPU, through the project\'s own '
         "launchers (see tools/sm90.py); a kernel launched in passes has rows per pass "
         "(`_attn_bwd_kernel(DQ_PASS=True)`, attention's dQ pass). Rules: compiles; shared memory <= "
         f"{sm90.MAX_SHARED_SM90:,} B; no register spills; fp16/bf16 dots on wgmma; innermost loops holding "
         "a dot pipelined (no dot operand loaded synchronously) when num_stages >= 2. Spills are "
-        "stores/loads in bytes a thread; pipelined is pipelined/innermost dot loops, and \"outer\" counts "
+        'stores/loads in bytes a thread; pipelined is pipelined/innermost dot loops, and "outer" counts '
         "loops around another loop, which Triton does not pipeline (the fused FFN's loop over d_ff; see "
         "kernels/feed_forward.py). ptxas notes (wgmma serialization) are listed. Nothing here was run or "
         "timed on a GPU.",
@@ -81,7 +83,9 @@ def markdown(records, matrix):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--full", action="store_true", help="the full matrix (slower) instead of the CI matrix")
     parser.add_argument("--jobs", type=int, default=2, help="compile worker processes (default 2)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"markdown output (default {DEFAULT_OUT})")

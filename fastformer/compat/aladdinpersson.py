@@ -23,6 +23,7 @@ LayerNorm on the fused add + LayerNorm kernel.
 
 `Transformer.generate` adds batched greedy decoding with a key/value cache.
 """
+
 from typing import NamedTuple
 
 import torch
@@ -47,7 +48,9 @@ def attention_mask(mask, n, heads, q_len, k_len, name="mask"):
     except RuntimeError:
         broadcast = None
     if broadcast != full:
-        raise ValueError(f"{name} of shape {tuple(mask.shape)} does not broadcast to (N, heads, query_len, key_len) = {full}")
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} does not broadcast to (N, heads, query_len, key_len) = {full}"
+        )
     masked = mask.eq(0).reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     if masked.shape[1] == 1 and masked.shape[2] == 1:
         # (n or 1, 1, 1, k_len or 1): a key-padding vector, never expanded to (q_len, k_len)
@@ -107,8 +110,11 @@ class SelfAttention(nn.Module):
         """Attention of projected q (N, query_len, heads, head_dim) over k, v, then fc_out."""
         n, query_len = q.shape[:2]
         out = backend.attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            **mask.as_kwargs(), softmax_scale=self.embed_size**-0.5,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            **mask.as_kwargs(),
+            softmax_scale=self.embed_size**-0.5,
         )
         # (N, heads, query_len, head_dim) -> (N, query_len, embed_size)
         return self.fc_out(out.transpose(1, 2).reshape(n, query_len, self.embed_size))

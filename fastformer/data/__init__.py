@@ -12,6 +12,7 @@ The readers (fastformer.data.files) and the vocab need no torch, so that `fastfo
 its files before torch is imported; the Dataset, collate and the samplers (fastformer.data.reviews)
 are imported on first use.
 """
+
 import importlib
 
 from fastformer.data.files import Review, check_labels, infer_classes, read_jsonl, read_nsmc, read_reviews

@@ -11,6 +11,7 @@ Regenerate the shipped files (they are deterministic) with
 
     python -m fastformer.data.demo
 """
+
 import os
 import random
 
@@ -20,27 +21,86 @@ TEST_FILE = os.path.join(HERE, "demo_test.tsv")
 N_TRAIN, N_TEST, SEED = 4000, 1000, 2026
 
 ASPECTS = [
-    "the acting", "the plot", "the soundtrack", "the dialogue", "the ending", "the cinematography",
-    "the cast", "the script", "the pacing", "the direction", "the special effects", "the story",
-    "the lead actor", "the villain", "the humour", "the first half", "the final act", "the score",
+    "the acting",
+    "the plot",
+    "the soundtrack",
+    "the dialogue",
+    "the ending",
+    "the cinematography",
+    "the cast",
+    "the script",
+    "the pacing",
+    "the direction",
+    "the special effects",
+    "the story",
+    "the lead actor",
+    "the villain",
+    "the humour",
+    "the first half",
+    "the final act",
+    "the score",
 ]
 POSITIVE = [
-    "great", "wonderful", "moving", "brilliant", "charming", "gripping", "superb", "delightful",
-    "clever", "beautiful", "funny", "heartfelt", "stunning", "memorable", "excellent", "fresh",
+    "great",
+    "wonderful",
+    "moving",
+    "brilliant",
+    "charming",
+    "gripping",
+    "superb",
+    "delightful",
+    "clever",
+    "beautiful",
+    "funny",
+    "heartfelt",
+    "stunning",
+    "memorable",
+    "excellent",
+    "fresh",
 ]
 NEGATIVE = [
-    "boring", "awful", "dull", "clumsy", "predictable", "tedious", "weak", "terrible", "lifeless",
-    "confusing", "forgettable", "painful", "messy", "shallow", "bland", "bad",
+    "boring",
+    "awful",
+    "dull",
+    "clumsy",
+    "predictable",
+    "tedious",
+    "weak",
+    "terrible",
+    "lifeless",
+    "confusing",
+    "forgettable",
+    "painful",
+    "messy",
+    "shallow",
+    "bland",
+    "bad",
 ]
 INTENSIFIERS = ["", "", "really ", "truly ", "quite ", "so ", "absolutely ", "rather "]
 VERDICTS = {
-    1: ["I loved this movie", "I enjoyed every minute", "I would watch it again", "two thumbs up",
-        "highly recommended", "one of the best films this year", "I left the cinema smiling"],
-    0: ["I hated this movie", "I regretted watching it", "a waste of two hours", "skip it",
-        "not recommended", "one of the worst films this year", "I almost walked out"],
+    1: [
+        "I loved this movie",
+        "I enjoyed every minute",
+        "I would watch it again",
+        "two thumbs up",
+        "highly recommended",
+        "one of the best films this year",
+        "I left the cinema smiling",
+    ],
+    0: [
+        "I hated this movie",
+        "I regretted watching it",
+        "a waste of two hours",
+        "skip it",
+        "not recommended",
+        "one of the worst films this year",
+        "I almost walked out",
+    ],
 }
-OVERALL = {1: ["overall I liked it", "it is still worth seeing", "the rest makes up for it"],
-           0: ["overall I disliked it", "it is not worth seeing", "nothing else saves it"]}
+OVERALL = {
+    1: ["overall I liked it", "it is still worth seeing", "the rest makes up for it"],
+    0: ["overall I disliked it", "it is not worth seeing", "nothing else saves it"],
+}
 
 
 def _clause(rng, polarity):

@@ -10,6 +10,7 @@ as spreadsheets and pandas write integers); `0.9`, `1.5`, `yes`, `true` and an e
 refused, never rounded. Every error is a ValueError or OSError of one line naming the file and,
 where there is one, the line and the value.
 """
+
 import decimal
 import hashlib
 import itertools
@@ -59,7 +60,7 @@ def file_sha256(path, what):
 
 def cut(text, limit=40):
     """`text` cut to about `limit` characters, for messages."""
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def shown(value, limit=40):
@@ -210,8 +211,7 @@ def infer_classes(reviews, source):
     negative = next((r for r in reviews if r.label < 0), None)
     if negative is not None:
         raise ValueError(
-            f"{_where(negative, source)}: review {cut(negative.id)} has label {negative.label}; "
-            "classes are 0, 1, ..."
+            f"{_where(negative, source)}: review {cut(negative.id)} has label {negative.label}; classes are 0, 1, ..."
         )
     present = {r.label for r in reviews}
     n_classes = max(present) + 1

@@ -1,6 +1,7 @@
 """Labelled reviews for torch: the Dataset, collate, a length-bucketing sampler and its split across
 the processes of a torchrun job. The files are read by fastformer.data.files, without torch.
 """
+
 import math
 import numbers
 import os
@@ -26,8 +27,9 @@ class MovieDataSet(torch.utils.data.Dataset):
         self.labels, self.sentences = [], []
         for review in tqdm(reviews, desc=desc, unit=" reviews", disable=not progress, leave=False):
             if not isinstance(review.label, numbers.Integral) or isinstance(review.label, bool):
-                raise ValueError(f"review {review.id}: label must be an integer class number 0, 1, ..., "
-                                 f"got {review.label!r}")
+                raise ValueError(
+                    f"review {review.id}: label must be an integer class number 0, 1, ..., got {review.label!r}"
+                )
             if isinstance(review.doc, str):
                 ids = vocab.encode_as_ids(review.doc)
             else:

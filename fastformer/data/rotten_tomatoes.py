@@ -26,6 +26,7 @@ option to skip that step, see pypa/pip#1884.) An archive holding a member with a
 `..` or a backslash is refused. Errors are one line; train.tsv and test.tsv are written through
 temporary files renamed into place, so a failure leaves no partial file.
 """
+
 import hashlib
 import io
 import math
@@ -101,12 +102,27 @@ def download(cache, log=print):
         requirements = os.path.join(scratch, "requirements.txt")
         with open(requirements, "w", encoding="utf-8") as f:
             f.write(f"{REQUIREMENT} --hash=sha256:{SDIST_SHA256}\n")
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--require-hashes",
-                   "--disable-pip-version-check", "-r", requirements, "-d", cache]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--require-hashes",
+            "--disable-pip-version-check",
+            "-r",
+            requirements,
+            "-d",
+            cache,
+        ]
         result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
-        raise OSError(f"pip download {REQUIREMENT} failed: {_pip_error(result.stdout + result.stderr)}; "
-                      f"with the file at hand, pass --from {SDIST}")
+        raise OSError(
+            f"pip download {REQUIREMENT} failed: {_pip_error(result.stdout + result.stderr)}; "
+            f"with the file at hand, pass --from {SDIST}"
+        )
     if not os.path.isfile(path):
         raise OSError(f"pip download {REQUIREMENT} succeeded but left no {path}")
     return path
@@ -204,8 +220,10 @@ def parse_snippets(data, where):
             continue
         fields = line.split("\t")
         if len(fields) != 3:
-            raise ValueError(f"{where} line {line_no}: expected id, rating and sentence separated by tabs, "
-                             f"got {len(fields)} field(s)")
+            raise ValueError(
+                f"{where} line {line_no}: expected id, rating and sentence separated by tabs, "
+                f"got {len(fields)} field(s)"
+            )
         id_, rating, sentence = fields[0].strip(), _rating(fields[1], where, line_no), fields[2].strip()
         if not id_.isdigit() or id_ in seen:
             problem = "repeats an earlier id" if id_ in seen else "is not a positive integer"
@@ -268,8 +286,10 @@ def _write_all(texts):
 def _log_counts(counts, paths, log):
     rated = counts["sentences"] - counts["zero"]
     positive = counts["train_positive"] + counts["test_positive"]
-    log(f"Rotten Tomatoes snippets (vaderSentiment 3.3.2, MIT licence): {counts['sentences']} sentences, "
-        f"{positive} positive, {rated - positive} negative, {counts['zero']} rated 0 (dropped)")
+    log(
+        f"Rotten Tomatoes snippets (vaderSentiment 3.3.2, MIT licence): {counts['sentences']} sentences, "
+        f"{positive} positive, {rated - positive} negative, {counts['zero']} rated 0 (dropped)"
+    )
     for name in SPLITS:
         n, pos = counts[name], counts[f"{name}_positive"]
         log(f"  {name + '.tsv':<9} {n:>5} reviews ({pos} positive, {n - pos} negative)  {paths[name]}")

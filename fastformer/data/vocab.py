@@ -1,4 +1,5 @@
 """The tutorial's SentencePiece vocab: BPE pieces plus seven special symbols at fixed ids."""
+
 import io
 import re
 
@@ -38,10 +39,14 @@ def train_vocab(texts, model_file, n_pieces=8000):
             vocab_size=n_pieces + N_SPECIAL,
             model_type="bpe",
             max_sentence_length=999999,
-            pad_id=PAD[0], pad_piece=PAD[1],
-            unk_id=UNK[0], unk_piece=UNK[1],
-            bos_id=BOS[0], bos_piece=BOS[1],
-            eos_id=EOS[0], eos_piece=EOS[1],
+            pad_id=PAD[0],
+            pad_piece=PAD[1],
+            unk_id=UNK[0],
+            unk_piece=UNK[1],
+            bos_id=BOS[0],
+            bos_piece=BOS[1],
+            eos_id=EOS[0],
+            eos_piece=EOS[1],
             user_defined_symbols=list(USER_SYMBOLS),
             hard_vocab_limit=False,  # a small corpus gets a smaller vocab instead of an error
             minloglevel=2,
