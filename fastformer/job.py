@@ -411,9 +411,10 @@ def _log_header(env, data, vocab, model, session, run_info, where):
         f"  model    MovieClassification, {n_params / 1e6:.2f} M parameters: n_layer={config.n_layer} "
         f"d_hidn={config.d_hidn} n_head={config.n_head} d_ff={config.d_ff}"
     )
+    steps = step_mode(env.steps["cuda_graphs"], env.steps["compile"], env.steps["pad_to_buckets"])
     env.log(
         f"  device   {env.device}{threads}{processes}, {session['kernels']} kernels (backend "
-        f"{session['backend']!r}), amp {env.amp}{step_mode(env.steps['cuda_graphs'], env.steps['compile'], env.steps['pad_to_buckets'])}"
+        f"{session['backend']!r}), amp {env.amp}{steps}"
     )
     env.log(f"  run dir  {where}")
 

@@ -54,7 +54,8 @@ def test_every_launch_keeps_a_config_no_longer_than_the_sequence_needs(kernel):
     for block_d, dropout, mask, pad, causal, lq, lk in flags:
         configs = kept(tiles, fits, launch(block_d, dropout, lq, lk, mask, pad, causal))
         assert configs, (
-            f"{kernel}: nothing kept for D={block_d} dropout={dropout} mask={mask} pad={pad} causal={causal} Lq={lq} Lk={lk}"
+            f"{kernel}: nothing kept for D={block_d} dropout={dropout} mask={mask} pad={pad} causal={causal} "
+            f"Lq={lq} Lk={lk}"
         )
         too_long = [c for c in configs if c[0] > max(min_m, lq) or c[1] > max(min_n, lk)]
         assert not too_long, f"{kernel}: tiles longer than Lq={lq}, Lk={lk}: {too_long}"

@@ -314,11 +314,14 @@ def test_graph_breaks_are_reported_by_reason_and_place():
 def test_junit_counts(tmp_path):
     path = tmp_path / "junit.xml"
     path.write_text(
-        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite tests="4" failures="1" errors="1" skipped="1" time="2.5">'
+        '<?xml version="1.0" encoding="utf-8"?><testsuites>'
+        '<testsuite tests="4" failures="1" errors="1" skipped="1" time="2.5">'
         '<testcase classname="tests.test_a" name="test_ok" time="1"/>'
-        '<testcase classname="tests.test_a" name="test_bad[bf16]" time="1"><failure message="AssertionError: dq off&#10;more">'
+        '<testcase classname="tests.test_a" name="test_bad[bf16]" time="1">'
+        '<failure message="AssertionError: dq off&#10;more">'
         "trace</failure></testcase>"
-        '<testcase classname="tests.test_a" name="test_setup" time="0.5"><error message="fixture failed">trace</error></testcase>'
+        '<testcase classname="tests.test_a" name="test_setup" time="0.5">'
+        '<error message="fixture failed">trace</error></testcase>'
         '<testcase classname="tests.test_b" name="test_gpu" time="0"><skipped message="needs a CUDA GPU"/></testcase>'
         "</testsuite></testsuites>"
     )

@@ -126,7 +126,8 @@ def test_installs_beside_the_pypi_kernels_project(tmp_path):
         "import importlib.metadata as md, pathlib, kernels, fastformer.kernels as ops\n"
         "own = {str(f) for f in md.files('kernels')}\n"
         "assert 'kernels/__init__.py' in own, sorted(own)[:5]\n"
-        "assert not any(f.startswith('kernels/') for f in map(str, md.files('fastformer'))), 'fastformer wrote into kernels/'\n"
+        "assert not any(f.startswith('kernels/') for f in map(str, md.files('fastformer'))), "
+        "'fastformer wrote into kernels/'\n"
         "assert pathlib.Path(kernels.__file__).parent.name == 'kernels' and hasattr(kernels, 'get_kernel')\n"
         "assert ops.__name__ == 'fastformer.kernels' and hasattr(ops, 'attention')\n"
     )

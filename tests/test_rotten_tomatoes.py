@@ -179,12 +179,14 @@ def test_download_runs_pip_with_the_pinned_hash_once(pinned, tmp_path, monkeypat
     "output, message",
     [
         (
-            "ERROR: Could not find a version that satisfies the requirement vaderSentiment==3.3.2 (from versions: none)\n"
+            "ERROR: Could not find a version that satisfies the requirement vaderSentiment==3.3.2 "
+            "(from versions: none)\n"
             "ERROR: No matching distribution found for vaderSentiment==3.3.2\n",
             "No matching distribution found for vaderSentiment==3.3.2; with the file at hand, pass --from",
         ),
         (
-            "ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.\n    vaderSentiment==3.3.2 from x:\n"
+            "ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.\n"
+            "    vaderSentiment==3.3.2 from x:\n"
             "        Expected sha256 5d7c\n             Got        0123abcd\n",
             "the archive the index served has sha256 0123abcd, not the pinned",
         ),

@@ -339,7 +339,8 @@ def test_an_unknown_config_key_is_a_one_line_warning(files, tmp_path, monkeypatc
     assert main(args) == 0
     warnings = [line for line in capsys.readouterr().err.split("\n") if "warning" in line]
     assert warnings == [
-        "fastformer train: warning: config key 'n_heads' is not one fastformer reads (did you mean 'n_head'?); it is ignored"
+        "fastformer train: warning: config key 'n_heads' is not one fastformer reads "
+        "(did you mean 'n_head'?); it is ignored"
     ]
 
 

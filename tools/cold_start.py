@@ -340,20 +340,19 @@ def table(name, result):
     """Markdown: per kernel, the first process's counts, then both processes' totals."""
     first, second = result["first"], result["second"]
     lines = [
-        f"**{name}** ({first['source']}; {first['shapes']['train']} train and {first['shapes']['eval']} eval batch shapes)",
+        f"**{name}** ({first['source']}; {first['shapes']['train']} train and "
+        f"{first['shapes']['eval']} eval batch shapes)",
         "",
         "| kernel | specializations | compiles | config timings | autotune keys | compile CPU s |",
         "|---|---|---|---|---|---|",
     ]
     for kernel, c in first["kernels"].items():
-        lines.append(
-            f"| `{kernel}` | {c['specializations']} | {c['compiles']} | {c['timings']} | {c['keys']} | {c['compile_s']:.1f} |"
-        )
+        cells = (c["specializations"], c["compiles"], c["timings"], c["keys"], f"{c['compile_s']:.1f}")
+        lines.append(f"| `{kernel}` | " + " | ".join(map(str, cells)) + " |")
     for run, r in (("first process", first), ("second process", second)):
         t = totals(r["kernels"])
-        lines.append(
-            f"| **{run}** | {t['specializations']} | {t['compiles']} | {t['timings']} | {t['keys']} | {t['compile_s']:.1f} |"
-        )
+        cells = (t["specializations"], t["compiles"], t["timings"], t["keys"], f"{t['compile_s']:.1f}")
+        lines.append(f"| **{run}** | " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
 

@@ -137,7 +137,9 @@ UNITS = {
     "tflops, *_tflops": "TFLOP/s: 1e12 floating-point operations per second, a multiply-add counting 2",
     "*_gbps": "GB/s: 1e9 bytes per second; a copy counts the bytes read and the bytes written",
     "*_gib": "GiB (2**30 bytes)",
-    "peak_mem_mb": "MiB (2**20 bytes) of CUDA memory allocated at the peak of a call, above what was allocated before it",
+    "peak_mem_mb": (
+        "MiB (2**20 bytes) of CUDA memory allocated at the peak of a call, above what was allocated before it"
+    ),
     "tokens_per_s": "real (non-padding) tokens per second",
     "mfu": "achieved TFLOP/s over env.bf16_gemm_tflops (a fraction)",
     "required, worst": "ratios: a peer's time over fastformer's, or for memory fastformer's peak over the peer's",
@@ -665,7 +667,7 @@ def stage_tests(run):
     if not os.path.exists(junit):
         raise Failed(f"pytest exited {returncode} without writing junit.xml (see log.txt)", details)
     details.update(junit_counts(junit))
-    counts = f"{details['passed']} passed, {details['failed']} failed, {details['errors']} errors, {details['skipped']} skipped"
+    counts = ", ".join(f"{details[key]} {key}" for key in ("passed", "failed", "errors", "skipped"))
     details["summary"] = counts
     if timed_out:
         raise Failed(f"stopped at the stage's budget of {budget} s: {counts} by then", details)

@@ -40,8 +40,9 @@ split-K reduction.
 Layer types: an op belongs to the innermost function or class of the model's code (fastformer.model
 and fastformer.plan; LAYERS) on the Python stack that launched it; an op of the backward, to the one
 whose forward created the autograd node it runs in (anomaly mode records the forward's stack in
-every node; its NaN checks stay off, so it adds no ops). The loss, the optimizer and the gradient seed of `loss.backward()` are their own
-rows; "other" is whatever matches none (none does in the tutorial's steps: a test checks).
+every node; its NaN checks stay off, so it adds no ops). The loss, the optimizer and the gradient
+seed of `loss.backward()` are their own rows; "other" is whatever matches none (none does in the
+tutorial's steps: a test checks).
 
 Without a GPU the steps run on the CPU, the Triton kernels through Triton's interpreter
 (TRITON_INTERPRET=1, set here before `fastformer.kernels` is imported). The CPU dispatches every op as CUDA

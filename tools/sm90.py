@@ -132,7 +132,8 @@ def read_ttgir(ttgir: str) -> dict[str, int]:
     Triton's software pipeliner handles innermost loops only; a loop around another loop is
     counted apart (outer_dot_loops), and its limits belong in the kernel's docstring."""
     dots = wgmma = 0
-    loops = []  # stack of {"depth", "dot", "inner": holds a loop, "loaded": tt.load values, "sync": synchronous operand loads}
+    # stack of {"depth", "dot", "inner": holds a loop, "loaded": tt.load values, "sync": synchronous operand loads}
+    loops = []
     finished = []
     depth = 0
     for line in ttgir.splitlines():

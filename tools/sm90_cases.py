@@ -188,8 +188,9 @@ def _common_cases(dtypes):
 def ci_cases():
     """Sized for CI (10 to 12 minutes on 2 cores): in fp16 every op variant, every mask and dropout
     at the tutorial's head dim and every head dim with the model's masks; in bf16 the model's masks
-    and the tutorial's FFN; LayerNorm in fp32 too; the other layouts, an odd length and Lq != Lk once each. bf16 compiles
-    as fp16 does (same tiles, same instructions but the type), which `full_cases` shows."""
+    and the tutorial's FFN; LayerNorm in fp32 too; the other layouts, an odd length and Lq != Lk once
+    each. bf16 compiles as fp16 does (same tiles, same instructions but the type), which `full_cases`
+    shows."""
     cases = _common_cases(["fp16"])
     cases += [layer_norm_case("fp32", TUTORIAL["d_hidn"], dropout) for dropout in (False, True)]
     cases += [ffn_case("bf16", "gelu", train, TUTORIAL["d_hidn"], TUTORIAL["d_ff"], 8 * 256) for train in (True, False)]
