@@ -31,7 +31,8 @@ setup(
     ],
     extras_require={
         # mkdocs: tests/test_docs.py builds the manual (docs/) as CI does
-        "test": ["pytest", "pytest-benchmark", "hypothesis", "mkdocs", "mkdocs-material"],
+        # ruff pinned: a new release's rules or style would fail CI on code that did not change
+        "test": ["pytest", "pytest-benchmark", "hypothesis", "mkdocs", "mkdocs-material", "ruff==0.17.6"],
         "bench": ["pytest", "pytest-benchmark"],
         "docs": ["mkdocs", "mkdocs-material"],
     },
