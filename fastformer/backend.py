@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from fastformer import kernels
-from fastformer.kernels._common import warn_once
+from fastformer.kernels._runtime import warn_once
 
 BACKENDS = ("auto", "triton", "reference")
 ENV_VAR = "FASTFORMER_BACKEND"

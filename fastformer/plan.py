@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from fastformer import backend
-from fastformer.kernels._common import draw_seeds
+from fastformer.kernels._dropout import draw_seeds
 
 
 def active_p(dropout):

@@ -37,8 +37,8 @@ def _check_same_copy():
 
 _check_same_copy()
 
-from ._common import HAS_TRITON, INTERPRET, compile_only
 from ._configs import autotune_enabled, autotuning, set_autotune
+from ._runtime import HAS_TRITON, INTERPRET, compile_only
 from .add_layer_norm import (
     add_layer_norm,
     add_layer_norm_dropout_mask,

@@ -22,7 +22,7 @@ Where the candidate lists and their order come from: docs/cold-start.md.
 import contextlib
 import os
 
-from ._common import HAS_TRITON, INTERPRET, launch, triton
+from ._runtime import HAS_TRITON, INTERPRET, launch, triton
 
 ENV_VAR = "FASTFORMER_AUTOTUNE"
 _autotune = None  # set_autotune's choice; None: the environment's

@@ -16,29 +16,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._common import (
-    FLOAT_DTYPES,
-    INTERPRET,
-    REFERENCE_DTYPES,
-    check_dropout_p,
-    check_dropout_rows,
-    check_same_device,
-    check_seed,
-    check_tensor,
-    draw_seed,
-    dropout_keep,
-    dropout_mask,
-    launch,
-    load_seed,
-    require_interpreter_bf16,
-    require_launchable,
-    rows_view,
-    sum_partials,
-    tl,
-    triton,
-    vector_stride,
-    warn_once,
-)
+from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_tensor
+from ._dropout import check_dropout_p, check_dropout_rows, check_seed, draw_seed, dropout_keep, dropout_mask, load_seed
+from ._layout import rows_view, vector_stride
+from ._reduce import sum_partials
+from ._runtime import INTERPRET, launch, require_interpreter_bf16, require_launchable, tl, triton, warn_once
 
 # One row per program up to this width; wider rows go to the reference (one-time warning).
 MAX_FEATURES = 16384
@@ -375,7 +357,7 @@ torch.library.register_autograd(_add_layer_norm_forward_op, _backward, setup_con
 def add_layer_norm_dropout_mask(shape, dropout_p, device):
     """Testing hook: the bool keep-mask (of x's shape) that `add_layer_norm` applies to x when
     called right after the same torch.manual_seed with no `seed` (for a given seed, the mask is
-    `_common._dropout_mask` of that seed)."""
+    `_dropout._dropout_mask` of that seed)."""
     n_cols = shape[-1]
     n_rows = 1
     for size in shape[:-1]:
@@ -432,8 +414,8 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None
             gradient, the column sum of the gradient reaching x + x_bias, comes out of the
             backward's reduction with dW and db, in x_bias's dtype.
         seed: None (one is drawn from torch's generator when dropout_p > 0) or a one-element int64
-            tensor on x's device, such as `_common.draw_seeds(n, device)[i:i + 1]`: the dropout mask
-            is `_common._dropout_mask` of that seed, and no random number is drawn.
+            tensor on x's device, such as `_dropout.draw_seeds(n, device)[i:i + 1]`: the dropout mask
+            is `_dropout._dropout_mask` of that seed, and no random number is drawn.
         lowp_dtype: None, torch.float16 or torch.bfloat16: also return y cast to it (y_low), written
             by the same kernel. Under autocast, y (fp32) is the residual stream and y_low what the
             next matrix product reads; the backward adds the two gradients in fp32 itself.

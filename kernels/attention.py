@@ -19,7 +19,7 @@ The outputs o, dq, dk and dv are laid out as (B, L, H, D).
 
 Dropout is Philox keyed by a seed, a one-element int64 tensor on the device, which the backward
 and the probabilities regenerate the mask from. It is an input of the op: the model draws the
-seeds of a whole forward in one launch (`_common.draw_seeds`) and hands each call a view
+seeds of a whole forward in one launch (`_dropout.draw_seeds`) and hands each call a view
 `seeds[i:i + 1]`; without one, `attention` draws its own (`draw_seed`, one launch) before the op.
 
 File order: kernels and their jit helpers, each kernel's candidate configs and rule, the launches
@@ -29,7 +29,7 @@ per op call), the torch.library ops, the public `attention`, and the PyTorch ref
 
 Why the kernels are shaped so for sm_90a (what the sm_90a compile check, python -m tools.sm90_report,
 shows for each choice, per Triton version, is in docs/kernels.md):
-- Dropout draws four keep decisions per Philox call (kernels._common.dropout_keep): one per call
+- Dropout draws four keep decisions per Philox call (kernels._dropout.dropout_keep): one per call
   costs so many registers that the forward's tiles spill. The price is that the four words reach
   the tile interleaved through shared memory, where ptxas serializes wgmma (note C7515) in the
   backward's passes with dropout; which costs more on a GPU is for the benchmarks to say.
@@ -52,30 +52,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (
-    FLOAT_DTYPES,
-    INTERPRET,
-    REFERENCE_DTYPES,
-    autocast_inputs,
-    check_dropout_p,
-    check_dropout_rows,
-    check_same_device,
-    check_same_dtype,
-    check_seed,
-    check_tensor,
-    dot_precision,
-    draw_seed,
-    dropout_keep,
-    dropout_mask,
-    last_dim_contiguous,
-    launch,
-    load_seed,
-    require_launchable,
-    tl,
-    triton,
-    warn_once,
-)
+from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs
+from ._dropout import check_dropout_p, check_dropout_rows, check_seed, draw_seed, dropout_keep, dropout_mask, load_seed
+from ._layout import last_dim_contiguous
+from ._runtime import INTERPRET, autocast_inputs, dot_precision, launch, require_launchable, tl, triton, warn_once
 
 # The tutorial fills masked scores with -1e9; kept so fully masked rows average V uniformly.
 MASKED_SCORE = -1e9
@@ -84,23 +65,28 @@ MASKED_SCORE = -1e9
 # ----------------------------------------------------------------------------------------------
 # Triton kernels. Scores live in base 2: s = q k^T * scale * log2(e), p = exp2(s - lse).
 #
-# Every kernel first offsets its pointers to its (batch, head) once: `k_bh`, ... (_head_bases),
+# Every kernel first offsets its pointers to its (batch, head) once: `q_bh`, `k_bh`, ... (_head_slice),
 # `pad_b` (the batch's key-padding flags) and `mask_bh` (its dense mask), None when absent, so the
-# helpers below take row offsets only. The forward and dQ loops step over key blocks with _next_key_block.
+# helpers below take row offsets only. A jit helper cannot return None (kernels/_runtime.py, `launch`),
+# so `pad_b` and `mask_bh` are offset in the kernels' bodies, under HAS_PAD and HAS_MASK.
+# The forward and dQ loops step over key blocks with _next_key_block.
 # ----------------------------------------------------------------------------------------------
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _query_block(Lq, H, BLOCK_M: tl.constexpr):
-    """The (batch, head) and query block of a program of the forward or dQ grid: (bh, b, h,
-    start_m). Each (batch, head) takes its query blocks last to first, so under a causal mask the
-    longest rows start first."""
-    n_m_blocks = tl.cdiv(Lq, BLOCK_M)
+def _program_block(L, H, BLOCK: tl.constexpr, LAST_FIRST: tl.constexpr):
+    """The (batch, head) of this program and the first row of its block of L rows (queries in the
+    forward and dQ grids, keys in the dK/dV grid): (bh, b, h, start). Grids are cdiv(L, BLOCK) * B * H
+    programs on one axis. LAST_FIRST: each (batch, head) takes its blocks last to first, so under a
+    causal mask the longest query rows start first."""
+    n_blocks = tl.cdiv(L, BLOCK)
     pid = tl.program_id(0)
-    bh = pid // n_m_blocks
-    start_m = (n_m_blocks - 1 - pid % n_m_blocks) * BLOCK_M
-    return bh, (bh // H).to(tl.int64), (bh % H).to(tl.int64), start_m
+    bh = pid // n_blocks
+    block = pid % n_blocks
+    if LAST_FIRST:
+        block = n_blocks - 1 - block
+    return bh, (bh // H).to(tl.int64), (bh % H).to(tl.int64), block * BLOCK
 
 
 @triton.jit
@@ -109,17 +95,6 @@ def _head_slice(T, b, h, stride_b, stride_h, ROW_ALIGN: tl.constexpr):
     kernel reads row by row is a multiple of it (_row_align), which Triton cannot see when one is
     not a multiple of 16 (head dim 72): with the hint its loads stay 16-byte vectors."""
     return T + tl.multiple_of(b * stride_b + h * stride_h, ROW_ALIGN)
-
-
-@triton.jit
-def _head_bases(b, h, X, stride_xb, stride_xh, Y, stride_yb, stride_yh, ROW_ALIGN: tl.constexpr):
-    """The base pointers of the slices of the two (B, H, L, D) tensors a program of (batch, head)
-    streams in its loop (K and V; Q and dO in dK/dV), offset once. The batch's key-padding flags
-    and the dense mask of (batch, head) are offset in the kernel's body, under HAS_PAD and HAS_MASK:
-    absent, PAD and MASK are None, which a jit helper cannot return (kernels/_common.py, `launch`)."""
-    x_bh = _head_slice(X, b, h, stride_xb, stride_xh, ROW_ALIGN)
-    y_bh = _head_slice(Y, b, h, stride_yb, stride_yh, ROW_ALIGN)
-    return x_bh, y_bh
 
 
 @triton.jit
@@ -284,7 +259,7 @@ def _fits_lengths(meta, launch, tiles):
 def _fwd_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m tools.sm90_report;
     the figures are in docs/kernels.md). Dropout draws four keep decisions per Philox call
-    (kernels._common.dropout_keep) and still costs registers: with it, key blocks of at most 64.
+    (kernels._dropout.dropout_keep) and still costs registers: with it, key blocks of at most 64.
     The 128 x 128 tile at head dim 64 is at the register limit: with two kinds of mask it spills
     (padding and causal, on 3.6), so it takes one kind of mask at most. At head dim 128 (72 to 128)
     the 128 x 128 tile spills and overflows shared memory, 64 x 64 spills (in 3 stages; with
@@ -333,7 +308,7 @@ def _attn_fwd_kernel(
 ):
     """The forward of one query block of one (batch, head): O = softmax(masked Q K^T * scale) V with
     an online softmax in fp32, over the key blocks the block can see, and each row's log-sum-exp.
-    Grid: cdiv(Lq, BLOCK_M) * B * H programs on one axis (_query_block). Launched by _attn_forward.
+    Grid: cdiv(Lq, BLOCK_M) * B * H programs on one axis (_program_block). Launched by _attn_forward.
 
     Args:
         Q: (B, H, Lq, D) queries, fp16, bf16 or fp32; any strides with a unit last one.
@@ -369,14 +344,15 @@ def _attn_fwd_kernel(
         BLOCK_M: query rows per program.
         BLOCK_N: keys per step of the loop over key blocks.
     """
-    bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
-    k_bh, v_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, ROW_ALIGN)
+    bh, b, h, start_m = _program_block(Lq, H, BLOCK_M, LAST_FIRST=True)
+    q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
+    k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
+    v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
     pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
     mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     # (BLOCK_M, BLOCK_D)
-    q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
     q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
     seed = load_seed(SEED, HAS_DROPOUT)
     end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
@@ -511,24 +487,31 @@ def _attn_bwd_kernel(
         BLOCK_M: query rows per program (dQ) or per step of the loop over query blocks (dK/dV).
         BLOCK_N: keys per step of the loop over key blocks (dQ) or per program (dK/dV).
     """
+    # A program of the dQ pass owns a block of queries, one of the dK/dV pass a block of keys; both
+    # read the four inputs of their (batch, head).
+    if DQ_PASS:
+        bh, b, h, start_m = _program_block(Lq, H, BLOCK_M, LAST_FIRST=True)
+    else:
+        bh, b, h, start_n = _program_block(Lk, H, BLOCK_N, LAST_FIRST=False)
+    q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
+    k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
+    v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
+    do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
+    pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
+    mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
+    offs_d = tl.arange(0, BLOCK_D)
+    seed = load_seed(SEED, HAS_DROPOUT)
+
     if DQ_PASS:
         # dQ of one query block, looping over the key blocks it can see. It also writes its rows'
         # delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV pass, launched next.
-        bh, b, h, start_m = _query_block(Lq, H, BLOCK_M)
-        k_bh, v_bh = _head_bases(b, h, K, stride_kb, stride_kh, V, stride_vb, stride_vh, ROW_ALIGN)
-        pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
-        mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
-        do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
         q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
         do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
         o = _load_rows(_interleaved(O, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
         delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
         lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-        seed = load_seed(SEED, HAS_DROPOUT)
         end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
 
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -553,23 +536,10 @@ def _attn_bwd_kernel(
     else:
         # dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
         # the dQ pass wrote.
-        n_n_blocks = tl.cdiv(Lk, BLOCK_N)
-        pid = tl.program_id(0)
-        bh = pid // n_n_blocks
-        start_n = (pid % n_n_blocks) * BLOCK_N
-        b = (bh // H).to(tl.int64)
-        h = (bh % H).to(tl.int64)
-        q_bh, do_bh = _head_bases(b, h, Q, stride_qb, stride_qh, DO, stride_dob, stride_doh, ROW_ALIGN)
-        pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
-        mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
         # (BLOCK_N, BLOCK_D)
-        k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
-        v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
         k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        seed = load_seed(SEED, HAS_DROPOUT)
 
         start_m = 0
         if IS_CAUSAL:
@@ -674,7 +644,8 @@ def _attn_probs_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
-    q_bh, k_bh = _head_bases(b, h, Q, stride_qb, stride_qh, K, stride_kb, stride_kh, ROW_ALIGN)
+    q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
+    k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
     pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
     mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
     offs_d = tl.arange(0, BLOCK_D)
@@ -951,17 +922,8 @@ MAX_HEAD_DIM = 128
 
 
 def attention(
-    q,
-    k,
-    v,
-    *,
-    key_padding_mask=None,
-    causal=False,
-    attn_mask=None,
-    dropout_p=0.0,
-    softmax_scale=None,
-    return_probs=False,
-    seed=None,
+    q, k, v, *, key_padding_mask=None, causal=False, attn_mask=None, dropout_p=0.0, softmax_scale=None,
+    return_probs=False, seed=None,
 ):
     """Masked scaled-dot-product attention, softmax(q k^T * scale + mask) v, in Triton.
 
@@ -1035,17 +997,8 @@ def dense_mask(Lq, Lk, device, key_padding_mask=None, causal=False, attn_mask=No
 
 
 def attention_reference(
-    q,
-    k,
-    v,
-    *,
-    key_padding_mask=None,
-    causal=False,
-    attn_mask=None,
-    dropout_p=0.0,
-    softmax_scale=None,
-    return_probs=False,
-    seed=None,
+    q, k, v, *, key_padding_mask=None, causal=False, attn_mask=None, dropout_p=0.0, softmax_scale=None,
+    return_probs=False, seed=None,
 ):
     """The tutorial's attention in plain PyTorch: the oracle for the Triton kernel.
 

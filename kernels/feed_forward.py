@@ -18,22 +18,10 @@ Two Triton paths:
 import torch
 import torch.nn.functional as F
 
-from ._common import (
-    FLOAT_DTYPES,
-    INTERPRET,
-    REFERENCE_DTYPES,
-    autocast_inputs,
-    check_same_device,
-    check_same_dtype,
-    check_tensor,
-    dot_precision,
-    require_launchable,
-    rows_view,
-    tl,
-    triton,
-    vector_stride,
-)
+from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, gemm_tile_warps
+from ._layout import rows_view, vector_stride
+from ._runtime import INTERPRET, autocast_inputs, dot_precision, require_launchable, tl, triton
 from .linear_gelu import (
     TORCH_ACTIVATIONS,
     apply_activation,

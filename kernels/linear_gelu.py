@@ -18,27 +18,13 @@ the registered op `fastformer::linear_gelu_forward`.
 import torch
 import torch.nn.functional as F
 
-from ._common import (
-    FLOAT_DTYPES,
-    INTERPRET,
-    REFERENCE_DTYPES,
-    autocast_inputs,
-    check_same_device,
-    check_same_dtype,
-    check_tensor,
-    dot_precision,
-    last_dim_contiguous,
-    launch,
-    require_launchable,
-    rows_view,
-    sum_partials,
-    tl,
-    triton,
-    vector_stride,
-)
+from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, gemm_tile_warps
+from ._layout import last_dim_contiguous, rows_view, vector_stride
+from ._reduce import sum_partials
+from ._runtime import INTERPRET, autocast_inputs, dot_precision, launch, require_launchable, tl, triton
 
-# tl.constexpr: jit code may read module globals only when they are constexprs (see kernels/_common.py)
+# tl.constexpr: jit code may read module globals only when they are constexprs (see kernels/_runtime.py)
 SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
 INV_SQRT_2PI = tl.constexpr(0.3989422804014327)  # 1 / sqrt(2 * pi)
 TORCH_ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # the references' activations, by name

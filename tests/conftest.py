@@ -45,12 +45,12 @@ def uncorrected_interpreter(monkeypatch):
     """Under the interpreter: Triton's interpreter as it ships, wrong in bf16, and the kernels'
     cached answer to their bf16 probe forgotten, so they ask again and refuse bf16. Elsewhere
     nothing changes."""
-    from fastformer.kernels import _common
+    from fastformer.kernels import _runtime
 
-    if not (_common.INTERPRET and _common.HAS_TRITON):
+    if not (_runtime.INTERPRET and _runtime.HAS_TRITON):
         yield
         return
-    monkeypatch.setattr(_common, "_interpreter_bf16_ok", None)
+    monkeypatch.setattr(_runtime, "_interpreter_bf16_ok", None)
     with interpreter_bf16.uncorrected():
         yield
 

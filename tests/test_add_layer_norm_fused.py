@@ -8,7 +8,7 @@ import torch
 
 import fastformer
 from fastformer import kernels
-from fastformer.kernels import _common
+from fastformer.kernels import _dropout
 from tests.helpers import assert_within_torch_error
 from tests.test_add_layer_norm import kernels_of
 from tests.test_dropout_bits import expected_keep
@@ -107,11 +107,11 @@ def test_parity_with_x_bias_without_weight_or_bias(absent, case, device):
 
 @pytest.mark.parametrize("case", cases("fp32", "autocast", "autocast-bf16"))
 def test_parity_with_x_bias_and_dropout_with_the_seeds_mask(case, device):
-    """Dropout falls on x + x_bias with the keep-mask of the given seed (`_common._dropout_mask`),
+    """Dropout falls on x + x_bias with the keep-mask of the given seed (`_dropout._dropout_mask`),
     in the forward and in every gradient, d(x_bias) included."""
     p, shape = 0.3, (2, 9, 48)
     seed = torch.tensor([0x0123456789ABCDEF], dtype=torch.int64, device=device)
-    keep = _common._dropout_mask(torch.empty(18, 48, dtype=torch.uint8, device=device), seed, p).bool().view(shape)
+    keep = _dropout._dropout_mask(torch.empty(18, 48, dtype=torch.uint8, device=device), seed, p).bool().view(shape)
 
     def with_mask(x, residual, weight, bias, eps, x_bias):
         return kernels.add_layer_norm_reference((x + x_bias) * keep / (1 - p), residual, weight, bias, eps)
@@ -211,7 +211,7 @@ def test_a_given_seed_decides_the_mask_and_draws_nothing(device):
 
 def test_a_seed_without_dropout_is_checked_and_unused(device):
     x, residual, weight, bias, x_bias = float_inputs((5, 32), device)
-    seed = _common.draw_seeds(2, device)[1:]
+    seed = _dropout.draw_seeds(2, device)[1:]
     y = kernels.add_layer_norm(x, residual, weight, bias, 1e-5, x_bias=x_bias, seed=seed)
     assert torch.equal(y, kernels.add_layer_norm(x, residual, weight, bias, 1e-5, x_bias=x_bias))
 
@@ -264,7 +264,7 @@ def fused(case, leaves, seed, lowp_dtype=None):
 @pytest.mark.parametrize("case", cases(*LOWP_CASES))
 def test_y_low_is_y_cast_bit_for_bit(case, device):
     leaves = lowp_leaves(case, device)
-    seed = _common.draw_seed(device)
+    seed = _dropout.draw_seed(device)
     lowp = LOWP_CASES[case][3]
     y, y_low = fused(case, leaves, seed, lowp)
     assert y_low.dtype == lowp and y_low.shape == y.shape
@@ -288,7 +288,7 @@ def test_gradients_through_y_and_y_low_are_autograds_bit_for_bit(case, used, dev
     y and of y.to(lowp); every gradient equals that of the op without lowp_dtype followed by the
     cast, also when only one of the two outputs is used."""
     leaves = lowp_leaves(case, device)
-    seed = _common.draw_seed(device)
+    seed = _dropout.draw_seed(device)
     g = torch.Generator().manual_seed(6)
     a, b = (torch.randn(2, 11, 33, generator=g).to(device) for _ in range(2))
 
@@ -319,7 +319,7 @@ class _Stop(torch.autograd.Function):
 
 def test_no_gradient_from_either_output_gives_none_and_launches_nothing(device):
     leaves = lowp_leaves("autocast", device)
-    y, y_low = fused("autocast", leaves, _common.draw_seed(device), HALF)
+    y, y_low = fused("autocast", leaves, _dropout.draw_seed(device), HALF)
     loss = _Stop.apply(y).sum() + _Stop.apply(y_low).float().sum() + leaves[1].sum()
     grads = []
     counts = kernels_of(lambda: grads.extend(torch.autograd.grad(loss, leaves, allow_unused=True)))
@@ -345,7 +345,7 @@ def test_the_models_call_is_one_kernel_forward_and_two_backward(device):
     input is the rows' kernel and one reduction (no sum for x_bias, no cast or add of y_low's
     gradient, no zero gradients)."""
     leaves = lowp_leaves("autocast", device)
-    seed = _common.draw_seeds(3, device)[1:2]
+    seed = _dropout.draw_seeds(3, device)[1:2]
     dy, dy_low = torch.randn(2, 11, 33, device=device), torch.randn(2, 11, 33, device=device).half()
     with launches.counting("cpu") as counter:
         y, y_low = fused("autocast", leaves, seed, HALF)
@@ -359,7 +359,7 @@ def test_the_models_call_is_one_kernel_forward_and_two_backward(device):
 @pytest.mark.parametrize("name", ["triton", "reference"])
 def test_the_backend_passes_the_new_arguments_through(name, device):
     x, residual, weight, bias, x_bias = float_inputs((6, 40), device)
-    seed = _common.draw_seed(device)
+    seed = _dropout.draw_seed(device)
     op = kernels.add_layer_norm if name == "triton" else kernels.add_layer_norm_reference
     args = (x, residual, weight, bias, 1e-5, 0.0)
     with fastformer.use_backend(name):
@@ -371,7 +371,7 @@ def test_the_backend_passes_the_new_arguments_through(name, device):
 
 def _opcheck_args(device):
     x, residual, weight, bias, x_bias = (t.requires_grad_() for t in float_inputs((5, 32), device))
-    seed = _common.draw_seed(device)
+    seed = _dropout.draw_seed(device)
     return (x.half(), residual, weight, bias, x_bias, seed, 1e-5, 0.1, torch.float32, HALF)
 
 

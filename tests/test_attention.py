@@ -11,7 +11,7 @@ import torch
 
 import fastformer
 from fastformer import kernels
-from fastformer.kernels import _common
+from fastformer.kernels import _dropout
 from tests.helpers import assert_max_diff, assert_within_torch_error, small_config, token_batch
 
 # dtype with its atol for the 2x-torch-error rule
@@ -262,7 +262,7 @@ def _opcheck_args(device):
     q, k, v, _ = make_inputs(2, 3, 17, 17, 16, device)
     q, k, v = (t.float().requires_grad_() for t in (q, k, v))
     pad = padding(2, 17, "end", device)
-    seed = _common.draw_seeds(3, device)[1:2]  # an input the op must not return or alias
+    seed = _dropout.draw_seeds(3, device)[1:2]  # an input the op must not return or alias
     return [
         (q, k, v, None, None, False, 0.0, 0.25, None),
         (q, k, v, pad, None, True, 0.0, 0.25, None),

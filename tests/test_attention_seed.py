@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastformer import kernels
-from fastformer.kernels import _common
+from fastformer.kernels import _dropout
 from tests.helpers import assert_max_diff, assert_within_torch_error
 from tests.test_attention import make_inputs, padding, run
 from tools import launches
@@ -18,12 +18,12 @@ P = 0.3
 def seed_after(manual_seed, device):
     """The seed `attention` draws for itself right after torch.manual_seed(manual_seed)."""
     torch.manual_seed(manual_seed)
-    return _common.draw_seed(device)
+    return _dropout.draw_seed(device)
 
 
 def as_view(seed):
     """`seed` as a model hands it over: a one-element view into a tensor of seeds, 8 bytes in."""
-    others = _common.draw_seeds(2, seed.device)
+    others = _dropout.draw_seeds(2, seed.device)
     return torch.cat([others[:1], seed, others[1:]])[1:2]
 
 
@@ -59,7 +59,7 @@ def test_the_given_seed_decides_the_dropout(view, device):
 
 def test_same_seed_same_output_and_gradients_another_seed_another(device):
     q, k, v, do = make_inputs(1, 2, 16, 16, 16, device)
-    seeds = _common.draw_seeds(2, device)
+    seeds = _dropout.draw_seeds(2, device)
     first = run(kernels.attention, q, k, v, do, torch.float32, dropout_p=P, seed=seeds[0:1])
     again = run(kernels.attention, q, k, v, do, torch.float32, dropout_p=P, seed=seeds[0:1])
     other = run(kernels.attention, q, k, v, do, torch.float32, dropout_p=P, seed=seeds[1:2])
@@ -88,7 +88,7 @@ def test_a_call_with_a_seed_is_its_kernels_alone(device):
     q, k, v = (torch.randn(2, 2, 5, 16, device=device, requires_grad=True) for _ in range(3))
     pad = torch.tensor([[False, False, True, False, True], [True] * 5], device=device)
     grad_out = torch.randn(2, 2, 5, 16, device=device)
-    seeds = _common.draw_seeds(3, device)
+    seeds = _dropout.draw_seeds(3, device)
     with launches.counting(device.type) as counter:
         out = kernels.attention(q, k, v, key_padding_mask=pad, causal=True, dropout_p=0.1, seed=seeds[1:2])
         counter.phase = "backward"
@@ -99,7 +99,7 @@ def test_a_call_with_a_seed_is_its_kernels_alone(device):
 
 def test_the_reference_checks_the_seed_and_drops_out_with_torchs_generator():
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
-    seed = _common.draw_seed(q.device)
+    seed = _dropout.draw_seed(q.device)
     torch.manual_seed(0)
     given = kernels.attention_reference(q, k, v, dropout_p=P, seed=seed)
     torch.manual_seed(0)
@@ -113,17 +113,17 @@ def test_the_reference_checks_the_seed_and_drops_out_with_torchs_generator():
 def test_a_seed_on_another_device_is_rejected(op):
     q = torch.randn(1, 1, 4, 16, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="seed must be on the op's device"):
-        getattr(kernels, op)(q, q, q, dropout_p=P, seed=_common.draw_seed("cpu"))
+        getattr(kernels, op)(q, q, q, dropout_p=P, seed=_dropout.draw_seed("cpu"))
 
 
 def test_drawn_seeds_are_16_byte_aligned_views():
     """Each seed a model hands over, `draw_seeds(n, device)[i:i + 1]`, starts on a 16-byte boundary,
     as a seed of its own does: Triton specializes pointer arguments on that alignment, so a seed 8
     bytes in would compile every dropout kernel a second time."""
-    seeds = _common.draw_seeds(7, torch.device("cpu"))
+    seeds = _dropout.draw_seeds(7, torch.device("cpu"))
     assert seeds.shape == (7,)
     for i in range(7):
         view = seeds[i : i + 1]
         assert view.data_ptr() % 16 == 0, i
-        _common.check_seed(view, view.device)
+        _dropout.check_seed(view, view.device)
     assert len(set(seeds.tolist())) == 7

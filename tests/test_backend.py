@@ -169,7 +169,7 @@ def test_fp32_attention_and_ffn_on_cuda_run_the_reference_and_warn_once(monkeypa
     calls = []
     for name in ("attention", "attention_reference", "feed_forward", "feed_forward_reference"):
         monkeypatch.setattr(backend.kernels, name, lambda *a, name=name, **kw: calls.append(name))
-    monkeypatch.setattr(kernels._common, "_warned", set())
+    monkeypatch.setattr(kernels._runtime, "_warned", set())
     with FakeTensorMode():
         x32, x16 = fake_cuda(torch.float32), fake_cuda(torch.float16)
         with pytest.warns(UserWarning, match=r"float32 attention and feed-forward run the PyTorch reference on CUDA"):

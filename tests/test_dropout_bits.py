@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastformer.kernels import _common
+from fastformer.kernels import _dropout
 
 MASK32 = np.uint64(0xFFFFFFFF)
 
@@ -45,7 +45,7 @@ def expected_keep(seed, n_rows, n_cols, p):
 
 def _seed_after(manual_seed, device):
     torch.manual_seed(manual_seed)
-    return int(_common.draw_seed(device).item())
+    return int(_dropout.draw_seed(device).item())
 
 
 @pytest.mark.parametrize("n_rows, n_cols", [(3, 4), (17, 70), (64, 130)])  # 70, 130: not block multiples
@@ -53,14 +53,14 @@ def test_kernel_bits_are_the_documented_philox_words(device, n_rows, n_cols):
     p = 0.3
     seed = _seed_after(11, device)
     torch.manual_seed(11)
-    keep = _common.dropout_mask(n_rows, n_cols, p, device).cpu()
+    keep = _dropout.dropout_mask(n_rows, n_cols, p, device).cpu()
     assert torch.equal(keep, expected_keep(seed, n_rows, n_cols, p))
 
 
 def test_each_of_the_four_words_keeps_at_the_rate(device):
     p = 0.25
     torch.manual_seed(0)
-    keep = _common.dropout_mask(256, 256, p, device).float().cpu()
+    keep = _dropout.dropout_mask(256, 256, p, device).float().cpu()
     for word in range(4):
         column_kept = keep[:, word::4]
         sigma = (p * (1 - p) / column_kept.numel()) ** 0.5
@@ -74,5 +74,5 @@ def test_each_of_the_four_words_keeps_at_the_rate(device):
 
 def test_rows_beyond_a_32_bit_counter_are_refused():
     with pytest.raises(ValueError, match="2\\*\\*32 rows"):
-        _common.check_dropout_rows("attention", 2**32)
-    _common.check_dropout_rows("attention", 2**32 - 1)
+        _dropout.check_dropout_rows("attention", 2**32)
+    _dropout.check_dropout_rows("attention", 2**32 - 1)

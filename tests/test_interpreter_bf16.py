@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from fastformer import kernels
-from fastformer.kernels import _common
-from fastformer.kernels._common import INTERPRET, tl, triton
+from fastformer.kernels import _runtime
+from fastformer.kernels._runtime import INTERPRET, tl, triton
 from tests import interpreter_bf16
 
 pytestmark = [
@@ -204,17 +204,17 @@ def test_without_the_correction_the_interpreter_is_wrong():
     "faults", [("cast_impl", "create_dot"), ("cast_impl",), ("create_dot",)], ids=["both", "cast", "dot"]
 )
 def test_the_kernels_probe_finds_each_fault(faults, monkeypatch):
-    assert _common._probe_interpreter_bf16()
+    assert _runtime._probe_interpreter_bf16()
     for name in faults:
         monkeypatch.setattr(interpreter_bf16.Builder, name, interpreter_bf16.ORIGINAL[name])
-    assert not _common._probe_interpreter_bf16()
+    assert not _runtime._probe_interpreter_bf16()
 
 
 def test_the_kernels_ask_once_and_take_bf16_when_the_interpreter_computes_it_right(monkeypatch):
     asked = []
-    probe = _common._probe_interpreter_bf16
-    monkeypatch.setattr(_common, "_probe_interpreter_bf16", lambda: asked.append(1) or probe())
-    monkeypatch.setattr(_common, "_interpreter_bf16_ok", None)
+    probe = _runtime._probe_interpreter_bf16
+    monkeypatch.setattr(_runtime, "_probe_interpreter_bf16", lambda: asked.append(1) or probe())
+    monkeypatch.setattr(_runtime, "_interpreter_bf16_ok", None)
     x = torch.randn(3, 16)
     w, b = torch.randn(8, 16), torch.randn(8)
     kernels.linear_gelu(x, w, b)  # fp32: nothing to ask

@@ -9,7 +9,7 @@ triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
 from fastformer import kernels  # noqa: E402
-from fastformer.kernels._common import INTERPRET  # noqa: E402
+from fastformer.kernels._runtime import INTERPRET  # noqa: E402
 from tests import interpreter_speed  # noqa: E402
 
 pytestmark = [

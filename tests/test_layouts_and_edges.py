@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fastformer import kernels
-from fastformer.kernels._common import INTERPRET
+from fastformer.kernels._runtime import INTERPRET
 
 
 def strided(t):

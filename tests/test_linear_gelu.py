@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastformer import kernels
-from fastformer.kernels._common import INTERPRET
+from fastformer.kernels._runtime import INTERPRET
 from tests.helpers import assert_within_torch_error
 from tests.test_add_layer_norm import kernels_of
 

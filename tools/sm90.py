@@ -280,15 +280,15 @@ def dry_run(time_configs=True):
         raise RuntimeError("tools.sm90 compiles for a GPU: run it without TRITON_INTERPRET=1")
     from triton.runtime.driver import driver
 
-    from fastformer.kernels import _common
+    from fastformer.kernels import _runtime
 
-    previous = getattr(driver, "_active", None), _common.can_launch
+    previous = getattr(driver, "_active", None), _runtime.can_launch
     driver.set_active(_dry_run_driver(time_configs))
-    _common.can_launch = lambda *tensors: True
+    _runtime.can_launch = lambda *tensors: True
     try:
         yield
     finally:
-        driver._active, _common.can_launch = previous
+        driver._active, _runtime.can_launch = previous
 
 
 class _Recorder:

@@ -137,10 +137,10 @@ def layer_norm_case(dtype, d, dropout, rows=1024, fused=False):
 
 
 def dropout_mask_case():
-    common = _module("fastformer.kernels._common")
+    dropout = _module("fastformer.kernels._dropout")
 
     def run():
-        common._dropout_mask(torch.empty(256, 256, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), 0.1)
+        dropout._dropout_mask(torch.empty(256, 256, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), 0.1)
 
     return Case("dropout_mask", run, "")
 

@@ -1,0 +1,127 @@
+"""Dropout inside kernels: Philox keyed by one seed per call. Element (row, col) of a (rows, cols)
+view is decided by output col % 4 of Philox on the counter (col // 4, row, 0, 0): one call, four
+keep decisions, 32-bit counters and no per-element multiply. A backward regenerates the
+forward's mask from the seed alone, and a test can ask for it (`dropout_mask`).
+"""
+
+import torch
+
+from ._runtime import INTERPRET, launch, require_launchable, tl, triton
+
+MAX_DROPOUT_ROWS = 2**32  # rows are a 32-bit Philox counter word
+
+
+def check_dropout_p(dropout_p):
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+
+
+def draw_seed(device):
+    """A dropout seed drawn on the device from torch's generator: no host sync, and reproducible
+    under torch.manual_seed."""
+    return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
+
+
+def draw_seeds(n, device):
+    """n dropout seeds in one launch, for a model forward to hand one to each dropout site (an op's
+    `seed` argument takes a one-element view, `seeds[i:i + 1]`, which costs no kernel). The seeds
+    lie 16 bytes apart (stride 2), so every view is 16-byte aligned like a seed of its own: Triton
+    specializes a pointer argument on that alignment and would otherwise compile each kernel twice."""
+    return torch.randint(0, 2**62, (n, 2), device=device, dtype=torch.int64)[:, 0]
+
+
+def check_seed(seed, device):
+    """Validate an op's `seed` argument: None (the op draws its own) or a one-element int64 tensor
+    on the op's device, as `draw_seed` and `draw_seeds` make."""
+    if seed is None:
+        return
+    if not isinstance(seed, torch.Tensor):
+        raise TypeError(f"seed must be a torch.Tensor or None, got {type(seed).__name__}")
+    if seed.dtype != torch.int64 or seed.numel() != 1:
+        raise ValueError(
+            f"seed must be a one-element int64 tensor (such as draw_seeds(n, device)[i:i + 1]), "
+            f"got {seed.dtype} of shape {tuple(seed.shape)}"
+        )
+    if seed.device != device:
+        raise ValueError(f"seed must be on the op's device {device}, got {seed.device}")
+
+
+def check_dropout_rows(op, n_rows):
+    if n_rows >= MAX_DROPOUT_ROWS:
+        raise ValueError(f"{op}: dropout draws over at most 2**32 rows (a 32-bit Philox counter), got {n_rows}")
+
+
+@triton.jit
+def load_seed(SEED, HAS_DROPOUT: tl.constexpr):
+    """A kernel's dropout seed, or 0 when it drops nothing (SEED is then None, never read)."""
+    seed = 0
+    if HAS_DROPOUT:
+        seed = tl.load(SEED)
+    return seed
+
+
+@triton.jit
+def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
+    """(len(rows), BLOCK_N) keep-mask of the columns col_start + arange(BLOCK_N) (col_start and
+    BLOCK_N multiples of 4) in the given rows, each kept with probability 1 - dropout_p.
+
+    Why 4 at a time: a Philox call is ten rounds of 32-bit multiplies and yields 128 bits; using
+    one 32-bit word of each call, as tl.rand does, costs the attention kernels far more registers
+    (the figures are in docs/kernels.md). The words are compared as integers with dropout_p * 2**32."""
+    tl.static_assert(BLOCK_N % 4 == 0, "dropout_keep decides columns in groups of 4")
+    groups = col_start // 4 + tl.arange(0, BLOCK_N // 4)
+    c0 = (groups[None, :] + 0 * rows[:, None]).to(tl.uint32)
+    c1 = (rows[:, None] + 0 * groups[None, :]).to(tl.uint32)
+    zero = c0 * 0
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero, zero)
+    threshold = (tl.cast(dropout_p, tl.float32) * 4294967296.0).to(tl.uint32)  # exact: a power-of-two scale
+    # column 4g + i takes word i: interleave(interleave(w0, w2), interleave(w1, w3)) is w0 w1 w2 w3
+    even = tl.interleave(r0 >= threshold, r2 >= threshold)
+    odd = tl.interleave(r1 >= threshold, r3 >= threshold)
+    return tl.interleave(even, odd)
+
+
+@triton.jit
+def _dropout_mask_kernel(KEEP, SEED, n_rows, n_cols, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keep-mask of one (BLOCK_M, BLOCK_N) tile of a (n_rows, n_cols) view, as the kernels draw it
+    (dropout_keep). Grid: cdiv(n_rows, BLOCK_M) * cdiv(n_cols, BLOCK_N) programs on one axis.
+
+    Args:
+        KEEP: (n_rows, n_cols) uint8, contiguous: the output, 1 = kept, 0 = dropped.
+        SEED: (1,) int64, the dropout seed (always present: this kernel draws nothing else).
+        n_rows, n_cols: the view's rows (Philox's row counter, < 2**32) and columns.
+        dropout_p: probability of dropping an element, in [0, 1).
+        BLOCK_M: rows per program.
+        BLOCK_N: columns per program, a multiple of 4 (dropout_keep decides 4 columns per Philox call).
+    """
+    n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
+    pid = tl.program_id(0)
+    rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    col_start = (pid % n_col_blocks) * BLOCK_N
+    cols = col_start + tl.arange(0, BLOCK_N)
+    keep = dropout_keep(tl.load(SEED), rows, col_start, dropout_p, BLOCK_N)
+    tl.store(
+        KEEP + rows[:, None].to(tl.int64) * n_cols + cols[None, :],
+        keep.to(tl.uint8),
+        mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols),
+    )
+
+
+def dropout_mask(n_rows, n_cols, dropout_p, device):
+    """The (n_rows, n_cols) bool keep-mask a kernel draws when called right after the same
+    torch.manual_seed (the seed is drawn the same way). For tests; materializes the whole mask."""
+    check_dropout_p(dropout_p)
+    check_dropout_rows("dropout_mask", n_rows)
+    seed = draw_seed(device)
+    keep = torch.empty(n_rows, n_cols, dtype=torch.uint8, device=device)
+    require_launchable("dropout_mask", keep)
+    return _dropout_mask(keep, seed, dropout_p).bool()
+
+
+def _dropout_mask(keep, seed, dropout_p):
+    """Launcher: fills the (n_rows, n_cols) uint8 `keep` with the keep-mask of `seed`."""
+    n_rows, n_cols = keep.shape
+    block = 16 if INTERPRET else 64
+    grid = (triton.cdiv(n_rows, block) * triton.cdiv(n_cols, block),)
+    launch(_dropout_mask_kernel)[grid](keep, seed, n_rows, n_cols, dropout_p, BLOCK_M=block, BLOCK_N=block)
+    return keep

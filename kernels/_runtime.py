@@ -1,0 +1,211 @@
+"""How the ops run: Triton (or a stand-in where it is not installed), the interpreter, launching a
+kernel, the launch checks, autocast and tl.dot's precision, and one-time warnings.
+
+Rules for jit code in `kernels/` (the sm_90a compile check, tests/test_sm90_compile.py, enforces
+what a compiler can see):
+- No plain globals inside jit code: use tl.constexpr. A module constant read by a kernel must be
+  `NAME = tl.constexpr(value)`; the interpreter accepts a plain float, the compiler rejects it.
+- `tl.dot(a, b, acc, input_precision=..., out_dtype=tl.float32)`: accumulate in place (wgmma keeps
+  the accumulator in registers) and say the fp32 result (tl.dot's default differs between the
+  supported Triton versions: 3.8 changed it).
+- Triton 3.6 to 3.9: no block pointers (`tl.make_block_ptr` raises in 3.9), no API added after 3.6.
+"""
+
+import contextlib
+import contextvars
+import os
+import warnings
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+
+def _identity_decorator(*args, **kwargs):
+    """`@x` and `@x(...)` both leave the function as it is."""
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return args[0]
+    return lambda fn: fn
+
+
+class _TritonMissing:
+    """Stands in for `triton` and `tl` where Triton is not installed (it ships for Linux only), so
+    the op files still import and the reference path works; launching a kernel is refused first."""
+
+    def __getattr__(self, name):
+        return _identity_decorator
+
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:
+    triton = tl = _TritonMissing()
+    HAS_TRITON = False
+
+# Triton reads TRITON_INTERPRET when a kernel is decorated, so this is fixed at import time.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+_warned = set()
+
+
+def warn_once(key, message):
+    """Warn about `key` once per process (fallbacks must be loud but not spam every layer)."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
+def launch(kernel):
+    """How every op file launches a kernel: `launch(kernel)[grid](...)`, through
+    torch.library.wrap_triton, so that torch.compile traces the launch in place of a graph break
+    (a kernel with several configs launches through its kernels._configs.Configs, which calls this).
+    An absent tensor argument, input or output (a seed without dropout, a missing weight, a
+    half-precision copy not asked for, the outputs of the other pass of a kernel launched in
+    passes), is None, and its strides 0: Triton compiles None as a constexpr, and every use of
+    the pointer, its offsetting included, sits under the constexpr flag that says it is present
+    (HAS_DROPOUT, HAS_WEIGHT, WRITE_LOW, DQ_PASS...). A jit helper may take such a None, but not
+    return one (Triton 3.6 rejects it, and 3.9 inside a tuple), so an absent pointer is offset in
+    the kernel's own body. wrap_triton (torch 2.11 and 2.13) and Inductor pass None on as a
+    constexpr too, so a compiled graph launches the same specializations.
+    Inside `compile_only()` a launch compiles its kernel and runs nothing. Under the interpreter
+    the kernel is launched as it is, as torch 2.13's wrap_triton does (2.11's refuses it)."""
+    if _compile_only.get():
+        return _CompileOnly(kernel)
+    if INTERPRET:
+        return kernel
+    return torch.library.wrap_triton(kernel)
+
+
+_compile_only = contextvars.ContextVar("fastformer_compile_only", default=False)
+
+
+@contextlib.contextmanager
+def compile_only():
+    """Inside the block, every kernel launch compiles what it would run and runs nothing: the
+    kernels' outputs are left as allocated (torch.empty), so what the ops return is garbage of the
+    right shapes, dtypes and strides. A launch on a key the autotuner has not tuned compiles every
+    config it would time, and times none. Under a triton.AsyncCompileMode the compiles are
+    submitted to its executor and the launches do not wait for them (fastformer.warmup)."""
+    token = _compile_only.set(True)
+    try:
+        yield
+    finally:
+        _compile_only.reset(token)
+
+
+class _CompileOnly:
+    """launch(kernel) inside compile_only(): `[grid](...)` is Triton's warm-up call, which specializes
+    and compiles the kernel for these arguments (asynchronously under AsyncCompileMode) and launches
+    nothing; an autotuner's warm-up does so for each config its pruning keeps."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.kernel.warmup(*args, grid=grid, **kwargs)
+
+
+def can_launch(*tensors):
+    """Whether Triton can run on these tensors: CUDA tensors, or any tensors under the interpreter."""
+    if not HAS_TRITON:
+        return False
+    return INTERPRET or all(t.is_cuda for t in tensors)
+
+
+def require_launchable(op, *tensors):
+    """Raise a clear error when the Triton path is forced on tensors it cannot run on (call it with
+    the tensors as the kernel will see them, after autocast)."""
+    if not HAS_TRITON:
+        raise RuntimeError(f"{op}: the Triton path needs the `triton` package, which is not installed")
+    tensors = [t for t in tensors if t is not None]
+    if not can_launch(*tensors):
+        raise RuntimeError(
+            f"{op}: the Triton path got tensors on {tensors[0].device}; Triton compiles for CUDA only. "
+            "Use the reference backend, or set TRITON_INTERPRET=1 before importing `kernels` "
+            "to run the kernels through Triton's (slow) interpreter."
+        )
+    if any(t.dtype == torch.bfloat16 for t in tensors):
+        require_interpreter_bf16(op)
+
+
+def require_interpreter_bf16(op, what="bfloat16"):
+    """Under the interpreter, a TypeError naming `what` unless the interpreter computes bf16 as a
+    GPU does (see interpreter_computes_bf16); nothing on a GPU."""
+    if INTERPRET and not interpreter_computes_bf16():
+        raise TypeError(
+            f"{op}: {what} is not supported under Triton's interpreter (TRITON_INTERPRET=1) as installed, "
+            "which computes bf16 wrongly (its bf16 tl.dot or its fp32 -> bf16 rounding differs from a GPU's); "
+            "use fp16 or fp32 there (no bf16 autocast), the reference backend, or a GPU"
+        )
+
+
+_interpreter_bf16_ok = None  # the probe's answer, once asked
+
+
+def interpreter_computes_bf16():
+    """Whether Triton's interpreter multiplies bf16 in a tl.dot and rounds fp32 to bf16 as a GPU
+    does. Triton 3.6 to 3.9 as shipped do neither (numpy has no bf16: the interpreter multiplies
+    the 16-bit patterns as integers and truncates the casts); fastformer's tests correct both.
+    Asked once per process, at the first bf16 launch, by running _bf16_probe."""
+    global _interpreter_bf16_ok
+    if _interpreter_bf16_ok is None:
+        _interpreter_bf16_ok = _probe_interpreter_bf16()
+    return _interpreter_bf16_ok
+
+
+@triton.jit
+def _bf16_probe(A, B, C, X, Y, N: tl.constexpr):
+    """interpreter_computes_bf16's test, run under the interpreter only (not named *_kernel: the
+    sm_90a compile check takes those for kernels a launcher launches on a GPU).
+
+    Args:
+        A, B: (N, N) bf16, row-major, the dot's operands.
+        C: (N, N) fp32, row-major: A @ B accumulated in fp32.
+        X: (N,) fp32 values to round.
+        Y: (N,) bf16: X rounded to nearest even.
+        N: the side of the matrices and the length of X and Y, a power of two of at least 16 (tl.dot's minimum).
+    """
+    offs = tl.arange(0, N)
+    tile = offs[:, None] * N + offs[None, :]
+    acc = tl.zeros([N, N], dtype=tl.float32)
+    acc = tl.dot(tl.load(A + tile), tl.load(B + tile), acc, out_dtype=tl.float32)
+    tl.store(C + tile, acc)
+    tl.store(Y + offs, tl.load(X + offs).to(tl.bfloat16))
+
+
+@torch.compiler.disable  # Dynamo runs it as it is, on real tensors
+def _probe_interpreter_bf16():
+    """A 16 x 16 x 16 bf16 dot of small integers (every partial sum exact, so any order gives the
+    exact product) and fp32 -> bf16 casts of a tie that rounds down to even, ties that round up to
+    even and a subnormal, each compared with torch bit for bit. A question about the process, not
+    part of the caller's work: it runs on the CPU outside autocast and outside any dispatch mode
+    the caller is in (fake tensors while tracing, launch counters)."""
+    n = 16
+    with _disable_current_modes(), torch.autocast("cpu", enabled=False):
+        a = (torch.arange(n * n, dtype=torch.float32).reshape(n, n) % 7 - 3).to(torch.bfloat16)
+        b = (torch.arange(n * n, dtype=torch.float32).reshape(n, n) % 5 - 2).to(torch.bfloat16)
+        x = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -1 - 3 * 2**-8, 1e-40], dtype=torch.float32).repeat(n // 4)
+        c = torch.empty(n, n, dtype=torch.float32)
+        y = torch.empty(n, dtype=torch.bfloat16)
+        _bf16_probe[(1,)](a, b, c, x, y, N=n)
+        rounded = x.to(torch.bfloat16)
+        return torch.equal(c, a.float() @ b.float()) and torch.equal(y.view(torch.int16), rounded.view(torch.int16))
+
+
+
+def autocast_inputs(*tensors):
+    """Under torch.autocast, fp32 inputs cast to the autocast dtype, as matmul would see them."""
+    device_type = tensors[0].device.type
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) if t is not None and t.dtype == torch.float32 else t for t in tensors)
+
+
+def dot_precision(dtype):
+    """tl.dot's input precision: IEEE for fp32 unless the user allowed TF32 for matmuls."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
