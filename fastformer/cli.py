@@ -60,6 +60,12 @@ def _torch():
         torch.set_num_threads(threads)
 
 
+def _job_options(args, *names):
+    """The parsed options `names` as keyword arguments of a job: each option's dest is the name of
+    the job's parameter it sets."""
+    return {name: getattr(args, name) for name in names}
+
+
 def _demo(args):
     from fastformer.options import check_demo_options
 
@@ -67,13 +73,7 @@ def _demo(args):
     with _torch():
         from fastformer import job
 
-        job.demo(
-            device=args.device,
-            backend_name=args.backend_name,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            seed=args.seed,
-        )
+        job.demo(**_job_options(args, "device", "backend_name", "batch_size", "seq_len", "seed"))
     return 0
 
 
@@ -115,14 +115,7 @@ def _evaluate(args):
     with _torch():
         from fastformer import job
 
-        job.evaluate_run(
-            run=args.run,
-            test=args.test,
-            batch_size=args.batch_size,
-            device=args.device,
-            backend_name=args.backend_name,
-            amp=args.amp,
-        )
+        job.evaluate_run(**_job_options(args, "run", "test", "batch_size", "device", "backend_name", "amp"))
     return 0
 
 
@@ -136,7 +129,7 @@ def _predict(args):
     with _torch():
         from fastformer import job
 
-        job.predict(run=args.run, texts=args.texts, device=args.device, backend_name=args.backend_name, amp=args.amp)
+        job.predict(**_job_options(args, "run", "texts", "device", "backend_name", "amp"))
     return 0
 
 
@@ -169,12 +162,12 @@ def build_parser():
     demo = commands.add_parser(
         "demo", help="build the tutorial model, run one forward and backward, and print what it did"
     )
+    demo.set_defaults(run_command=_demo)
     demo.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     demo.add_argument("--backend", dest="backend_name", default="auto", choices=["auto", "triton", "reference"])
     demo.add_argument("--batch-size", type=int, default=8)
     demo.add_argument("--seq-len", type=int, default=64)
     demo.add_argument("--seed", type=int, default=0)
-    demo.set_defaults(run_command=_demo)
 
     train = commands.add_parser(
         "train",
@@ -183,6 +176,7 @@ def build_parser():
         "(NSMC TSV or the tutorial's JSONL), evaluate each epoch, and write a run directory. With no "
         "arguments it runs on the embedded demo set: the tutorial's config on CUDA, a smaller one on CPU.",
     )
+    train.set_defaults(run_command=_train)
     train.add_argument("--train", metavar="FILE", help="training reviews (default: the embedded demo set)")
     train.add_argument("--test", metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)")
     train.add_argument(
@@ -251,7 +245,6 @@ def build_parser():
         metavar="DIR",
         help="continue a run directory up to --epochs, with the options it started with",
     )
-    train.set_defaults(run_command=_train)
 
     data = commands.add_parser(
         "data",
@@ -260,6 +253,7 @@ def build_parser():
         "the vaderSentiment 3.3.2 sdist, MIT licence): fetch the sdist with pip (sha256 pinned), read it in "
         "memory, and write train.tsv and test.tsv (NSMC format, 85/15 split by id) into the cache.",
     )
+    data.set_defaults(run_command=_data)
     data.add_argument("dataset", choices=["rotten-tomatoes"], help="the corpus")
     data.add_argument(
         "--cache",
@@ -273,20 +267,19 @@ def build_parser():
         metavar="FILE",
         help="convert this vaderSentiment-3.3.2.tar.gz (or its hutto_ICWSM_2014.tar.gz) instead of downloading",
     )
-    data.set_defaults(run_command=_data)
 
     evaluate = commands.add_parser("evaluate", help="accuracy of a trained run on a test file")
+    evaluate.set_defaults(run_command=_evaluate)
     evaluate.add_argument("--run", metavar="DIR", required=True, help="a run directory written by `fastformer train`")
     evaluate.add_argument("--test", metavar="FILE", help="test reviews (default: the run's test file)")
     evaluate.add_argument("--batch-size", type=int, default=128)
     _add_runtime_options(evaluate)
-    evaluate.set_defaults(run_command=_evaluate)
 
     predict = commands.add_parser("predict", help="classify texts with a trained run")
+    predict.set_defaults(run_command=_predict)
     predict.add_argument("--run", metavar="DIR", required=True, help="a run directory written by `fastformer train`")
     predict.add_argument("texts", nargs="+", metavar="TEXT", help="reviews to classify")
     _add_runtime_options(predict)
-    predict.set_defaults(run_command=_predict)
     return parser
 
 

@@ -188,22 +188,11 @@ class TrainOptions:
     def check(self):
         """Raise ValueError naming the first option whose value cannot be right, on its own or with the
         others: everything that can be checked without torch, the files aside."""
-        check_integers(
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            max_steps=self.max_steps,
-            vocab_size=self.vocab_size,
-            seed=self.seed,
-        )
+        counts = {name: getattr(self, name) for name in ("epochs", "batch_size", "max_steps", "vocab_size")}
+        check_integers(**counts, seed=self.seed)
         if isinstance(self.lr, float) and not math.isfinite(self.lr):
             raise ValueError(f"--lr must be a finite number, got {self.lr}")
-        check_positive(
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            lr=self.lr,
-            max_steps=self.max_steps,
-            vocab_size=self.vocab_size,
-        )
+        check_positive(**counts, lr=self.lr)
         if self.weight_decay is not None and not (
             isinstance(self.weight_decay, numbers.Real) and math.isfinite(self.weight_decay) and self.weight_decay >= 0
         ):

@@ -99,15 +99,16 @@ class LayerPlan:
     def add_norm(self, layer_norm, sublayer, residual):
         """layer_norm(residual + dropout(sublayer + its bias)) through the fused op, with its copy
         in the autocast dtype. sublayer: Pending; residual: Hidden. Returns a Hidden."""
+        x, bias, dropout_p, seed = sublayer
         out = backend.add_layer_norm(
-            sublayer.x,
+            x,
             residual.x,
             layer_norm.weight,
             layer_norm.bias,
             layer_norm.eps,
-            sublayer.dropout_p,
-            x_bias=sublayer.bias,
-            seed=sublayer.seed,
+            dropout_p,
+            x_bias=bias,
+            seed=seed,
             lowp_dtype=self.dtype,
         )
         return Hidden.of(out) if self.dtype is None else Hidden(*out)

@@ -132,11 +132,10 @@ def test_smoke_stage_details(smoke):
     assert tests["tests"] > 0 and tests["skipped"] == tests["tests"] and tests["passed"] == 0
     assert tests["command"].startswith("python -m pytest tests -m cuda") and tests["returncode"] == 0
     determinism = stages["determinism"]
-    assert [s["repetitions"] for s in determinism["attention"]["settings"]] == [gpu_check.SMOKE.attention_reps] * 2
+    assert [s["repetitions"] for s in determinism["attention"]["settings"]] == [gpu_check.SMOKE.reps.attention] * 2
     assert all(s["mismatch"] is None for s in determinism["attention"]["settings"])
-    assert (
-        determinism["training"]["steps"] == gpu_check.SMOKE.train_steps and determinism["training"]["mismatch"] is None
-    )
+    assert determinism["training"]["steps"] == gpu_check.SMOKE.reps.train_steps
+    assert determinism["training"]["mismatch"] is None
     assert stages["bench"]["failed"] == 0 and stages["bench"]["measured"] >= 5
     model = stages["model"]
     assert {(r["bench"], r["provider"]) for r in model["rows"]} == {

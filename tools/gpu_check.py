@@ -176,6 +176,17 @@ LOSS_ATOL = {"off": 1e-6, "bf16": 1e-3}
 
 
 @dataclass(frozen=True)
+class Repetitions:
+    """How many times the stages repeat their items."""
+
+    compile: int  # timed steps of the compiled model and of the eager one (compile stage)
+    attention: int  # attention runs compared bit for bit, per setting (determinism stage)
+    train_steps: int  # training steps compared bit for bit (determinism stage)
+    warmup: int  # untimed runs before each benchmark's timing (bench and model stages)
+    measure: int  # timed runs of each benchmark (bench and model stages)
+
+
+@dataclass(frozen=True)
 class Plan:
     """What one mode runs. Budgets are seconds per stage, checked between items (a case, a model,
     a repetition), so a stage ends at most one item after its budget; the tests stage's pytest is
@@ -188,12 +199,8 @@ class Plan:
     compile_layers: int | None  # n_layer / num_layers for the compile stage; None keeps the config's
     aladdinpersson: dict  # Aladdin Persson's seq2seq Transformer and its batch, for the compile stage
     model_batch: int
-    compile_rep: int
     attention_shape: tuple  # (B, H, L, D) for the determinism stage
-    attention_reps: int
-    train_steps: int
-    measure_warmup: int
-    measure_rep: int
+    reps: Repetitions
     model_providers: tuple
     model_variants: tuple  # of MODEL_VARIANTS
     copy_bytes: int
@@ -207,12 +214,8 @@ FULL = Plan(
     compile_layers=None,
     aladdinpersson=dict(vocab=8000, embed_size=512, num_layers=6, heads=8, batch=32, length=100),
     model_batch=128,
-    compile_rep=5,
     attention_shape=(128, 4, 256, 64),
-    attention_reps=100,
-    train_steps=10,
-    measure_warmup=3,
-    measure_rep=10,
+    reps=Repetitions(compile=5, attention=100, train_steps=10, warmup=3, measure=10),
     model_providers=suite.MODEL_PROVIDERS,
     model_variants=MODEL_VARIANTS,
     copy_bytes=2**30,
@@ -224,11 +227,7 @@ QUICK = replace(
     tests_filter=REDUCED_TESTS,
     compile_layers=2,
     aladdinpersson=dict(FULL.aladdinpersson, num_layers=2),
-    compile_rep=3,
-    attention_reps=20,
-    train_steps=5,
-    measure_warmup=2,
-    measure_rep=5,
+    reps=Repetitions(compile=3, attention=20, train_steps=5, warmup=2, measure=5),
     model_providers=tuple(p for p in suite.MODEL_PROVIDERS if p not in ("compile", "fastformer_autotune")),
     model_variants=("fastformer_graphs",),
 )
@@ -239,12 +238,8 @@ SMOKE = replace(
     compile_layers=None,
     aladdinpersson=dict(vocab=50, embed_size=32, num_layers=1, heads=2, batch=2, length=12),
     model_batch=2,
-    compile_rep=1,
     attention_shape=(2, 2, 13, 16),  # L 13: not a multiple of any block
-    attention_reps=2,
-    train_steps=2,
-    measure_warmup=0,
-    measure_rep=1,
+    reps=Repetitions(compile=1, attention=2, train_steps=2, warmup=0, measure=1),
     model_providers=suite.MODEL_PROVIDERS,
     model_variants=MODEL_VARIANTS,
     copy_bytes=2**24,
@@ -828,8 +823,8 @@ def _compile_check(run, entry, model, inputs, loss_of, logits_of):
     if not bool(torch.isfinite(loss)) or bad:
         entry["error"] = f"compiled train step: loss {loss.item():.4g}; missing or non-finite gradients: {bad[:5]}"
         return
-    entry["step_ms"] = time_ms(lambda: step(compiled), run.device, warmup=1, rep=run.plan.compile_rep)
-    entry["eager_step_ms"] = time_ms(lambda: step(model), run.device, warmup=1, rep=run.plan.compile_rep)
+    entry["step_ms"] = time_ms(lambda: step(compiled), run.device, warmup=1, rep=run.plan.reps.compile)
+    entry["eager_step_ms"] = time_ms(lambda: step(model), run.device, warmup=1, rep=run.plan.reps.compile)
     model.eval()
     try:
         with torch.no_grad(), fastformer.use_backend("triton"), autocast(run.device, run.amp):
@@ -856,7 +851,7 @@ def stage_determinism(run):
     attention = _attention_repeats(run, deadline)
     training = _training_twice(run, deadline)
     mismatches = [s for s in attention["settings"] if s["mismatch"]] + ([training] if training["mismatch"] else [])
-    short = [s["setting"] for s in attention["settings"] if s["repetitions"] < run.plan.attention_reps]
+    short = [s["setting"] for s in attention["settings"] if s["repetitions"] < run.plan.reps.attention]
     parts = [f"attention x{s['repetitions']} ({s['setting']})" for s in attention["settings"]]
     parts.append(f"{training['steps']} train steps twice")
     details = {"summary": "bitwise equal: " + ", ".join(parts), "attention": attention, "training": training}
@@ -867,7 +862,7 @@ def stage_determinism(run):
             f"{m['first']!r} then {m['second']!r}"
         )
         raise Failed(details["summary"], details)
-    if short or training["steps"] < run.plan.train_steps:
+    if short or training["steps"] < run.plan.reps.train_steps:
         details["summary"] = f"cut by the stage's budget of {run.plan.budget_seconds['determinism']} s: " + ", ".join(
             parts
         )
@@ -890,7 +885,7 @@ def _attention_repeats(run, deadline):
     settings = []
     for setting, causal, dropout_p in ATTENTION_SETTINGS:
         first, repetitions, mismatch = once(causal, dropout_p), 1, None
-        while repetitions < run.plan.attention_reps and mismatch is None and time.monotonic() < deadline:
+        while repetitions < run.plan.reps.attention and mismatch is None and time.monotonic() < deadline:
             repetitions += 1
             mismatch = first_mismatch(first, once(causal, dropout_p))
             if mismatch:
@@ -910,7 +905,7 @@ def _training_twice(run, deadline):
     config = fastformer.Config.tutorial(**run.plan.config)
     batches = [
         suite._review_batch(config, run.plan.model_batch, False, run.device, seed=s)
-        for s in range(run.plan.train_steps)
+        for s in range(run.plan.reps.train_steps)
     ]
     first = _train_trace(run, config, batches, deadline)
     second = _train_trace(run, config, batches[: len(first) - 1], deadline)  # never more steps than the first
@@ -1166,8 +1161,8 @@ def _measure(run, stage, cases):
         part = bench_report.run(
             [case],
             run.device,
-            warmup=run.plan.measure_warmup,
-            rep=run.plan.measure_rep,
+            warmup=run.plan.reps.warmup,
+            rep=run.plan.reps.measure,
             gemm_rate=gemm_rate,
             log=lambda line: print(line, flush=True),
         )
