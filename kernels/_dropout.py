@@ -94,6 +94,8 @@ def _dropout_mask_kernel(KEEP, SEED, n_rows, n_cols, dropout_p, BLOCK_M: tl.cons
         BLOCK_M: rows per program.
         BLOCK_N: columns per program, a multiple of 4 (dropout_keep decides 4 columns per Philox call).
     """
+    # torch.compile's Inductor passes a Python float as fp64, a launch as fp32: one type for both
+    dropout_p = tl.cast(dropout_p, tl.float32)
     n_col_blocks = tl.cdiv(n_cols, BLOCK_N)
     pid = tl.program_id(0)
     rows = (pid // n_col_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -67,6 +67,8 @@ def _add_ln_fwd_kernel(
         WRITE_LOW: Y_LOW is written.
         BLOCK_N: the whole row, n_cols padded to a power of two of at least 4 (_row_block).
     """
+    # torch.compile's Inductor passes a Python float as fp64, a launch as fp32: one type for both
+    eps, dropout_p = tl.cast(eps, tl.float32), tl.cast(dropout_p, tl.float32)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     ok = cols < n_cols
@@ -144,6 +146,8 @@ def _add_ln_bwd_kernel(
         BLOCK_N: the whole row, n_cols padded to a power of two of at least 4 (_row_block).
         NUM_STAGES: the loop's pipeline depth (1: not pipelined; _bwd_tile).
     """
+    # torch.compile's Inductor passes a Python float as fp64, a launch as fp32: one type for both
+    dropout_p = tl.cast(dropout_p, tl.float32)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols

@@ -344,6 +344,8 @@ def _attn_fwd_kernel(
         BLOCK_M: query rows per program.
         BLOCK_N: keys per step of the loop over key blocks.
     """
+    # torch.compile's Inductor passes a Python float as fp64, a launch as fp32: one type for both
+    qk_scale, dropout_p = tl.cast(qk_scale, tl.float32), tl.cast(dropout_p, tl.float32)
     bh, b, h, start_m = _program_block(Lq, H, BLOCK_M, LAST_FIRST=True)
     q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
     k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
@@ -487,6 +489,9 @@ def _attn_bwd_kernel(
         BLOCK_M: query rows per program (dQ) or per step of the loop over query blocks (dK/dV).
         BLOCK_N: keys per step of the loop over key blocks (dQ) or per program (dK/dV).
     """
+    # torch.compile's Inductor passes a Python float as fp64, a launch as fp32: one type for both
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
+    dropout_p = tl.cast(dropout_p, tl.float32)
     # A program of the dQ pass owns a block of queries, one of the dK/dV pass a block of keys; both
     # read the four inputs of their (batch, head).
     if DQ_PASS:

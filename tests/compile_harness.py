@@ -8,23 +8,28 @@ batches and bf16 autocast, at two sequence lengths, forward and backward. Backen
 
 - aot_eager: Dynamo traces the whole model as one graph (fullgraph: a graph break is an error),
   AOT autograd makes the forward and backward graphs, and both run, the ops launching dry.
-- inductor: Inductor lowers each graph, the forward and then the backward, and generates its
-  code; loading that code compiles the ops' Triton kernels for the graph's device, and for
-  target cpu Triton has no backend. That stop, and only that stop, is where a CPU must end: the
-  graph is then run as aot_eager would, so the backward is reached and lowered too.
+- inductor: Inductor lowers each graph, the forward and then the backward, then generates and
+  loads its code: C++ for the CPU ops, and the ops' Triton kernels, which it compiles for the
+  graph's device with its own signature (a Python float is fp64 there, fp32 in a launch) and
+  options. Triton has no backend for target cpu, so those compiles are made for sm_90a instead,
+  as they would be on a GPU; an error in them fails the run. The graph is then run as it was
+  given (as aot_eager would: the dry-run launches of Inductor's code would compute nothing), so
+  AOT autograd reaches the backward, and Inductor lowers that too.
 
 The kernels must be imported without TRITON_INTERPRET, so the tests run this in a subprocess:
 
     python -m tests.compile_harness --models movie seq2seq --backends aot_eager inductor
 
 It prints a JSON list, one object per (model, backend): per sequence length, whether the forward
-and backward ran; the graphs Inductor lowered; the Triton kernels launched; the error, if any.
+and backward ran; the graphs Inductor lowered; the kernels Inductor had compiled for sm_90a; the
+Triton kernels launched; the error, if any.
 """
 
 import argparse
 import contextlib
 import copy
 import json
+import re
 import sys
 import traceback
 
@@ -37,8 +42,6 @@ from tests.helpers import small_config, token_batch
 from tools import sm90
 
 LENGTHS = (13, 20)  # two sequence lengths: the second recompiles with dynamic shapes
-# Triton's message when it is asked to compile for a device it has no backend for (3.6 to 3.9)
-NO_CPU_BACKEND = "compatible backends for target (cpu)"
 
 
 def movie_classification():
@@ -77,10 +80,43 @@ def seq2seq_transformer():
 MODELS = {"movie": movie_classification, "seq2seq": seq2seq_transformer}
 
 
-class InductorUntilTriton:
-    """A torch.compile backend: Inductor's compile_fx, whose per-graph compile runs Inductor until
-    it stops at compiling a Triton kernel for target cpu, records the graph as lowered, and runs
-    the graph as it was given (as aot_eager would), so AOT autograd reaches the backward."""
+INDUCTOR_COMPILED = []  # names of the Triton kernels Inductor compiled (for sm_90a), in order
+FP64_MATH = []  # the names of those whose PTX computes in fp64 (a float argument not cast to fp32)
+# PTX's fp64 arithmetic: add.f64, mul.rn.f64, fma.rn.f64, div.rn.f64, ... (a cvt from .f64 is not)
+FP64_ARITHMETIC = re.compile(r"^\s*(add|sub|mul|div|fma|max|min|sqrt|rcp|neg|abs)(\.\w+)*\.f64\b", re.MULTILINE)
+
+
+@contextlib.contextmanager
+def _inductor_compiles_for_sm90():
+    """Inside the block, a Triton compile for target cpu (Inductor's, for CPU tensors; Triton has no
+    such backend) compiles the same source with the same options for sm_90a instead, and records
+    the kernel's name in INDUCTOR_COMPILED, and in FP64_MATH too if its PTX does fp64 arithmetic.
+    Its errors propagate."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    real = triton.compile
+
+    def compile_for_sm90(src, target=None, options=None, **kwargs):
+        if target is not None and target.backend == "cpu":
+            binary = real(src, target=GPUTarget("cuda", 90, 32), options=options)
+            INDUCTOR_COMPILED.append(src.name)
+            if FP64_ARITHMETIC.search(binary.asm["ptx"]):
+                FP64_MATH.append(src.name)
+            return binary
+        return real(src, target=target, options=options, **kwargs)
+
+    triton.compile = compile_for_sm90  # Inductor calls triton.compile
+    try:
+        yield
+    finally:
+        triton.compile = real
+
+
+class InductorForSm90:
+    """A torch.compile backend: Inductor's compile_fx, whose per-graph compile runs Inductor to the
+    end (its Triton kernels compiled for sm_90a under _inductor_compiles_for_sm90), records the
+    graph as lowered, and returns the graph as it was given, to run as aot_eager would."""
 
     def __init__(self):
         self.lowered = []  # "forward" / "backward", one per graph Inductor lowered
@@ -94,16 +130,10 @@ class InductorUntilTriton:
         from functorch.compile import make_boxed_func
         from torch._inductor.compile_fx import compile_fx_inner
 
-        graph = "backward" if kwargs.get("is_backward") else "forward"
         as_given = copy.deepcopy(gm)  # Inductor's passes rewrite gm in place
-        try:
-            compile_fx_inner(gm, example_inputs, **kwargs)
-        except Exception as error:  # only the expected stop is let through
-            if NO_CPU_BACKEND not in str(error):
-                raise
-            self.lowered.append(graph)
-            return make_boxed_func(as_given)
-        raise AssertionError(f"Inductor compiled the {graph} graph's Triton kernels for target cpu")
+        compile_fx_inner(gm, example_inputs, **kwargs)  # its errors propagate
+        self.lowered.append("backward" if kwargs.get("is_backward") else "forward")
+        return make_boxed_func(as_given)
 
 
 def run(model_name, backend_name):
@@ -112,11 +142,16 @@ def run(model_name, backend_name):
     torch.manual_seed(0)
     model, batches, logits_of = MODELS[model_name]()
     model.train()
-    inductor = InductorUntilTriton() if backend_name == "inductor" else None
+    inductor = InductorForSm90() if backend_name == "inductor" else None
     compiled = torch.compile(model, fullgraph=True, backend=inductor or backend_name)
-    first_launch = len(LAUNCHED)
+    first_launch, first_compile, first_fp64 = len(LAUNCHED), len(INDUCTOR_COMPILED), len(FP64_MATH)
     result = {"model": model_name, "backend": backend_name, "torch": torch.__version__, "lengths": {}}
-    with sm90.dry_run(time_configs=False), fastformer.use_backend("triton"), _recording_launches():
+    with (
+        sm90.dry_run(time_configs=False),
+        fastformer.use_backend("triton"),
+        _recording_launches(),
+        _inductor_compiles_for_sm90(),
+    ):
         for inputs in batches:
             length = inputs[0].shape[1]
             step = {"forward": False, "backward": False}
@@ -132,6 +167,8 @@ def run(model_name, backend_name):
                 result["error"] = f"{type(error).__name__}: {error}"[:4000]
                 break
     result["lowered"] = inductor.lowered if inductor else []
+    result["inductor_compiled"] = sorted(set(INDUCTOR_COMPILED[first_compile:]))
+    result["fp64_math"] = sorted(set(FP64_MATH[first_fp64:]))
     result["kernels"] = sorted(set(LAUNCHED[first_launch:]))
     result["triton"] = sys.modules["triton"].__version__
     return result
@@ -168,7 +205,7 @@ def main(argv=None):
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
     parser.add_argument("--backends", nargs="+", choices=("aot_eager", "inductor"), default=("aot_eager", "inductor"))
     args = parser.parse_args(argv)
-    torch._inductor.config.compile_threads = 1  # compile in this process: the stop must be seen here
+    torch._inductor.config.compile_threads = 1  # compile in this process, where triton.compile is replaced
     print(json.dumps([run(model, backend) for model in args.models for backend in args.backends]))
     sys.stdout.flush()
 
