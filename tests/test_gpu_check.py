@@ -284,6 +284,21 @@ def test_without_cuda_a_full_run_fails_env_and_skips_the_rest(tmp_path):
     assert doc["stages"]["bench"]["status"] == "skipped" and doc["stages"]["bench"]["reason"].startswith("needs CUDA")
 
 
+def test_the_commit_says_when_the_tree_is_not_the_commit(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True)
+
+    assert gpu_check._git_commit(tmp_path) is None  # no history
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("1\n")
+    git("add", "a.py")
+    git("commit", "-q", "-m", "one")
+    head = gpu_check._output(["git", "rev-parse", "HEAD"], tmp_path)
+    assert gpu_check._git_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("2\n")
+    assert gpu_check._git_commit(tmp_path) == f"{head} + 1 paths changed"
+
+
 def test_first_mismatch_names_the_tensor_the_index_and_both_values():
     a = {"out": torch.zeros(2, 3), "dq": torch.arange(6.0).view(2, 3)}
     b = {"out": torch.zeros(2, 3), "dq": torch.arange(6.0).view(2, 3)}

@@ -167,8 +167,8 @@ TINY = dict(
 )
 # The convergence comparison: 200 real review sentences (tests/data/README.md), a vocab trained on
 # them, and the atol of its rule by autocast ("off", fp32: tests/test_convergence.py measured
-# |fastformer - fp64| up to 1.3e-6 against 2 x 1.2e-6 + atol; "bf16": not yet run on a GPU, where
-# 2 x the reference's bf16 error should dominate).
+# |fastformer - fp64| up to 1.3e-6 against 2 x 1.2e-6 + atol; "bf16": on an H100, 0.18 against
+# 2 x 0.114 + atol, bench/results/gpu/h100-2026-11-26).
 CONVERGENCE_REVIEWS = os.path.join(ROOT, "tests", "data", "rotten_tomatoes_200.tsv")
 CONVERGENCE_PIECES = 300
 CONVERGENCE_LR = 2e-3
@@ -625,15 +625,23 @@ def _driver_version(device):
     return _output(["nvidia-smi", f"--id={index}", "--query-gpu=driver_version", "--format=csv,noheader"])
 
 
-def _git_commit():
-    """The commit of the tree under test (None where the copy has no git history)."""
-    return _output(["git", "rev-parse", "HEAD"]) if shutil.which("git") else None
+def _git_commit(root=ROOT):
+    """The commit of the tree under test, "<sha> + N paths changed" where the tree is not that
+    commit's (a device tool's copy of a working tree can carry an older .git), None where the copy
+    has no git history."""
+    if shutil.which("git") is None:
+        return None
+    head = _output(["git", "rev-parse", "HEAD"], root)
+    changed = _output(["git", "status", "--porcelain", "--untracked-files=no"], root)
+    if head is None or changed is None:
+        return head
+    return f"{head} + {len(changed.splitlines())} paths changed"
 
 
-def _output(command):
-    """A short command's stripped stdout, or None when it fails."""
+def _output(command, cwd=ROOT):
+    """A short command's stripped stdout, or None when it fails or prints nothing."""
     try:
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if result.returncode != 0:

@@ -31,7 +31,9 @@ fi
 
 preamble="$(
     date -u '+%Y-%m-%d %H:%M:%S UTC'
-    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    # a device tool's copy of a working tree can carry an older .git: say how far the tree is from it
+    echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+        "+ $(git status --porcelain --untracked-files=no 2>/dev/null | wc -l) paths changed"
     "$python" - <<'EOF'
 import platform, sys
 import torch
