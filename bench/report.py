@@ -171,6 +171,42 @@ def in_summary(bench, params):
     return True
 
 
+def readme_summary(report, source):
+    """The README's short form of `markdown`: a line per case of in_summary, fastformer's time,
+    its speed-up over each peer and the time of its other ways of running (fastformer_*), then a
+    count of the targets met; `source` names where the full tables are."""
+    env = report["env"]
+    lines = [
+        f"Measured on {env['gpu']}, torch {env['torch']}, Triton {env['triton']}, {env['date']}. Speed-up: "
+        "the peer's time over fastformer's (above 1x, fastformer is faster).",
+        "",
+        "| bench | case | fastformer | speed-up over | fastformer's other ways |",
+        "|---|---|---|---|---|",
+    ]
+    for (bench, params), group in speedups(report["results"]).items():
+        ours = group.get("fastformer")
+        if ours is None or not in_summary(bench, json.loads(params)):
+            continue
+        case = ", ".join(f"{k}={v}" for k, v in json.loads(params).items() if k not in ("scenario", "shape"))
+        peers = ", ".join(
+            f"{p} {r['ms'] / ours['ms']:.2f}x" for p, r in sorted(group.items()) if not p.startswith("fastformer")
+        )
+        variants = ", ".join(
+            f"{p[len('fastformer_') :]} {r['ms']:.2f} ms"
+            for p, r in sorted(group.items())
+            if p.startswith("fastformer_")
+        )
+        lines.append(f"| {bench} | {case} | {ours['ms']:.2f} ms | {peers or '-'} | {variants or '-'} |")
+    targets = evaluate_targets(report["results"])
+    judged = [t for t in targets if t["met"] is not None]
+    lines += [
+        "",
+        f"Targets met: {sum(t['met'] for t in judged)} of the {len(judged)} measured ({len(targets)} in all). "
+        f"Every row, target and plot: {source}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(report, select=None, targets=True):
     """The results as markdown: one row per provider and case, with fastformer's speed-up over it,
     then (unless `targets` is False) the targets. `select(bench, params)` keeps only some cases."""
@@ -318,7 +354,9 @@ def run(cases, device, warmup=3, rep=10, log=print, gemm_rate=None):
     return report
 
 
-def write(report, out_dir, update_readme=False):
+def write(report, out_dir, update_readme=False, source=None):
+    """<gpu>.json, <gpu>.md and the plots in out_dir; with update_readme, README's summary, which
+    names `source` (default: <gpu>.md) as where the full tables are. Returns the paths written."""
     os.makedirs(out_dir, exist_ok=True)
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", report["env"]["gpu"]).strip("_")
     prefix = os.path.join(out_dir, name)
@@ -330,7 +368,7 @@ def write(report, out_dir, update_readme=False):
         f.write(table)
     paths = [prefix + ".json", prefix + ".md", *plot(report, prefix)]
     if update_readme:
-        splice_readme(markdown(report, select=in_summary))
+        splice_readme(readme_summary(report, source or os.path.relpath(prefix + ".md", os.path.dirname(README))))
     return paths
 
 
@@ -412,7 +450,9 @@ def main(argv=None):
                 file=sys.stderr,
             )
             return 2
-        for path in write(merged, args.out, update_readme=args.update_readme):
+        # the README names the folder of the first file read: a GPU check's, with its summary.md
+        source = os.path.relpath(os.path.dirname(os.path.abspath(args.sources[0])), os.path.dirname(README))
+        for path in write(merged, args.out, update_readme=args.update_readme, source=source):
             print(f"wrote {path}")
         return 0
     if torch.device(args.device).type != "cuda" and not args.smoke:

@@ -150,6 +150,22 @@ def test_targets_are_judged_from_ratios_in_one_run():
     assert rows["model_train, tutorial config: peak memory vs reference_fp32"]["worst"] == 0.3
 
 
+def test_the_readme_summary_is_a_line_a_case_with_every_peer_and_variant():
+    def record(provider, ms, mem):
+        params = {"scenario": "classify", "B": 128, "n_layer": 6, "d_hidn": 256, "amp": provider != "reference_fp32"}
+        return {"bench": "model_train", "provider": provider, "params": params, "ms": ms, "peak_mem_mb": mem}
+
+    env = {"gpu": "H100", "torch": "2.11", "triton": "3.6", "date": "2026-11-26"}
+    # tokens/s 5x the fp32 reference's (target 4x: met), peak memory 0.6x its (target 0.4x: not met)
+    results = [record("fastformer", 10, 600), record("reference_fp32", 50, 1000), record("fastformer_graphs", 2, 0)]
+    summary = report.readme_summary({"env": env, "results": results}, "bench/results/gpu/h100")
+    row = "| model_train | B=128, d_hidn=256, n_layer=6 | 10.00 ms | reference_fp32 5.00x | graphs 2.00 ms |"
+    assert row in summary, summary
+    assert summary.rstrip().endswith(
+        "Targets met: 1 of the 2 measured (11 in all). Every row, target and plot: bench/results/gpu/h100."
+    )
+
+
 def test_readme_table_is_spliced_between_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report.README_START}\nold\n{report.README_END}\nafter\n")
