@@ -211,13 +211,12 @@ def build_parser():
         "--cuda-graphs",
         action="store_true",
         help="capture each train and evaluation step as a CUDA graph once per batch shape and replay it "
-        "(CUDA only; bf16 or no autocast; implies --pad-to-buckets; not yet measured on a GPU)",
+        "(CUDA only; bf16 or no autocast; implies --pad-to-buckets)",
     )
     train.add_argument(
         "--compile",
         action="store_true",
-        help="run the model through torch.compile(model, fullgraph=True) (the Triton kernels only on CUDA; "
-        "not yet measured on a GPU)",
+        help="run the model through torch.compile(model, fullgraph=True) (the Triton kernels only on CUDA)",
     )
     train.add_argument(
         "--pad-to-buckets",
