@@ -78,11 +78,11 @@ def _demo(args):
 
 
 def _train(args):
-    from fastformer.job_inputs import check_inputs
+    from fastformer.job_inputs import check_inputs, run_dir_held
     from fastformer.options import TrainOptions
 
     inputs = check_inputs(TrainOptions.from_args(args))
-    with _torch():
+    with run_dir_held(inputs), _torch():
         from fastformer import job
 
         job.train_inputs(inputs)

@@ -40,7 +40,7 @@ from fastformer.data.reviews import MovieDataSet, movie_collate_fn
 from fastformer.data.vocab import N_SPECIAL
 from fastformer.graphs import GraphedSteps, make_capturable
 from fastformer.job_data import loaders, train_run_vocab
-from fastformer.job_inputs import check_inputs, default_config, size_names
+from fastformer.job_inputs import check_inputs, default_config, run_dir_held, size_names
 from fastformer.model import MovieClassification
 from fastformer.options import (
     TrainOptions,
@@ -54,13 +54,16 @@ from fastformer.options import (
     default_batch_size,
 )
 from fastformer.run_dir import (
+    LOCK,
     create_run_dir,
     last_checkpoint_message,
     load_checkpoint,
     load_run,
     load_state_dict,
+    pinned_digests,
     publish,
     save_checkpoint,
+    still_training,
     write_json,
 )
 from fastformer.runtime import (
@@ -123,12 +126,16 @@ def train(options=None, *, log=print, **kwargs):
     picking one (kernels.autotuning). None of them changes what the run trains beyond rounding, so
     a resumed run may change them.
 
-    Errors in the inputs raise ValueError/OSError before the vocab is trained and before anything
-    is written. A NaN or infinite loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both
+    A run directory has one writer: the call holds its lock (fastformer.run_dir.writing) from
+    before the vocab is trained until it returns, and a run being written by another process is
+    refused. Errors in the inputs raise ValueError/OSError before the vocab is trained and before
+    anything is written. A NaN or infinite loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both
     naming the last checkpoint, which is kept.
     """
     options = TrainOptions(**kwargs) if options is None else dataclasses.replace(options, **kwargs)
-    return train_inputs(check_inputs(options), log=log)
+    inputs = check_inputs(options)
+    with run_dir_held(inputs):
+        return train_inputs(inputs, log=log)
 
 
 def train_inputs(inputs, *, log=print):
@@ -369,7 +376,8 @@ def _open_run_dir(options, start, config, vocab_file, trainer, session, env):
     once every process has checked its inputs. Returns the run.json and the header's line on the
     directory."""
     run_dir = start.run_dir
-    replaces = options.resume is None and os.path.isdir(run_dir) and bool(os.listdir(run_dir))
+    # the directory holds the job's lock file: anything else is a run this one replaces (check_out)
+    replaces = options.resume is None and bool(set(os.listdir(run_dir)) - {LOCK})
     barrier(env.launch)
     if options.resume is None:
         dataset = options.dataset or ("demo" if start.using_demo else None)
@@ -383,11 +391,12 @@ def _open_run_dir(options, start, config, vocab_file, trainer, session, env):
             "resumed": [],
         }
         if env.launch.rank == 0:
-            create_run_dir(run_dir, vocab_file, config, run_info)
+            run_info = create_run_dir(run_dir, vocab_file, config, run_info)
         return run_info, f"{run_dir}{' (replacing a run that stopped before its first checkpoint)' if replaces else ''}"
     resumed = [*start.previous.get("resumed", []), {"from_epoch": trainer.epoch, "from_step": trainer.step, **session}]
-    # a run.json from before the data's digests were kept gets them now, for the next --resume
-    run_info = {"data_sha256": start.digests, **start.previous, "epochs": start.epochs, "resumed": resumed}
+    # a run.json from before the digests were kept gets them now, for the next --resume
+    pins = pinned_digests(run_dir) if env.launch.rank == 0 else {}
+    run_info = {"data_sha256": start.digests, **pins, **start.previous, "epochs": start.epochs, "resumed": resumed}
     if env.launch.rank == 0:
         write_json(os.path.join(run_dir, "run.json"), run_info)
         if trainer.history:  # a kill between a checkpoint and its copies leaves these one epoch behind
@@ -563,6 +572,7 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
     check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     with backend.use_backend(backend_name):
         config, vocab, model, info = load_run(run, device)
+        _say_if_training(run, log)
         test = test or info.get("test")
         if test is None:
             raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
@@ -586,6 +596,7 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
     check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     with backend.use_backend(backend_name):
         config, vocab, model, info = load_run(run, device)
+        _say_if_training(run, log)
         probs = predict_proba(
             model, vocab, texts, device=device, amp=resolve_amp(amp, device), max_len=config.n_enc_seq
         )
@@ -596,6 +607,12 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
         results.append((names[label], float(p[label])))
         log(f"{names[label]:>8}  {float(p[label]):.3f}  {text}")
     return results
+
+
+def _say_if_training(run, log):
+    note = still_training(run)
+    if note is not None:
+        log(f"note: {note}; its model.pt is that checkpoint's")
 
 
 def demo(*, device=None, backend_name="auto", batch_size=8, seq_len=64, seed=0, log=print):

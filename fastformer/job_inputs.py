@@ -6,6 +6,7 @@ device, the GPU's memory, the checkpoint's tensors) fastformer.job checks right 
 work.
 """
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -16,7 +17,7 @@ from typing import NamedTuple
 from fastformer.config import BYTES_TO_BUILD, TUTORIAL, Config, check_fits, host_memory
 from fastformer.data import rotten_tomatoes
 from fastformer.data.files import check_labels, file_sha256, infer_classes, read_reviews
-from fastformer.data.vocab import N_SPECIAL, PAD, check_vocab_matches, load_vocab
+from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
 from fastformer.options import (
     DEFAULTS,
     RUN_OPTIONS,
@@ -26,7 +27,16 @@ from fastformer.options import (
     new_run_options,
     resumed_options,
 )
-from fastformer.run_dir import check_out, check_resumable_dir, load_config, load_run_files, load_run_json
+from fastformer.run_dir import (
+    check_not_written,
+    check_out,
+    check_pinned,
+    check_resumable_dir,
+    load_config,
+    load_run_files,
+    load_run_json,
+    writing,
+)
 
 # The tutorial's model is the CUDA default; on a CPU the job trains this smaller one (same shape
 # of network, 3 layers of width 128) so that the default run finishes in a few minutes.
@@ -66,6 +76,7 @@ def check_inputs(options):
     """Check `options` (a TrainOptions) and every file they name, read the data and settle its
     classes, without torch; returns the TrainInputs, or raises ValueError or OSError in one line."""
     options.check()
+    options = options.plain()
     if options.dataset is not None:
         options = dataclasses.replace(
             options, **dict(zip(DATA_FILES, dataset_files(options.dataset, options.train, options.test)))
@@ -84,6 +95,23 @@ def check_inputs(options):
     return TrainInputs(
         options, run_options, epochs, run_dir, config, vocab, checkpoint, previous, using_demo, data, digests
     )
+
+
+def writes_run_dir():
+    """Whether this process writes the run directory: under torchrun rank 0 alone, else always."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@contextlib.contextmanager
+def run_dir_held(inputs):
+    """Inside the block this process is the one writer of the run directory (run_dir.writing), from
+    before the vocab is trained to the end of the job; under torchrun rank 0 holds it (the other
+    ranks write nothing there)."""
+    if not writes_run_dir():
+        yield
+        return
+    with writing(inputs.run_dir, "--out" if inputs.options.resume is None else "--resume"):
+        yield
 
 
 def triton_available():
@@ -118,12 +146,25 @@ def _new_run(options):
     directory, checked to be one it can create."""
     run_options, using_demo = new_run_options(options.given())
     config = load_config(options.config, f"--config {options.config}") if options.config is not None else None
+    if config is not None:
+        check_decoder_vocab(config, f"--config {options.config}")
     vocab = load_vocab(options.vocab) if options.vocab is not None else None
     if vocab is not None and config is not None:
         check_vocab_matches(vocab, config, "--vocab")
     run_dir = options.out or default_out()
+    if writes_run_dir():  # the other ranks of a torchrun job would see rank 0's lock
+        check_not_written(run_dir, "--out")
     check_out(run_dir)
     return run_options, options.epochs or DEFAULTS["epochs"], run_dir, config, vocab, None, None, using_demo
+
+
+def check_decoder_vocab(config, what):
+    """The classifier's decoder reads one token, [BOS]: its id must be in the decoder's vocab."""
+    if config.n_dec_vocab <= BOS[0]:
+        raise ValueError(
+            f"{what}: config.n_dec_vocab is {config.n_dec_vocab}, but the classifier's decoder reads {BOS[1]}, "
+            f"id {BOS[0]}: n_dec_vocab must be at least {BOS[0] + 1}"
+        )
 
 
 def _resumed_run(options):
@@ -131,11 +172,33 @@ def _resumed_run(options):
     config, vocab and the checkpoint to continue from."""
     resume = options.resume
     previous = load_run_json(resume, required=("epochs", "demo_data", *RUN_OPTIONS))
+    if writes_run_dir():
+        check_not_written(resume, "--resume")
+    _check_resume_only_options(options, previous)
     run_options = resumed_options(resume, previous, options.given())
     config, vocab = load_run_files(resume)
+    check_pinned(resume, previous)
     checkpoint = check_resumable_dir(resume)
     epochs = options.epochs or previous["epochs"]
     return run_options, epochs, resume, config, vocab, checkpoint, previous, previous["demo_data"]
+
+
+def _check_resume_only_options(options, previous):
+    """--out and --dataset say where a new run goes and what it trains on: with --resume they must
+    be the run's own (the run directory; its data set), as every run option must."""
+    resume = options.resume
+    if options.out is not None and os.path.realpath(options.out) != os.path.realpath(resume):
+        raise ValueError(
+            f"--resume {resume} writes into the run it continues; --out {options.out} differs: "
+            "leave --out out, or start a new run there"
+        )
+    if options.dataset is not None:
+        theirs = previous.get("dataset") or ("demo" if previous["demo_data"] else "the files of --train/--test")
+        if options.dataset != theirs:
+            raise ValueError(
+                f"--resume {resume}: --dataset {options.dataset} differs from the run's ({theirs}); "
+                "leave it out to continue the run as it started, or start a new run"
+            )
 
 
 def _check_same_data(resume, previous, run_options, digests):

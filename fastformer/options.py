@@ -233,6 +233,18 @@ class TrainOptions:
         )
         check_precompile(self.precompile, pad_to_buckets, self.compile)
 
+    def plain(self):
+        """These options with Python's own numbers: an integer or a float of another type that
+        passed check() (numpy's, say) becomes an int or a float, as json and torch take them."""
+        changes = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if _is_int(value) and type(value) is not int:
+                changes[field.name] = int(value)
+            elif isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral, float)):
+                changes[field.name] = float(value)
+        return dataclasses.replace(self, **changes)
+
     def given(self):
         """The RUN_OPTIONS, None where not given."""
         return {name: getattr(self, name) for name in RUN_OPTIONS}

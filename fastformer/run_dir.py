@@ -4,7 +4,9 @@ A run directory holds everything needed to use or continue the model:
 
     config.json     the model's Config (Config.load reads it; the tutorial's classes accept it)
     vocab.model     the SentencePiece vocab
-    run.json        data files, options, device, backend and amp, and those of each --resume
+    run.json        data files, options, device, backend and amp, and those of each --resume; the
+                    sha256 of the data files, of vocab.model and of config.json, which evaluate,
+                    predict and --resume check (check_pinned)
     checkpoint-N/   the checkpoint after epoch N: model.pt and trainer.pt (optimizer, schedule, scaler,
                     step, metrics so far, RNG states), written together as one directory
     checkpoint-N-step-K/  the same, taken inside epoch N after K of its steps (a run stopped by
@@ -12,33 +14,48 @@ A run directory holds everything needed to use or continue the model:
     model.pt        the latest checkpoint's state_dict: the tutorial's own MovieClassification loads it
     metrics.json    per-epoch loss, accuracy and tokens/s, and the final test accuracy
     curves.png      loss and accuracy per epoch
+    .lock           the writer's lock file (writing): who writes the run, or last wrote it
 
-The directory appears in one step, with config.json, vocab.model and run.json (create_run_dir);
-each epoch then writes checkpoint-N into a staging directory that is renamed into place
-(save_checkpoint), so a crash at any point leaves the previous checkpoint or the new one, never a
-mix; a save removes the checkpoint the run wrote before it, by name, and nothing else. A run killed
-before its first checkpoint can be resumed (it starts again) or replaced by a new run with the same
---out (check_out). A run directory is never made inside another one (check_out), and a directory
-named like a checkpoint that is a run is never taken for one (checkpoints). Every file is written
-through a temporary name and synced (write_file), and read with one-line errors naming the file.
+A run has one writer. `writing` holds an exclusive flock on .lock for as long as a train job runs,
+from before its vocab is trained; a second job on the directory (a new run or a --resume) is
+refused in one line naming the holder, and readers say that the run is still training. The kernel
+drops the lock when its process ends, killed or not, so a lock left by a dead process is taken.
+
+The directory is made when the job takes its lock; config.json and vocab.model are then written
+into it, and run.json last, so that it is a run (is_run_dir) only once all three are there
+(create_run_dir). Each epoch writes checkpoint-N into a staging directory that is renamed into
+place (save_checkpoint), so a crash at any point leaves the previous checkpoint or the new one,
+never a mix; a save removes the checkpoint the run wrote before it, by name, and nothing else. A
+run killed before its first checkpoint can be resumed (it starts again) or replaced by a new run
+with the same --out (check_out), its files removed by name: a directory is never removed. A run
+directory is never made inside another one (check_out), and a directory named like a checkpoint
+that is a run is never taken for one (checkpoints). Every file is written through a temporary name
+and synced (write_file), and read with one-line errors naming the file.
 
 torch is imported only by the functions that read or write tensors, so that `fastformer train`
 checks the run directory before it imports torch.
 """
 
 import contextlib
+import datetime
+import fcntl
 import json
 import os
 import re
 import shutil
+import socket
+import time
 
 from fastformer.config import Config, check_config, read_json_object
-from fastformer.data.files import check_file
+from fastformer.data.files import check_file, file_sha256
 from fastformer.data.vocab import check_vocab_matches, load_vocab
 
 RUN_FILES = ("config.json", "vocab.model", "run.json")  # a run directory has these from its start
 CHECKPOINT = re.compile(r"checkpoint-(\d+)(?:-step-(\d+))?")
 STAGING = ".checkpoint.tmp"
+LOCK = ".lock"
+PINNED = {"vocab.model": "vocab_sha256", "config.json": "config_sha256"}  # the run's files run.json pins
+LOCK_WAIT = 1.0  # seconds a writer retries its lock: a reader's test holds it for microseconds
 
 
 # Files: written through a temporary name and synced, read with one-line errors naming the file.
@@ -309,9 +326,11 @@ def load_run_files(run_dir):
 
 
 def _is_unstarted_run(path):
-    """Whether `path` is a run directory killed or stopped before its first checkpoint."""
+    """Whether `path` is a run directory stopped before its first checkpoint (or before all of its
+    files were written, when it holds this module's lock file): nothing in it but run files."""
     names = set(os.listdir(path))
-    return set(RUN_FILES) <= names <= {*RUN_FILES, STAGING}
+    ours = names - {LOCK, STAGING} - {f"{name}.tmp" for name in RUN_FILES}
+    return ours <= set(RUN_FILES) and (LOCK in names or ours == set(RUN_FILES))
 
 
 def enclosing_run(path):
@@ -325,10 +344,21 @@ def enclosing_run(path):
     return None
 
 
+VIRTUAL = ("/proc", "/sys", "/dev")  # file systems of the kernel, not places for files
+
+
 def check_out(run_dir):
     """Raise ValueError unless `run_dir` can become the new run's directory: absent, empty, or a run
     that stopped before its first checkpoint (which the new run replaces), and not inside another
-    run directory (whose checkpoints it could be taken for, or hold)."""
+    run directory (whose checkpoints it could be taken for, or hold). A symbolic link is followed:
+    the run is written into its target, which must exist. Whether another job is writing it is
+    check_not_written's to say, and writing's to settle."""
+    if os.path.islink(run_dir) and not os.path.exists(run_dir):
+        raise ValueError(f"--out {run_dir} is a symbolic link to {os.readlink(run_dir)}, which does not exist")
+    real = os.path.realpath(run_dir)
+    virtual = next((top for top in VIRTUAL if real == top or real.startswith(top + "/")), None)
+    if virtual is not None:
+        raise ValueError(f"--out {run_dir} is under {virtual}, a file system of the kernel: choose a directory")
     outer = enclosing_run(run_dir)
     if outer is not None:
         raise ValueError(
@@ -338,8 +368,7 @@ def check_out(run_dir):
     if os.path.exists(run_dir):
         if not os.path.isdir(run_dir):
             raise ValueError(f"--out {run_dir} is a file, not a directory")
-        if os.listdir(run_dir) and not _is_unstarted_run(run_dir):
-            raise ValueError(f"--out {run_dir} exists and is not empty; choose another, or --resume it")
+        check_replaceable(run_dir)
         return
     parent = os.path.dirname(os.path.abspath(run_dir))
     while not os.path.exists(parent):
@@ -348,29 +377,168 @@ def check_out(run_dir):
         raise ValueError(f"--out {run_dir}: cannot create it, {parent} is not a writable directory")
 
 
+def check_replaceable(run_dir):
+    """Raise ValueError unless the existing directory `run_dir` is empty or a run that stopped
+    before its first checkpoint."""
+    if os.listdir(run_dir) and not _is_unstarted_run(run_dir):
+        raise ValueError(f"--out {run_dir} exists and is not empty; choose another, or --resume it")
+
+
 def create_run_dir(run_dir, vocab_file, config, run_info):
-    """Make the run directory in one step: config.json, vocab.model and run.json are written into
-    a staging directory beside it, which is then renamed into place."""
-    run_dir = os.path.abspath(run_dir)
-    staging = os.path.join(os.path.dirname(run_dir), f".{os.path.basename(run_dir)}.tmp")
-    shutil.rmtree(staging, ignore_errors=True)  # left by a run killed while creating it
+    """Write the new run's files into `run_dir`, which `writing` made and holds, and return its
+    run.json. The files of a run that stopped before its first checkpoint, which this one replaces,
+    are removed by name, run.json first (the directory stops being a run); then vocab.model and
+    config.json are written, each through a temporary name, and run.json, with their sha256, last:
+    a directory is a run (is_run_dir) from the moment its run.json is there."""
+    for name in ("run.json", *(n for n in RUN_FILES if n != "run.json")):
+        _remove(os.path.join(run_dir, name))
+    shutil.rmtree(os.path.join(run_dir, STAGING), ignore_errors=True)
+
+    def copy_vocab(f):
+        with open(vocab_file, "rb") as src:
+            shutil.copyfileobj(src, f)
+
+    write_file(os.path.join(run_dir, "vocab.model"), copy_vocab)
+    write_json(os.path.join(run_dir, "config.json"), config)
+    run_info = {**run_info, **pinned_digests(run_dir)}
+    write_json(os.path.join(run_dir, "run.json"), run_info)
+    _sync_dir(run_dir)
+    return run_info
+
+
+# The writer's lock and what run.json pins
+
+
+def _holder_of(fd):
+    """What the lock file open at `fd` says of the process that took it."""
     try:
-        os.makedirs(staging)
-        shutil.copyfile(vocab_file, os.path.join(staging, "vocab.model"))
-        write_json(os.path.join(staging, "config.json"), config)
-        write_json(os.path.join(staging, "run.json"), run_info)
-        if os.path.isdir(run_dir):  # empty, or a run that never reached a checkpoint (see check_out)
-            shutil.rmtree(run_dir)
-        os.rename(staging, run_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        os.lseek(fd, 0, os.SEEK_SET)
+        holder = json.loads(os.read(fd, 4096).decode())
+        return f"pid {holder['pid']} on {holder['host']} (since {holder['since']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def writer(run_dir):
+    """Who holds `run_dir`'s writer lock ("pid N on HOST (since TIME)"), or None: the run is not
+    being written. Reads only; the test takes a shared lock for microseconds and drops it."""
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDONLY)
+    except OSError:
+        return None  # no lock file: never written by a job that takes one
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder_of(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def check_not_written(run_dir, option):
+    """Raise ValueError when another process is writing `run_dir`."""
+    holder = writer(run_dir)
+    if holder is not None:
+        raise ValueError(
+            f"{option} {run_dir} is being written by {holder}: a run has one writer; "
+            "wait for that job to end, or choose another directory"
+        )
+
+
+def _acquire(fd):
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def writing(run_dir, option):
+    """Hold `run_dir`'s writer lock inside the block: an exclusive flock on <run_dir>/.lock, with
+    this process's pid, host and start time written in it. The directory is made if absent; if the
+    block ends with nothing in it but the lock file, what was made is removed again, so that a
+    refused or failed job leaves nothing. Another holder: ValueError naming it (`option` names the
+    directory: --out or --resume), and nothing is changed. For a new run (--out) the directory is
+    checked again once held: empty, or a run stopped before its first checkpoint."""
+    made = []
+    path = os.path.abspath(run_dir)
+    while not os.path.lexists(path):
+        made.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(made):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:  # another job made it first: not ours to remove
+            made.remove(directory)
+    lock = os.path.join(run_dir, LOCK)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    held = False
+    try:
+        held = _acquire(fd)
+        if not held:
+            raise ValueError(
+                f"{option} {run_dir} is being written by {_holder_of(fd)}: a run has one writer; "
+                "wait for that job to end, or choose another directory"
+            )
+        since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}).encode(), 0)
+        if option == "--out":
+            check_replaceable(run_dir)
+        yield
+    finally:
+        if held and made and os.listdir(run_dir) == [LOCK]:
+            _remove(lock)
+            for directory in made:
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
+        os.close(fd)  # drops the lock
+
+
+def pinned_digests(run_dir):
+    """{run.json key: sha256} of the run's files that run.json pins (PINNED)."""
+    return {key: file_sha256(os.path.join(run_dir, name), name) for name, key in PINNED.items()}
+
+
+def check_pinned(run_dir, run_info):
+    """Raise ValueError naming the first of the run's files that is not the one run.json pins (a
+    run.json from before the pins were kept has none, and is not checked)."""
+    for name, key in PINNED.items():
+        if key in run_info:
+            path = os.path.join(run_dir, name)
+            digest = file_sha256(path, name)
+            if digest != run_info[key]:
+                raise ValueError(
+                    f"{path} is not the file this run was trained with (sha256 {digest[:12]}..., run.json pins "
+                    f"{str(run_info[key])[:12]}...); put the run's own {name} back, or train a new run"
+                )
+
+
+def still_training(run_dir):
+    """A line for readers of a run that is being written (None when it is not): still training,
+    and the checkpoint its model.pt comes from."""
+    holder = writer(run_dir)
+    if holder is None:
+        return None
+    newest = latest_checkpoint(run_dir)
+    return f"{run_dir} is still training ({holder}); newest checkpoint: {newest or 'none yet'}"
 
 
 def check_run_dir(run_dir):
-    """The run.json of a run directory that holds a model to use, checked without torch."""
+    """The run.json of a run directory that holds a model to use, checked without torch: it has a
+    model.pt (a run still training has none before its first checkpoint)."""
     info = load_run_json(run_dir)
     if not os.path.isfile(os.path.join(run_dir, "model.pt")):
+        holder = writer(run_dir)
+        if holder is not None:
+            raise ValueError(f"{run_dir} is still training ({holder}) and has no checkpoint yet")
         raise ValueError(f"{run_dir} has no model.pt: its training stopped before the first checkpoint")
     return info
 
@@ -387,6 +555,7 @@ def load_run(run_dir, device=None):
     config = load_config(config_file, config_file)
     vocab = load_vocab(os.path.join(run_dir, "vocab.model"))
     check_vocab_matches(vocab, config)
+    check_pinned(run_dir, info)
     model = MovieClassification(config)
     load_state_dict(model, _load_torch(model_file), model_file)
     return config, vocab, model.to(device).eval(), info

@@ -87,6 +87,7 @@ def test_killed_between_model_and_trainer_resumes_exactly(files, uninterrupted, 
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert sorted(os.listdir(out)) == [
         ".checkpoint.tmp",
+        ".lock",
         "checkpoint-1",
         "config.json",
         "curves.png",
@@ -107,7 +108,7 @@ def test_killed_in_the_first_epoch_blocks_neither_resume_nor_a_rerun(files, unin
     out = tmp_path / "run"
     killed = run_until_signal(train_args(files, out), "SIGKILL", at_save=1)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    assert sorted(os.listdir(out)) == [".checkpoint.tmp", "config.json", "run.json", "vocab.model"]
+    assert sorted(os.listdir(out)) == [".checkpoint.tmp", ".lock", "config.json", "run.json", "vocab.model"]
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     assert main(["predict", "--run", str(out), "--device", "cpu", "the film was good"]) == 2  # nothing to predict with
@@ -130,6 +131,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_keeps_the_last_checkpoint(files, t
     )
     assert "Traceback" not in interrupted.stderr
     assert sorted(os.listdir(out)) == [
+        ".lock",
         "checkpoint-1",
         "config.json",
         "curves.png",
@@ -160,6 +162,7 @@ def test_a_failed_write_is_one_line_naming_the_file_and_leaves_no_temporary_file
         f"last checkpoint: {out}/checkpoint-1"
     )
     assert sorted(os.listdir(out)) == [
+        ".lock",
         "checkpoint-1",
         "config.json",
         "curves.png",

@@ -39,6 +39,7 @@ def run_dir(files):
 
 def test_train_learns_and_writes_a_complete_run_directory(run_dir):
     assert sorted(os.listdir(run_dir)) == [
+        ".lock",
         "checkpoint-3",
         "config.json",
         "curves.png",
@@ -353,7 +354,8 @@ def test_a_loss_that_becomes_nan_stops_training_with_exit_1(files, tmp_path, cap
         r"stopped; no checkpoint yet \(the first epoch did not end\)",
         err,
     ), err
-    assert sorted(os.listdir(out)) == ["config.json", "run.json", "vocab.model"]  # resumable, or replaced by a rerun
+    # resumable, or replaced by a rerun
+    assert sorted(os.listdir(out)) == [".lock", "config.json", "run.json", "vocab.model"]
 
 
 class NanAtBatch:
@@ -392,6 +394,7 @@ def test_a_nan_loss_keeps_the_last_good_checkpoint(files, tmp_path, monkeypatch,
         f"last checkpoint: {out}/checkpoint-1"
     )
     assert sorted(os.listdir(out)) == [
+        ".lock",
         "checkpoint-1",
         "config.json",
         "curves.png",
@@ -455,14 +458,18 @@ def test_damaged_run_files_are_one_line_exit_2(run_dir, tmp_path, capsys, name, 
 
 
 def test_a_checkpoint_that_does_not_fit_the_config_is_one_line(run_dir, tmp_path, capsys):
+    """A model.pt of another model (a wider FFN) in place of the run's (a changed config.json is
+    refused before: run.json pins it)."""
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
-    (copy / "config.json").write_text(json.dumps(dict(TINY, d_ff=128)))
+    config = Config(**json.loads((copy / "config.json").read_text()))
+    config.d_ff = 128
+    torch.save(MovieClassification(config).state_dict(), copy / "model.pt")
     capsys.readouterr()
     assert main(["evaluate", "--run", str(copy), "--device", "cpu"]) == 2
     assert capsys.readouterr().err == (
         f"fastformer evaluate: error: {copy}/model.pt does not fit config.json: "
-        "transformer.encoder.layers.0.pos_ffn.conv1.weight has shape (64, 32, 1), the config needs (128, 32, 1)\n"
+        "transformer.encoder.layers.0.pos_ffn.conv1.weight has shape (128, 32, 1), the config needs (64, 32, 1)\n"
     )
 
 
