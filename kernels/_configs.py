@@ -8,9 +8,9 @@ memory) and tiles the launch does not need; the sm_90a compile check holds every
 
 - By default a launch runs the first candidate that fits: one compile per kernel specialization,
   no timing, as Inductor's heuristics and Liger's `calculate_settings` choose without measuring.
-  The pick depends only on the autotune key's arguments and the tensors' dtypes, and is kept per
-  key, so a launch costs a dictionary lookup. No triton.autotune is involved (Triton 3.6 times
-  the one config left after pruning).
+  The pick depends only on the autotune key's arguments, the launch's keyword flags and the
+  tensors' dtypes, and is kept per those, so a launch costs a dictionary lookup. No
+  triton.autotune is involved (Triton 3.6 times the one config left after pruning).
 - With FASTFORMER_AUTOTUNE=1 in the environment, or `set_autotune(True)`, a launch goes through
   triton.autotune over every candidate that fits: each new key compiles and times them on the
   GPU, and the best is kept on disk (Triton's cache folder) for the next process, keyed also by
@@ -21,6 +21,8 @@ Where the candidate lists and their order come from: docs/cold-start.md.
 """
 import contextlib
 import os
+
+import torch
 
 from ._runtime import HAS_TRITON, INTERPRET, launch, triton
 
@@ -136,6 +138,7 @@ class Configs:
         self.name = name
         self.candidates = [(dict(meta), num_warps, num_stages) for meta, num_warps, num_stages in candidates]
         self.key = list(key)
+        self.key_index = [kernel.arg_names.index(name) for name in self.key] if HAS_TRITON else []
         self.fits = fits
         self.interpreter_meta = dict(interpreter_meta)
         self.picks = {}  # key values and dtypes -> the rule's candidate
@@ -149,19 +152,24 @@ class Configs:
                 cache_results=True,
             )
 
-    def pick(self, launch_args):
-        """The rule's (meta, num_warps, num_stages) for a launch's arguments by name."""
+    def pick(self, args, kwargs):
+        """The rule's (meta, num_warps, num_stages) for a launch's positional and keyword arguments,
+        kept per value of the key's arguments, the tensors' dtypes and the keywords (flags): the
+        arguments by name are built only for the rule, on a new key."""
         if INTERPRET:
             return self.interpreter_meta, 4, 1
-        dtypes = tuple(str(v.dtype) for v in launch_args.values() if hasattr(v, "dtype"))
-        key = (*(launch_args[name] for name in self.key), *dtypes)
+        n = len(args)
+        keyed = tuple(args[i] if i < n else kwargs[name] for name, i in zip(self.key, self.key_index))
+        dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+        named = tuple((k, v.dtype if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items())
+        key = (keyed, dtypes, named)
         try:
             return self.picks[key]
         except KeyError:
             pass
         except TypeError:  # a symbolic size while torch.compile traces: no memo
-            return self._first_fit(launch_args)
-        self.picks[key] = self._first_fit(launch_args)
+            return self._first_fit({**dict(zip(self.kernel.arg_names, args)), **kwargs})
+        self.picks[key] = self._first_fit({**dict(zip(self.kernel.arg_names, args)), **kwargs})
         return self.picks[key]
 
     def _first_fit(self, launch_args):
@@ -174,7 +182,7 @@ class Configs:
         def run(*args, **kwargs):
             if autotune_enabled():
                 return launch(self.autotuner)[grid](*args, **kwargs)
-            meta, num_warps, num_stages = self.pick({**dict(zip(self.kernel.arg_names, args)), **kwargs})
+            meta, num_warps, num_stages = self.pick(args, kwargs)
             return launch(self.kernel)[grid](*args, **kwargs, **meta, num_warps=num_warps, num_stages=num_stages)
 
         return run

@@ -6,7 +6,7 @@ forward's mask from the seed alone, and a test can ask for it (`dropout_mask`).
 
 import torch
 
-from ._runtime import INTERPRET, launch, require_launchable, tl, triton
+from ._runtime import INTERPRET, cdiv, launch, require_launchable, tl, triton
 
 MAX_DROPOUT_ROWS = 2**32  # rows are a 32-bit Philox counter word
 
@@ -124,6 +124,6 @@ def _dropout_mask(keep, seed, dropout_p):
     """Launcher: fills the (n_rows, n_cols) uint8 `keep` with the keep-mask of `seed`."""
     n_rows, n_cols = keep.shape
     block = 16 if INTERPRET else 64
-    grid = (triton.cdiv(n_rows, block) * triton.cdiv(n_cols, block),)
+    grid = (cdiv(n_rows, block) * cdiv(n_cols, block),)
     launch(_dropout_mask_kernel)[grid](keep, seed, n_rows, n_cols, dropout_p, BLOCK_M=block, BLOCK_N=block)
     return keep

@@ -1,6 +1,6 @@
 """Two-pass reductions: a kernel writes partial sums per program, `sum_partials` adds them."""
 
-from ._runtime import INTERPRET, launch, tl, triton
+from ._runtime import INTERPRET, cdiv, launch, tl, triton
 
 
 @triton.jit(do_not_specialize=["n_partials"])  # changes with the batch; bounds the loop and its mask only
@@ -36,7 +36,7 @@ def sum_partials(partial, out):
     out's dtype. One launch; P may be 0 (out is then zeros). Returns out."""
     n_partials, n_cols = partial.shape
     block_n = 16
-    launch(_sum_partials_kernel)[(triton.cdiv(n_cols, block_n),)](
+    launch(_sum_partials_kernel)[(cdiv(n_cols, block_n),)](
         partial, out, n_partials, n_cols, BLOCK_P=16 if INTERPRET else 64, BLOCK_N=block_n
     )
     return out

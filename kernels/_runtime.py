@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import os
 import warnings
+from typing import ClassVar
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -38,6 +39,8 @@ class _TritonMissing:
 try:
     import triton
     import triton.language as tl
+    from triton import knobs
+    from triton.runtime.driver import driver
 
     HAS_TRITON = True
 except ImportError:
@@ -48,6 +51,24 @@ except ImportError:
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 _warned = set()
+
+
+def cdiv(x, y):
+    """ceil(x / y) of host integers (SymInts too): triton.cdiv's formula, without the cost of calling
+    a Triton constexpr function (a few microseconds each, several per launch)."""
+    return (x + (y - 1)) // y
+
+
+def next_power_of_2(n):
+    """The smallest power of 2 >= n (n >= 1), as triton.next_power_of_2 computes it, on the host."""
+    n -= 1
+    n |= n >> 1
+    n |= n >> 2
+    n |= n >> 4
+    n |= n >> 8
+    n |= n >> 16
+    n |= n >> 32
+    return n + 1
 
 
 def warn_once(key, message):
@@ -70,12 +91,153 @@ def launch(kernel):
     the kernel's own body. wrap_triton (torch 2.11 and 2.13) and Inductor pass None on as a
     constexpr too, so a compiled graph launches the same specializations.
     Inside `compile_only()` a launch compiles its kernel and runs nothing. Under the interpreter
-    the kernel is launched as it is, as torch 2.13's wrap_triton does (2.11's refuses it)."""
+    the kernel is launched as it is, as torch 2.13's wrap_triton does (2.11's refuses it). In
+    eager mode (`eager()`: no trace, no dispatch mode, no functorch transform) wrap_triton has
+    nothing to record: a jit kernel launches through _EagerLaunch, the compiled kernel Triton
+    picked for the signature, and an autotuner as it is."""
     if _compile_only.get():
         return _CompileOnly(kernel)
     if INTERPRET:
         return kernel
+    if eager():
+        # wrap_triton is for tracing; outside a trace, and outside a registered op (an eager twin
+        # calls the op's body directly), it would launch through a higher-order op that rebuilds
+        # the kernel (an autotuner's disk cache is lost) at tens of microseconds a call
+        return _EagerLaunch.of(kernel) if isinstance(kernel, triton.runtime.JITFunction) else kernel
     return torch.library.wrap_triton(kernel)
+
+
+def eager():
+    """Whether ops run eagerly on real tensors: no torch.compile trace, no dispatch mode (fake
+    tensors, functionalization, make_fx's proxies) and no functorch transform that the registered
+    torch.library op and wrap_triton have to be seen under. Then an op may skip the dispatcher
+    (eager_twin) and a launch Triton's binder (_EagerLaunch)."""
+    return (
+        not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and torch._C._functorch.peek_interpreter_stack() is None
+    )
+
+
+def eager_twin(forward, setup_context, backward):
+    """The autograd.Function an op's public function calls in eager mode in place of its registered
+    torch.library op (the op serves torch.compile, fake tensors and transforms): the same Python
+    body `forward` (the op's implementation), setup_context and backward as the op registers, with
+    no dispatcher, schema defaults or redispatch in between. Returns its `apply`. (Its forward
+    takes ctx and calls setup_context itself: a Function that defines setup_context binds every
+    call's arguments to forward's signature with inspect, tens of microseconds.)"""
+
+    def forward_with_ctx(ctx, *args):
+        output = forward(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    return type(
+        f"_{forward.__name__}_eager",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward_with_ctx), "backward": staticmethod(backward)},
+    ).apply
+
+
+def call_op(op, impl, *args):
+    """An op called from another op's backward: its implementation `impl` in eager mode, else the
+    registered op, which torch.compile traces."""
+    return impl(*args) if eager() else op(*args)
+
+
+class _EagerLaunch:
+    """`launch(kernel)[grid](...)` in eager mode: the kernel Triton compiled for these arguments,
+    launched directly, its cache keyed on what Triton specializes on.
+
+    `kernel[grid](...)` (JITFunction.run) binds the arguments, asks Triton's specializer about each
+    and builds a cache key from its answers on every call: most of a launch's host time. Here the
+    first call of a signature goes through it and keeps the CompiledKernel it returns; later calls
+    with the same key launch that one. The key holds at least what Triton's holds, so that a kernel
+    compiled for aligned pointers is never launched on an unaligned view: per tensor its dtype and
+    whether its address is a multiple of 16; per integer whether it is 1, whether it is a multiple
+    of 16, and its type's range (i32, i64, u64); that a Python float is one; the value of every
+    constexpr, bool and other argument; the launch options (num_warps, ...), Triton's debug knob
+    and the current device. A tensor of a subclass (a FakeTensor, say), an argument left to its
+    default, or a launch-enter hook (a profiler's) takes Triton's own path every time."""
+
+    _by_kernel: ClassVar[dict] = {}  # jit function -> its _EagerLaunch
+    MAX_ENTRIES = 4096  # per kernel; a run that somehow keys more starts the cache again
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.names = kernel.arg_names
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.constexpr = tuple(p.is_constexpr for p in kernel.params)
+        self.compiled = {}
+
+    @classmethod
+    def of(cls, kernel):
+        try:
+            return cls._by_kernel[kernel]
+        except KeyError:
+            return cls._by_kernel.setdefault(kernel, cls(kernel))
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.run(grid, args, kwargs)
+
+    def run(self, grid, args, kwargs):
+        values = list(args)
+        options = []
+        if kwargs:
+            values.extend([None] * (len(self.names) - len(values)))
+            given = len(args)
+            for name, value in kwargs.items():
+                i = self.index.get(name)
+                if i is None:
+                    options.append((name, value))
+                else:
+                    values[i] = value
+                    given += 1
+            if given != len(self.names):
+                return self.kernel.run(*args, grid=grid, warmup=False, **kwargs)  # a default applies
+        elif len(values) != len(self.names):
+            return self.kernel.run(*args, grid=grid, warmup=False, **kwargs)
+        key = self._key(values, options)
+        enter = knobs.runtime.launch_enter_hook  # a HookChain, empty unless a profiler added a hook
+        if key is None or getattr(enter, "calls", enter):
+            return self.kernel.run(*args, grid=grid, warmup=False, **kwargs)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            compiled = self.kernel.run(*args, grid=grid, warmup=False, **kwargs)
+            if compiled is not None:
+                if len(self.compiled) >= self.MAX_ENTRIES:
+                    self.compiled.clear()
+                self.compiled[key] = compiled
+            return compiled
+        if callable(grid):
+            grid = grid(dict(zip(self.names, values)))
+        active = driver.active
+        stream = active.get_current_stream(active.get_current_device())
+        compiled.run(
+            grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+            compiled.function, compiled.packed_metadata, None, enter, knobs.runtime.launch_exit_hook, *values,
+        )
+        return compiled
+
+    def _key(self, values, options):
+        """The cache key of a launch, or None when it must take Triton's path (a tensor subclass)."""
+        key = [driver.active.get_current_device(), knobs.runtime.debug, *options]
+        append = key.append
+        for value, constexpr in zip(values, self.constexpr):
+            kind = type(value)
+            if kind is torch.Tensor:
+                append((value.dtype, value.data_ptr() & 15 == 0))
+            elif constexpr or value is None or kind is bool or kind is str:
+                append(value)
+            elif kind is int:
+                append((value == 1, value & 15 == 0, -(2**31) <= value < 2**31, -(2**63) <= value < 2**63))
+            elif kind is float:
+                append(float)  # always fp32, never specialized
+            elif isinstance(value, torch.Tensor):
+                return None
+            else:
+                append(value)
+        return tuple(key)
 
 
 _compile_only = contextvars.ContextVar("fastformer_compile_only", default=False)

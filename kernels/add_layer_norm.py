@@ -20,7 +20,20 @@ from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_te
 from ._dropout import check_dropout_p, check_dropout_rows, check_seed, draw_seed, dropout_keep, dropout_mask, load_seed
 from ._layout import rows_view, vector_stride
 from ._reduce import sum_partials
-from ._runtime import INTERPRET, launch, require_interpreter_bf16, require_launchable, tl, triton, warn_once
+from ._runtime import (
+    INTERPRET,
+    call_op,
+    cdiv,
+    eager,
+    eager_twin,
+    launch,
+    next_power_of_2,
+    require_interpreter_bf16,
+    require_launchable,
+    tl,
+    triton,
+    warn_once,
+)
 
 # One row per program up to this width; wider rows go to the reference (one-time warning).
 MAX_FEATURES = 16384
@@ -110,7 +123,7 @@ def _add_ln_bwd_kernel(
     gradient of x + x_bias, in the row's last n_cols columns.
     NUM_STAGES > 1 has Triton load x, residual, dy (and dy_low) NUM_STAGES - 1 steps ahead (async
     copies into shared memory on sm_80+): a loop without a dot is pipelined only when asked.
-    Grid: (cdiv(n_rows, rows_per_program),) (_bwd_grid). Launched by _add_layer_norm_backward_op.
+    Grid: (cdiv(n_rows, rows_per_program),) (_bwd_grid). Launched by _add_layer_norm_backward.
 
     Args:
         X: (n_rows, n_cols) the forward's x rows, fp16, bf16 or fp32, unit column stride.
@@ -226,11 +239,11 @@ def _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out
 
 def _row_block(n_cols):
     """A whole row, padded to a power of two of at least 4 (dropout decides 4 columns at once)."""
-    return max(4, triton.next_power_of_2(n_cols))
+    return max(4, next_power_of_2(n_cols))
 
 
 def _warps(n_cols):
-    return min(16, max(1, triton.next_power_of_2(n_cols) // 256))
+    return min(16, max(1, next_power_of_2(n_cols) // 256))
 
 
 def _bwd_tile(n_cols):
@@ -251,12 +264,11 @@ def _bwd_grid(n_rows, block_m, device):
         target = 4
     else:
         target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    rows_per_program = block_m * max(1, triton.cdiv(n_rows, target * block_m))
-    return triton.cdiv(n_rows, rows_per_program), rows_per_program
+    rows_per_program = block_m * max(1, cdiv(n_rows, target * block_m))
+    return cdiv(n_rows, rows_per_program), rows_per_program
 
 
-@torch.library.triton_op("fastformer::add_layer_norm_forward", mutates_args=())
-def _add_layer_norm_forward_op(
+def _add_layer_norm_forward(
     x: torch.Tensor,
     residual: torch.Tensor,
     weight: torch.Tensor | None,
@@ -275,8 +287,7 @@ def _add_layer_norm_forward_op(
     return _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype)
 
 
-@torch.library.triton_op("fastformer::add_layer_norm_backward", mutates_args=())
-def _add_layer_norm_backward_op(
+def _add_layer_norm_backward(
     dy: torch.Tensor,
     dy_low: torch.Tensor | None,
     x: torch.Tensor,
@@ -321,6 +332,14 @@ def _add_layer_norm_backward_op(
     return dx.view(x.shape), dr.view(residual.shape), sums
 
 
+_add_layer_norm_forward_op = torch.library.triton_op("fastformer::add_layer_norm_forward", mutates_args=())(
+    _add_layer_norm_forward
+)
+_add_layer_norm_backward_op = torch.library.triton_op("fastformer::add_layer_norm_backward", mutates_args=())(
+    _add_layer_norm_backward
+)
+
+
 def _setup_context(ctx, inputs, output):
     x, residual, weight, bias, x_bias, seed, _eps, dropout_p, _out_dtype, lowp_dtype = inputs
     _, y_low, mean, rstd = output
@@ -345,8 +364,9 @@ def _backward(ctx, dy, dy_low, _dmean, _drstd):
     # the sums come out in the dtype of the parameters they are for when those share one (no casts)
     wanted = {dtype for dtype, needed in zip(ctx.sum_dtypes, (needs_dw, needs_db, needs_dxb)) if needed}
     sums_dtype = wanted.pop() if len(wanted) == 1 else torch.float32
-    dx, dr, sums = _add_layer_norm_backward_op(
-        dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed, ctx.dropout_p, param_grads, needs_dxb, sums_dtype
+    dx, dr, sums = call_op(
+        _add_layer_norm_backward_op, _add_layer_norm_backward,
+        dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed, ctx.dropout_p, param_grads, needs_dxb, sums_dtype,
     )
     w_dtype, b_dtype, xb_dtype = ctx.sum_dtypes
     dw = sums[0].to(w_dtype) if needs_dw else None
@@ -356,6 +376,7 @@ def _backward(ctx, dy, dy_low, _dmean, _drstd):
 
 
 torch.library.register_autograd(_add_layer_norm_forward_op, _backward, setup_context=_setup_context)
+_add_layer_norm_forward_eager = eager_twin(_add_layer_norm_forward, _setup_context, _backward)
 
 
 def add_layer_norm_dropout_mask(shape, dropout_p, device):
@@ -450,7 +471,8 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None
     else:
         seed = None
     out_dtype = _output_dtype(x, residual, x_bias)
-    y, y_low, _, _ = _add_layer_norm_forward_op(
+    forward = _add_layer_norm_forward_eager if eager() else _add_layer_norm_forward_op
+    y, y_low, _, _ = forward(
         x, residual, weight, bias, x_bias, seed, float(eps), float(dropout_p), out_dtype, lowp_dtype
     )
     return y if lowp_dtype is None else (y, y_low)

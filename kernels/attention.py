@@ -56,7 +56,21 @@ from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_sa
 from ._configs import Configs
 from ._dropout import check_dropout_p, check_dropout_rows, check_seed, draw_seed, dropout_keep, dropout_mask, load_seed
 from ._layout import last_dim_contiguous
-from ._runtime import INTERPRET, autocast_inputs, dot_precision, launch, require_launchable, tl, triton, warn_once
+from ._runtime import (
+    INTERPRET,
+    autocast_inputs,
+    call_op,
+    cdiv,
+    dot_precision,
+    eager,
+    eager_twin,
+    launch,
+    next_power_of_2,
+    require_launchable,
+    tl,
+    triton,
+    warn_once,
+)
 
 # The tutorial fills masked scores with -1e9; kept so fully masked rows average V uniformly.
 MASKED_SCORE = -1e9
@@ -682,7 +696,7 @@ def _attn_probs_kernel(
 def _head_block(D):
     """Head dims are padded (masked) up to a power of two of at least 16, tl.dot's minimum: D = 80
     or 96 computes as D = 128 (see the module docstring)."""
-    return max(16, triton.next_power_of_2(D))
+    return max(16, next_power_of_2(D))
 
 
 def _row_strides(*tensors):
@@ -740,7 +754,7 @@ def _row_align(*tensors):
 
 def _buckets(Lq, Lk):
     """The config keys of the sequence lengths: new lengths in one power of two reuse the pick and the tuning."""
-    return triton.next_power_of_2(Lq), triton.next_power_of_2(Lk)
+    return next_power_of_2(Lq), next_power_of_2(Lk)
 
 
 def _interleaved_empty(B, H, L, D, like):
@@ -760,7 +774,7 @@ def _attn_forward(q, k, v, masking, seed):
     Lk = k.shape[2]
     o = _interleaved_empty(B, H, Lq, D, q)
     lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
-    _attn_fwd[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+    _attn_fwd[lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, o, lse, seed, *masking.mask_args, *_row_strides(q, k, v),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), **masking.flags,
         ROW_ALIGN=_row_align(q, k, v),
@@ -781,11 +795,11 @@ def _attn_backward(do, q, k, v, o, lse, seed, masking):
     align = _row_align(q, k, v, do)
     scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
     # the pointers only the other pass uses are None: DK and DV in the dQ pass, O and DQ in dK/dV
-    _attn_bwd_dq[lambda meta: (triton.cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
+    _attn_bwd_dq[lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
         q, k, v, o, do, lse, delta, dq, None, None, seed, *masking.mask_args, *_row_strides(q, k, v, do),
         *scalars, DQ_PASS=True, **masking.flags, ROW_ALIGN=align,
     )
-    _attn_bwd_dkdv[lambda meta: (triton.cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
+    _attn_bwd_dkdv[lambda meta: (cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
         q, k, v, None, do, lse, delta, None, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
         *scalars, DQ_PASS=False, **masking.flags, ROW_ALIGN=align,
     )
@@ -800,7 +814,7 @@ def _attn_probs(q, k, lse, seed, masking):
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     probs = torch.empty(B, H, Lq, Lk, dtype=q.dtype, device=q.device)
-    grid = (triton.cdiv(Lq, _TILE) * triton.cdiv(Lk, _TILE) * B * H,)
+    grid = (cdiv(Lq, _TILE) * cdiv(Lk, _TILE) * B * H,)
     launch(_attn_probs_kernel)[grid](
         q, k, lse, probs, seed, *masking.mask_args, *_row_strides(q, k),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, **masking.flags, ROW_ALIGN=_row_align(q, k),
@@ -812,8 +826,7 @@ def _attn_probs(q, k, lse, seed, masking):
 # ----------------------------------------------------------------------------------------------
 # The op, registered with torch.library so torch.compile(fullgraph=True) traces it without breaks.
 # ----------------------------------------------------------------------------------------------
-@torch.library.triton_op("fastformer::attention_forward", mutates_args=())
-def _attention_forward_op(
+def _attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -830,8 +843,7 @@ def _attention_forward_op(
     return _attn_forward(q, k, v, masking, seed)
 
 
-@torch.library.triton_op("fastformer::attention_backward", mutates_args=())
-def _attention_backward_op(
+def _attention_backward(
     do: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -849,6 +861,12 @@ def _attention_backward_op(
     return _attn_backward(do, q, k, v, o, lse, seed, masking)
 
 
+_attention_forward_op = torch.library.triton_op("fastformer::attention_forward", mutates_args=())(_attention_forward)
+_attention_backward_op = torch.library.triton_op("fastformer::attention_backward", mutates_args=())(
+    _attention_backward
+)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed = inputs
     o, lse = output
@@ -861,13 +879,15 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
-    dq, dk, dv = _attention_backward_op(
-        do, q, k, v, o, lse, seed, key_padding_mask, attn_mask, ctx.causal, ctx.dropout_p, ctx.softmax_scale
+    dq, dk, dv = call_op(
+        _attention_backward_op, _attention_backward,
+        do, q, k, v, o, lse, seed, key_padding_mask, attn_mask, ctx.causal, ctx.dropout_p, ctx.softmax_scale,
     )
     return dq, dk, dv, None, None, None, None, None, None
 
 
 torch.library.register_autograd(_attention_forward_op, _backward, setup_context=_setup_context)
+_attention_forward_eager = eager_twin(_attention_forward, _setup_context, _backward)
 
 
 def check_attention_args(
@@ -979,7 +999,8 @@ def attention(
         seed = None  # not read: the op and its kernels see a call without one
     elif seed is None:
         seed = draw_seed(q.device)
-    out, lse = _attention_forward_op(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
+    forward = _attention_forward_eager if eager() else _attention_forward_op
+    out, lse = forward(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
     if not return_probs:
         return out
     probs = _attn_probs(q, k, lse, seed, _masking(q, key_padding_mask, attn_mask, causal, dropout_p, scale))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, gemm_tile_warps
 from ._layout import rows_view, vector_stride
-from ._runtime import INTERPRET, autocast_inputs, dot_precision, require_launchable, tl, triton
+from ._runtime import INTERPRET, autocast_inputs, cdiv, dot_precision, next_power_of_2, require_launchable, tl, triton
 from .linear_gelu import (
     TORCH_ACTIVATIONS,
     apply_activation,
@@ -51,7 +51,7 @@ def _fused_candidates():
 
 def _fused_fits(meta, num_warps, num_stages, launch):
     """No output tile wider than d needs (rounded up to a power of two; the 64-wide tiles always fit)."""
-    return meta["BLOCK_N"] <= max(64, triton.next_power_of_2(launch["D"]))
+    return meta["BLOCK_N"] <= max(64, next_power_of_2(launch["D"]))
 
 
 # d up to which the fused FFN keeps x's rows in one block, in fp16/bf16 for d a multiple of 16: its
@@ -64,7 +64,7 @@ MAX_ONE_BLOCK_D = 32 if INTERPRET else 256
 def _one_block_d(x2):
     """BLOCK_D of the fused FFN: d padded to a power of two where x's rows fit in one block, else 0."""
     D = x2.shape[1]
-    return triton.next_power_of_2(D) if x2.element_size() == 2 and D <= MAX_ONE_BLOCK_D and D % 16 == 0 else 0
+    return next_power_of_2(D) if x2.element_size() == 2 and D <= MAX_ONE_BLOCK_D and D % 16 == 0 else 0
 
 
 @triton.jit
@@ -200,12 +200,12 @@ def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
     M, D = x2.shape
     F_ = w1.shape[0]
     y = torch.empty(M, D, dtype=x2.dtype, device=x2.device)
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(D, meta["BLOCK_N"]))  # noqa: E731
+    grid = lambda meta: (cdiv(M, meta["BLOCK_M"]), cdiv(D, meta["BLOCK_N"]))  # noqa: E731
     _ffn_fused_fwd[grid](
         x2, w1, b1, w2, b2, y,
         x2.stride(0), w1.stride(0), w1.stride(1), vector_stride(b1),
         w2.stride(0), w2.stride(1), vector_stride(b2), y.stride(0),
-        M, D, F_, triton.next_power_of_2(M),
+        M, D, F_, next_power_of_2(M),
         HAS_B1=b1 is not None, HAS_B2=b2 is not None, ACTIVATION=activation, DOT_PRECISION=dot_precision(x2.dtype),
         BLOCK_D=_one_block_d(x2),
     )

@@ -22,7 +22,20 @@ from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_sa
 from ._configs import Configs, gemm_tile_warps
 from ._layout import last_dim_contiguous, rows_view, vector_stride
 from ._reduce import sum_partials
-from ._runtime import INTERPRET, autocast_inputs, dot_precision, launch, require_launchable, tl, triton
+from ._runtime import (
+    INTERPRET,
+    autocast_inputs,
+    call_op,
+    cdiv,
+    dot_precision,
+    eager,
+    eager_twin,
+    launch,
+    next_power_of_2,
+    require_launchable,
+    tl,
+    triton,
+)
 
 # tl.constexpr: jit code may read module globals only when they are constexprs (see kernels/_runtime.py)
 SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
@@ -54,8 +67,8 @@ def _gemm_fits(meta, num_warps, num_stages, launch):
     """No block wider than the GEMM needs: BLOCK_N within N and BLOCK_K within K, each rounded up to
     a power of two (the smallest candidate always fits). The rows M do not count: they change with
     every batch, and a config chosen by them would compile anew."""
-    return meta["BLOCK_N"] <= max(64, triton.next_power_of_2(launch["N"])) and meta["BLOCK_K"] <= max(
-        32, triton.next_power_of_2(launch["K"])
+    return meta["BLOCK_N"] <= max(64, next_power_of_2(launch["N"])) and meta["BLOCK_K"] <= max(
+        32, next_power_of_2(launch["K"])
     )
 
 
@@ -150,7 +163,7 @@ def _activation_grad_kernel(
     (BIAS_GRAD) the slab's column sums of dPre as stored: DB_PARTIAL[pid_m]. The slab's rows are
     loaded two steps ahead (a loop without a dot is pipelined only when asked).
     GELU'(a) = Phi(a) + a * phi(a); ReLU'(a) = [a > 0].
-    Grid: (cdiv(M, rows_per_program), cdiv(N, BLOCK_N)). Launched by _activation_backward_op.
+    Grid: (cdiv(M, rows_per_program), cdiv(N, BLOCK_N)). Launched by _activation_backward.
 
     Args:
         DY: (M, N) the gradient of Y, fp16, bf16 or fp32, unit column stride.
@@ -203,26 +216,24 @@ def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
     N = weight.shape[0]
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
     pre = torch.empty(M if store_pre else 0, N, dtype=x2.dtype, device=x2.device)
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
     _linear_gelu_fwd[grid](
         x2, weight, bias, y, pre if store_pre else None,
         x2.stride(0), weight.stride(0), weight.stride(1), vector_stride(bias),
         y.stride(0), pre.stride(0) if store_pre else 0,
-        M, N, K, triton.next_power_of_2(M),
+        M, N, K, next_power_of_2(M),
         HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_PRE=store_pre, DOT_PRECISION=dot_precision(x2.dtype),
     )
     return y, pre
 
 
-@torch.library.triton_op("fastformer::linear_gelu_forward", mutates_args=())
-def _linear_gelu_forward_op(
+def _linear_gelu_forward_impl(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, store_pre: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _linear_gelu_forward(x2, weight, bias, activation, store_pre)
 
 
-@torch.library.triton_op("fastformer::activation_backward", mutates_args=())
-def _activation_backward_op(
+def _activation_backward(
     dy: torch.Tensor, pre: torch.Tensor, activation: str, bias_grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """dPre = dY * act'(pre) for (M, N) dy and pre, and (bias_grad) db = dPre summed over rows, in
@@ -232,9 +243,9 @@ def _activation_backward_op(
     dpre = torch.empty_like(pre)
     block_m = 16
     block_n = 16 if INTERPRET else 128
-    programs_m = triton.cdiv(M, GRAD_ROWS_PER_PROGRAM)
+    programs_m = cdiv(M, GRAD_ROWS_PER_PROGRAM)
     partial = torch.empty(programs_m, N, dtype=torch.float32, device=pre.device) if bias_grad else None
-    launch(_activation_grad_kernel)[(programs_m, triton.cdiv(N, block_n))](
+    launch(_activation_grad_kernel)[(programs_m, cdiv(N, block_n))](
         dy, pre, dpre, partial, dy.stride(0), pre.stride(0), dpre.stride(0), M, N, GRAD_ROWS_PER_PROGRAM,
         ACTIVATION=activation, BIAS_GRAD=bias_grad, BLOCK_M=block_m, BLOCK_N=block_n,
     )
@@ -242,6 +253,14 @@ def _activation_backward_op(
     if bias_grad:
         sum_partials(partial, db)
     return dpre, db
+
+
+_linear_gelu_forward_op = torch.library.triton_op("fastformer::linear_gelu_forward", mutates_args=())(
+    _linear_gelu_forward_impl
+)
+_activation_backward_op = torch.library.triton_op("fastformer::activation_backward", mutates_args=())(
+    _activation_backward
+)
 
 
 def _setup_context(ctx, inputs, output):
@@ -261,13 +280,14 @@ def _backward(ctx, dy, _dpre):
     if pre.numel() == 0 and x2.numel() != 0:
         raise RuntimeError("linear_gelu: backward through a forward run without gradients (no pre-activation saved)")
     needs_dx, needs_dw, needs_db = ctx.needs_input_grad[:3]
-    dpre, db = _activation_backward_op(dy, pre, ctx.activation, needs_db)
+    dpre, db = call_op(_activation_backward_op, _activation_backward, dy, pre, ctx.activation, needs_db)
     dx = dpre @ weight if needs_dx else None
     dw = dpre.t() @ x2 if needs_dw else None
     return dx, dw, db if needs_db else None, None, None
 
 
 torch.library.register_autograd(_linear_gelu_forward_op, _backward, setup_context=_setup_context)
+_linear_gelu_forward_eager = eager_twin(_linear_gelu_forward_impl, _setup_context, _backward)
 
 
 def check_linear_args(x, weight, bias, x_name="x", weight_name="weight", bias_name="bias", dtypes=FLOAT_DTYPES):
@@ -307,7 +327,8 @@ def run_linear_gelu(x, weight, bias, activation, op):
     x, weight, bias = autocast_inputs(x, weight, bias)
     require_launchable(op, x, weight, bias)
     store_pre = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
-    y, _ = _linear_gelu_forward_op(rows_view(x), weight, bias, activation, store_pre)
+    forward = _linear_gelu_forward_eager if eager() else _linear_gelu_forward_op
+    y, _ = forward(rows_view(x), weight, bias, activation, store_pre)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 

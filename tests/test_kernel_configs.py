@@ -135,10 +135,10 @@ def test_a_pick_is_kept_per_key_and_dtypes(monkeypatch):
         "HAS_DROPOUT": False,
         "Q": torch.zeros(1, dtype=torch.float16),
     }
-    first = tuned.pick(launch)
+    first = tuned.pick((), launch)
     asked = len(calls)
-    assert tuned.pick(launch) == first and len(calls) == asked  # the second launch looks it up
-    tuned.pick({**launch, "Q": torch.zeros(1, dtype=torch.bfloat16)})  # another dtype: the rule again
+    assert tuned.pick((), launch) == first and len(calls) == asked  # the second launch looks it up
+    tuned.pick((), {**launch, "Q": torch.zeros(1, dtype=torch.bfloat16)})  # another dtype: the rule again
     assert len(calls) > asked
 
 
