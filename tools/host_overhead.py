@@ -1,0 +1,232 @@
+"""Host time of fastformer's op calls and of a train step, on a CPU: `python -m tools.host_overhead`.
+
+    python -m tools.host_overhead                 # prints the table, writes tools/results/host_overhead.json
+    python -m tools.host_overhead --quick --json /tmp/h.json   # fewer repetitions (the CI test)
+
+On a GPU the tutorial's model is bound by the host: its kernels run for microseconds, so the Python
+between a module and each launch sets the step's time. This measures that Python under tools.sm90's
+dry-run sm_90a driver, on CPU tensors: every launch runs Triton's whole host path (or fastformer's,
+kernels._runtime.launch) and the driver launches nothing. Kernels compile once, in the warm-up.
+
+Rows, each the best of `repeats` rounds of `calls` calls, in microseconds per call:
+  floors      a one-pointer kernel: `kernel[grid](x)` (Triton's JITFunction.run), the same through
+              fastformer's launch(), and through a torch.library.triton_op with wrap_triton
+              (how a custom op launches a Triton kernel for torch.compile)
+  ops         each public op's forward call, and its forward + backward, at small shapes (bf16):
+              attention with key padding, causal, key padding + dropout (the model's training
+              call); linear_gelu; add_layer_norm with dropout, as the model calls it
+  train step  MovieClassification at the tutorial's depth (6 layers, 4 heads) with tiny widths,
+              batch 2 of 16 tokens, bf16 autocast, forward, loss, backward and a foreach AdamW step,
+              on the Triton path and on the reference, their rounds interleaved
+Each op row is also given as a ratio to the triton_op floor measured in the same run, the step as
+the Triton path's time over the reference's.
+
+The kernels must be imported without TRITON_INTERPRET: run this in a process that has not set it.
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "tools" / "results" / "host_overhead.json"
+# the tutorial's head dim, small widths and a tiny batch: the aten ops that run for real on the CPU
+# (the FFN's backward GEMMs, say) take little of the time measured
+SHAPE = dict(B=2, H=4, L=16, D=64, d=64, d_ff=128)
+
+
+def _timed(fn, calls, repeats):
+    """Best of `repeats` rounds of `calls` calls of fn(), in microseconds per call."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e6
+
+
+def _floors():
+    """name -> fn() of the one-pointer kernel launched three ways."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from fastformer.kernels._runtime import launch
+
+    @triton.jit
+    def _touch(X):
+        tl.store(X, tl.load(X) + 1)
+
+    @torch.library.triton_op("host_overhead::touch", mutates_args={"x"})
+    def touch(x: torch.Tensor) -> None:
+        torch.library.wrap_triton(_touch)[(1,)](x)
+
+    x = torch.zeros(16)
+    return {
+        "kernel[grid]": lambda: _touch[(1,)](x),
+        "launch(kernel)[grid]": lambda: launch(_touch)[(1,)](x),
+        "triton_op": lambda: touch(x),
+    }
+
+
+def _ops():
+    """name -> fn() of the public ops' calls, forward and forward + backward."""
+    import torch
+
+    from fastformer import kernels
+    from fastformer.kernels._dropout import draw_seeds
+
+    B, H, L, D, d, d_ff = (SHAPE[k] for k in ("B", "H", "L", "D", "d", "d_ff"))
+    dtype = torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=g).to(dtype).requires_grad_()
+
+    qkv = leaf(B, L, 3 * H * D)
+    q, k, v = (t.view(B, L, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=-1))  # the model's views
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[0, L // 2 :] = True
+    seed = draw_seeds(4, "cpu")[1:2]
+    x, w1, b1 = leaf(B, L, d), leaf(d_ff, d), leaf(d_ff)
+    h, res, w, b = leaf(B, L, d), leaf(B, L, d), leaf(d), leaf(d)
+
+    def backward(out):
+        out.float().sum().backward()
+
+    calls = {
+        "attention, key padding": lambda: kernels.attention(q, k, v, key_padding_mask=pad),
+        "attention, causal": lambda: kernels.attention(q, k, v, causal=True),
+        "attention, key padding + dropout": lambda: kernels.attention(
+            q, k, v, key_padding_mask=pad, dropout_p=0.1, seed=seed
+        ),
+        "linear_gelu": lambda: kernels.linear_gelu(x, w1, b1),
+        "add_layer_norm, dropout": lambda: kernels.add_layer_norm(h, res, w, b, 1e-6, 0.1, seed=seed),
+    }
+    rows = {}
+    for name, call in calls.items():
+        rows[f"{name}: forward"] = lambda call=call: call()
+        rows[f"{name}: forward + backward"] = lambda call=call: backward(call())
+    return rows
+
+
+def _train_steps():
+    """{backend: step()} of a MovieClassification train step at the tutorial's depth."""
+    import torch
+
+    import fastformer
+    from fastformer import Config, MovieClassification
+
+    config = Config.tutorial(
+        n_enc_vocab=64, n_dec_vocab=64, n_enc_seq=16, n_dec_seq=4, d_hidn=32, d_head=8, d_ff=64, n_output=2
+    )
+    g = torch.Generator().manual_seed(0)
+    enc = torch.randint(1, 64, (SHAPE["B"], SHAPE["L"]), generator=g)
+    enc[0, SHAPE["L"] // 2 :] = config.i_pad
+    dec = torch.full((SHAPE["B"], 1), 2)
+    labels = torch.tensor([0, 1])
+    steps = {}
+    for backend in ("triton", "reference"):
+        torch.manual_seed(0)
+        model = MovieClassification(config).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+        def step(model=model, optimizer=optimizer, backend=backend):
+            with fastformer.use_backend(backend), torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(enc, dec)[0]
+            torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        steps[backend] = step
+    return steps
+
+
+def measure(calls=200, repeats=5, step_calls=10):
+    """Run every row under the dry-run driver; returns the JSON-ready report."""
+    import torch
+    import triton
+
+    from tools import sm90
+
+    torch.set_num_threads(1)
+    rows = {}
+    with sm90.dry_run(time_configs=False):
+        floors, ops = _floors(), _ops()
+        for fn in [*floors.values(), *ops.values()]:
+            fn()  # compile
+        for name, fn in {**floors, **ops}.items():
+            rows[name] = _timed(fn, calls, repeats)
+        steps = _train_steps()
+        for step in steps.values():
+            step()
+        times = {name: float("inf") for name in steps}
+        for _ in range(repeats):  # interleaved: a busy moment slows both alike
+            for name, step in steps.items():
+                times[name] = min(times[name], _timed(step, step_calls, 1))
+    floor = rows["triton_op"]
+    report = {
+        "schema": "fastformer.host_overhead/1",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "shape": SHAPE,
+        "calls": calls,
+        "repeats": repeats,
+        "unit": "microseconds per call, best of the rounds; ratios are to the triton_op floor of the same run",
+        "floors": {name: rows[name] for name in floors},
+        "ops": {name: {"us": rows[name], "x_triton_op": rows[name] / floor} for name in ops},
+        "train_step": {
+            "triton_us": times["triton"],
+            "reference_us": times["reference"],
+            "triton_over_reference": times["triton"] / times["reference"],
+        },
+    }
+    return report
+
+
+def table(report):
+    lines = [
+        f"host time per call, torch {report['torch']}, Triton {report['triton']}, {report['date']} "
+        f"(dry-run sm_90a driver, CPU tensors, 1 thread)",
+        "",
+        "| call | µs | x triton_op |",
+        "|---|---|---|",
+    ]
+    floor = report["floors"]["triton_op"]
+    lines += [f"| {name} (floor) | {us:.1f} | {us / floor:.2f} |" for name, us in report["floors"].items()]
+    lines += [f"| {name} | {row['us']:.1f} | {row['x_triton_op']:.2f} |" for name, row in report["ops"].items()]
+    step = report["train_step"]
+    lines += [
+        "",
+        f"train step, tutorial depth: Triton path {step['triton_us'] / 1e3:.2f} ms, reference "
+        f"{step['reference_us'] / 1e3:.2f} ms: {step['triton_over_reference']:.2f}x the reference's host time",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few repetitions: checks the instrument, not the figures")
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where the report goes (default {RESULTS})")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("tools.host_overhead: unset TRITON_INTERPRET: this times compiled kernels' launches", file=sys.stderr)
+        return 2
+    report = measure(calls=5, repeats=1, step_calls=1) if args.quick else measure()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(table(report))
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
