@@ -157,8 +157,9 @@ class _EagerLaunch:
     whether its address is a multiple of 16; per integer whether it is 1, whether it is a multiple
     of 16, and its type's range (i32, i64, u64); that a Python float is one; the value of every
     constexpr, bool and other argument; the launch options (num_warps, ...), Triton's debug knob
-    and the current device. A tensor of a subclass (a FakeTensor, say), an argument left to its
-    default, or a launch-enter hook (a profiler's) takes Triton's own path every time."""
+    and the current device. A tensor of a subclass other than nn.Parameter (a FakeTensor, say), an
+    argument left to its default, or a launch-enter hook (a profiler's) takes Triton's own path
+    every time."""
 
     _by_kernel: ClassVar[dict] = {}  # jit function -> its _EagerLaunch
     MAX_ENTRIES = 4096  # per kernel; a run that somehow keys more starts the cache again
@@ -225,7 +226,7 @@ class _EagerLaunch:
         append = key.append
         for value, constexpr in zip(values, self.constexpr):
             kind = type(value)
-            if kind is torch.Tensor:
+            if kind is torch.Tensor or kind is torch.nn.Parameter:  # a Parameter is a plain tensor to Triton
                 append((value.dtype, value.data_ptr() & 15 == 0))
             elif constexpr or value is None or kind is bool or kind is str:
                 append(value)

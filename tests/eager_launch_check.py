@@ -30,6 +30,7 @@ def main():
     cases = {
         "first call": (base, other, 32, 1, 0.5, True),
         "the same signature": (torch.zeros(64), torch.zeros(64), 48, 1, 2.0, True),
+        "a Parameter": (torch.nn.Parameter(torch.zeros(64)), other, 32, 1, 0.5, True),
         "an unaligned view": (base[1:], other, 32, 1, 0.5, True),
         "an odd length": (base, other, 33, 1, 0.5, True),
         "a length of 1": (base, other, 1, 1, 0.5, True),

@@ -50,6 +50,7 @@ def test_a_cached_launch_runs_the_kernel_triton_would_pick():
     wrong = [name for name, case in cases.items() if not case["same"]]
     assert not wrong, f"launched another compiled kernel than Triton picks for: {wrong}"
     assert cases["first call"]["new_entry"] and not cases["the same signature"]["new_entry"]
+    assert not cases["a Parameter"]["new_entry"]  # a plain tensor to Triton: the model's weights take the cache
     for name in ("an unaligned view", "a length of 1", "another dtype", "a None argument", "a large integer"):
         assert cases[name]["new_entry"], f"{name}: a specialization of its own, so an entry of its own"
     # one compile per specialization Triton makes: the first call's, the unaligned view's, the

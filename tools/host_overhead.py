@@ -88,13 +88,16 @@ def _ops():
     def leaf(*shape):
         return torch.randn(*shape, generator=g).to(dtype).requires_grad_()
 
+    def parameter(*shape):  # the model's weights are nn.Parameters
+        return torch.nn.Parameter(torch.randn(*shape, generator=g).to(dtype))
+
     qkv = leaf(B, L, 3 * H * D)
     q, k, v = (t.view(B, L, H, D).transpose(1, 2) for t in qkv.split(H * D, dim=-1))  # the model's views
     pad = torch.zeros(B, L, dtype=torch.bool)
     pad[0, L // 2 :] = True
     seed = draw_seeds(4, "cpu")[1:2]
-    x, w1, b1 = leaf(B, L, d), leaf(d_ff, d), leaf(d_ff)
-    h, res, w, b = leaf(B, L, d), leaf(B, L, d), leaf(d), leaf(d)
+    x, w1, b1 = leaf(B, L, d), parameter(d_ff, d), parameter(d_ff)
+    h, res, w, b = leaf(B, L, d), leaf(B, L, d), parameter(d), parameter(d)
 
     def backward(out):
         out.float().sum().backward()
