@@ -1,6 +1,7 @@
 """Helpers shared by the tests: comparisons that print the worst element, a small config and a
 batch of padded token ids for the modules, and the tiny separable review set of the training jobs."""
 
+import json
 import random
 
 import torch
@@ -106,6 +107,19 @@ def write_reviews(path, n, seed, labels=(0, 1)):
         lines.append(f"{i}\tthe film was {' '.join(words)}\t{label}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)
+
+
+def tiny_job_files(root, n_train=240, n_test=60):
+    """The files of a tiny train job under `root`: a separable train and test set (write_reviews)
+    and TINY as a config file; the dict train_args takes, with `root`."""
+    config = root / "tiny.json"
+    config.write_text(json.dumps(TINY), encoding="utf-8")
+    return {
+        "train": write_reviews(root / "train.txt", n_train, seed=0),
+        "test": write_reviews(root / "test.txt", n_test, seed=1),
+        "config": str(config),
+        "root": root,
+    }
 
 
 def train_args(files, out, *extra):

@@ -11,7 +11,7 @@ from fastformer import job, runtime
 from fastformer.cli import main
 from fastformer.graphs import GraphedSteps, make_capturable
 from fastformer.training import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
-from tests.helpers import TINY, small_config, train_args, write_reviews
+from tests.helpers import small_config, tiny_job_files, train_args
 
 CUDA = torch.device("cuda")
 CPU = torch.device("cpu")
@@ -20,14 +20,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """test_train_job's tiny separable set."""
-    root = tmp_path_factory.mktemp("data")
-    config = root / "tiny.json"
-    config.write_text(json.dumps(TINY), encoding="utf-8")
-    return {
-        "train": write_reviews(root / "train.txt", 240, seed=0),
-        "test": write_reviews(root / "test.txt", 60, seed=1),
-        "config": str(config),
-    }
+    return tiny_job_files(tmp_path_factory.mktemp("data"))
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from fastformer import job
 from fastformer.cli import main
 from fastformer.data import read_reviews, train_vocab
 from fastformer.run_dir import LOCK, is_run_dir
-from tests.helpers import TINY, train_args, write_reviews
+from tests.helpers import TINY, tiny_job_files, train_args
 
 ROOT = Path(__file__).resolve().parent.parent
 # A process that takes a run directory's writer lock, says so, and holds it until its stdin closes.
@@ -33,15 +33,7 @@ with writing(sys.argv[1], sys.argv[2]):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("writer")
-    config = root / "tiny.json"
-    config.write_text(json.dumps(TINY), encoding="utf-8")
-    return {
-        "train": write_reviews(root / "train.txt", 120, seed=0),
-        "test": write_reviews(root / "test.txt", 30, seed=1),
-        "config": str(config),
-        "root": root,
-    }
+    return tiny_job_files(tmp_path_factory.mktemp("writer"), n_train=120, n_test=30)
 
 
 @pytest.fixture(scope="module")

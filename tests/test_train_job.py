@@ -14,20 +14,12 @@ from fastformer.data import load_vocab
 from fastformer.options import TrainOptions
 from fastformer.training import predict_proba
 from tests import tutorial
-from tests.helpers import TINY, train_args, write_reviews
+from tests.helpers import TINY, tiny_job_files, train_args, write_reviews
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    config = root / "tiny.json"
-    config.write_text(json.dumps(TINY), encoding="utf-8")
-    return {
-        "train": write_reviews(root / "train.txt", 240, seed=0),
-        "test": write_reviews(root / "test.txt", 60, seed=1),
-        "config": str(config),
-        "root": root,
-    }
+    return tiny_job_files(tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")
