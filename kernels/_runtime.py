@@ -172,6 +172,12 @@ class _EagerLaunch:
         self.compiled = {}
 
     @classmethod
+    def forget(cls):
+        """Drop every kept CompiledKernel, as Triton's caches are dropped (tools.sm90 does both
+        between its cases, so that each compiles what it launches)."""
+        cls._by_kernel.clear()
+
+    @classmethod
     def of(cls, kernel):
         try:
             return cls._by_kernel[kernel]

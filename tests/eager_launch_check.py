@@ -2,7 +2,8 @@
 dry-run sm_90a driver, a kernel launched through kernels._runtime.launch in eager mode, after a
 first call has been cached, with arguments that Triton specializes differently. Each launch must
 run the compiled kernel that Triton's own `kernel.warmup` picks for the same arguments. Prints one
-JSON object: {case: {"same": bool, "new_entry": bool}}, and the count of Triton's compiles."""
+JSON object: {"cases": {case: {"same": bool, "new_entry": bool}}, "compiles": Triton's compiles,
+"forgotten": whether tools.sm90's reset between its cases drops the kept kernels}."""
 
 import json
 
@@ -55,7 +56,9 @@ def main():
             ran = launch(_scale)[(1,)](x, y, n, stride, factor, HAS_Y=has_y, BLOCK=64)
             expected = _scale.warmup(x, y, n, stride, factor, HAS_Y=has_y, BLOCK=64, grid=(1,))
             results[name] = {"same": ran is expected, "new_entry": len(cache) > entries}
-    print(json.dumps({"cases": results, "compiles": len(compiles)}))
+        sm90._reset_jit_caches(["__main__"])
+        forgotten = not _EagerLaunch.of(_scale).compiled
+    print(json.dumps({"cases": results, "compiles": len(compiles), "forgotten": forgotten}))
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ def test_a_cached_launch_runs_the_kernel_triton_would_pick():
     # length of 1's, the dtype's, the None's, the 64-bit integer's (an odd length and another stride
     # are specialized by neither Triton nor the cache key beyond divisibility by 16)
     assert report["compiles"] <= len(cases), report
+    assert report["forgotten"], "tools.sm90's reset between cases keeps the eager launches' kernels"
 
 
 def _inputs(requires_grad=True):

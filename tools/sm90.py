@@ -386,7 +386,9 @@ def _reset_jit_caches(module_names):
     import triton
 
     from fastformer.kernels._configs import Configs
+    from fastformer.kernels._runtime import _EagerLaunch
 
+    _EagerLaunch.forget()  # the compiled kernels eager launches keep: each case compiles (and records) anew
     for module_name in module_names:
         module = sys.modules[module_name]
         for value in vars(module).values():
