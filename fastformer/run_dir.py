@@ -390,7 +390,7 @@ def create_run_dir(run_dir, vocab_file, config, run_info):
     are removed by name, run.json first (the directory stops being a run); then vocab.model and
     config.json are written, each through a temporary name, and run.json, with their sha256, last:
     a directory is a run (is_run_dir) from the moment its run.json is there."""
-    for name in ("run.json", *(n for n in RUN_FILES if n != "run.json")):
+    for name in ("run.json", "config.json", "vocab.model"):
         _remove(os.path.join(run_dir, name))
     shutil.rmtree(os.path.join(run_dir, STAGING), ignore_errors=True)
 
@@ -441,10 +441,14 @@ def check_not_written(run_dir, option):
     """Raise ValueError when another process is writing `run_dir`."""
     holder = writer(run_dir)
     if holder is not None:
-        raise ValueError(
-            f"{option} {run_dir} is being written by {holder}: a run has one writer; "
-            "wait for that job to end, or choose another directory"
-        )
+        raise _being_written(option, run_dir, holder)
+
+
+def _being_written(option, run_dir, holder):
+    return ValueError(
+        f"{option} {run_dir} is being written by {holder}: a run has one writer; "
+        "wait for that job to end, or choose another directory"
+    )
 
 
 def _acquire(fd):
@@ -483,10 +487,7 @@ def writing(run_dir, option):
     try:
         held = _acquire(fd)
         if not held:
-            raise ValueError(
-                f"{option} {run_dir} is being written by {_holder_of(fd)}: a run has one writer; "
-                "wait for that job to end, or choose another directory"
-            )
+            raise _being_written(option, run_dir, _holder_of(fd))
         since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}).encode(), 0)

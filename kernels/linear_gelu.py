@@ -211,7 +211,9 @@ _linear_gelu_fwd = Configs(
 )
 
 
-def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
+def _linear_gelu_forward(
+    x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, store_pre: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     M, K = x2.shape
     N = weight.shape[0]
     y = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
@@ -225,12 +227,6 @@ def _linear_gelu_forward(x2, weight, bias, activation, store_pre):
         HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_PRE=store_pre, DOT_PRECISION=dot_precision(x2.dtype),
     )
     return y, pre
-
-
-def _linear_gelu_forward_impl(
-    x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, store_pre: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _linear_gelu_forward(x2, weight, bias, activation, store_pre)
 
 
 def _activation_backward(
@@ -256,7 +252,7 @@ def _activation_backward(
 
 
 _linear_gelu_forward_op = torch.library.triton_op("fastformer::linear_gelu_forward", mutates_args=())(
-    _linear_gelu_forward_impl
+    _linear_gelu_forward
 )
 _activation_backward_op = torch.library.triton_op("fastformer::activation_backward", mutates_args=())(
     _activation_backward
@@ -287,7 +283,7 @@ def _backward(ctx, dy, _dpre):
 
 
 torch.library.register_autograd(_linear_gelu_forward_op, _backward, setup_context=_setup_context)
-_linear_gelu_forward_eager = eager_twin(_linear_gelu_forward_impl, _setup_context, _backward)
+_linear_gelu_forward_eager = eager_twin(_linear_gelu_forward, _setup_context, _backward)
 
 
 def check_linear_args(x, weight, bias, x_name="x", weight_name="weight", bias_name="bias", dtypes=FLOAT_DTYPES):
