@@ -114,16 +114,16 @@ class LayerPlan:
         return Hidden.of(out) if self.dtype is None else Hidden(*out)
 
 
-def autocast_dtype(layers, like):
-    """autocast's fp16/bf16 when it is on for `like`'s device and casts the layers' parameters
-    (fp32), else None."""
+def autocast_dtype(groups, like):
+    """autocast's fp16/bf16 when it is on for `like`'s device and casts the products' weights and
+    biases (`groups`, as gather_weights takes them: all fp32), else None."""
     device_type = like.device.type
     if not torch.is_autocast_enabled(device_type):
         return None
     dtype = torch.get_autocast_dtype(device_type)
     if dtype not in (torch.float16, torch.bfloat16):
         return None
-    if any(p.dtype != torch.float32 for layer in layers for p in layer.parameters()):
+    if any(t.dtype != torch.float32 for tensors, _ in groups for t in tensors):
         return None
     return dtype
 
@@ -191,7 +191,6 @@ class ForwardPlan:
     enc_outputs: for DecoderLayers, the encoder output their cross-attention reads."""
 
     def __init__(self, layers, inputs, enc_outputs=None):
-        dtype = autocast_dtype(layers, inputs)
         decoder = enc_outputs is not None
         groups = []
         if decoder:  # every layer's cross-attention W_K and W_V, as one product
@@ -203,6 +202,7 @@ class ForwardPlan:
             if decoder:
                 groups += attention_groups(layer.dec_enc_attn, [layer.dec_enc_attn.W_Q])
             groups += feed_forward_groups(layer.pos_ffn)
+        dtype = autocast_dtype(groups, inputs)
         weights = iter(gather_weights(groups, dtype))
         seeds = dropout_seeds(layers, inputs)
         keys_values = [None] * len(layers)

@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from ._runtime import HAS_TRITON, INTERPRET, launch, triton
+from ._runtime import HAS_TRITON, INTERPRET, PreparedLaunch, allow_tf32, autocast_state, launch, triton
 
 ENV_VAR = "FASTFORMER_AUTOTUNE"
 _autotune = None  # set_autotune's choice; None: the environment's
@@ -61,6 +61,12 @@ def autotune_enabled():
     if value not in ("", "0", "1"):
         raise ValueError(f"{ENV_VAR} must be 1 (autotune kernel configs) or 0 (pick them by rule), got {value!r}")
     return value == "1"
+
+
+def switches(t):
+    """What an op's plan depends on besides its arguments (kernels._runtime.signature): autotuning,
+    TF32 for fp32 products, and the autocast dtype in force for t's device."""
+    return autotune_enabled(), allow_tf32(), autocast_state(t)
 
 
 def gemm_tile_warps(meta):
@@ -177,6 +183,15 @@ class Configs:
             if self.fits(meta, num_warps, num_stages, launch_args):
                 return meta, num_warps, num_stages
         raise RuntimeError(f"{self.name}: no config fits the launch ({_flags(launch_args)}); this is a bug in kernels/")
+
+    def prepare(self, grid, args, kwargs):
+        """The PreparedLaunch of `self[grid](*args, **kwargs)`: the rule's config, or the autotuner
+        (which picks one per call) while autotuning."""
+        if autotune_enabled():
+            return PreparedLaunch(self.autotuner, grid, args, kwargs)
+        meta, num_warps, num_stages = self.pick(args, kwargs)
+        options = {"num_warps": num_warps, "num_stages": num_stages}
+        return PreparedLaunch(self.kernel, grid, args, {**kwargs, **meta, **options})
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):

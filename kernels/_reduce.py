@@ -30,13 +30,18 @@ def _sum_partials_kernel(PARTIAL, OUT, n_partials, n_cols, BLOCK_P: tl.constexpr
     tl.store(OUT + cols, tl.sum(acc, 0).to(OUT.dtype.element_ty), mask=col_ok)
 
 
+def sum_partials_launch(partial, out):
+    """(grid, args, kwargs) of sum_partials' launch."""
+    n_partials, n_cols = partial.shape
+    block_n = 16
+    args = (partial, out, n_partials, n_cols)
+    return (cdiv(n_cols, block_n),), args, {"BLOCK_P": 16 if INTERPRET else 64, "BLOCK_N": block_n}
+
+
 def sum_partials(partial, out):
     """The second pass of a two-pass reduction: out (n,) = the sum over p of partial (P, n), both
     contiguous, added in fp32 in a fixed order (no atomics, so bitwise reproducible) and written in
     out's dtype. One launch; P may be 0 (out is then zeros). Returns out."""
-    n_partials, n_cols = partial.shape
-    block_n = 16
-    launch(_sum_partials_kernel)[(cdiv(n_cols, block_n),)](
-        partial, out, n_partials, n_cols, BLOCK_P=16 if INTERPRET else 64, BLOCK_N=block_n
-    )
+    grid, args, kwargs = sum_partials_launch(partial, out)
+    launch(_sum_partials_kernel)[grid](*args, **kwargs)
     return out

@@ -18,6 +18,7 @@ import warnings
 from typing import ClassVar
 
 import torch
+from torch import Tensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 
@@ -139,6 +140,24 @@ def eager_twin(forward, setup_context, backward):
     ).apply
 
 
+def autograd_apply(function):
+    """`function.apply` (a torch.autograd.Function with no setup_context and no defaulted
+    arguments) without the Python torch wraps around the C apply on every call: binding defaults
+    for setup_context and asking functorch about each argument, a couple of microseconds. For
+    eager() calls only (no functorch transform active); a tensor still wrapped by a transform
+    that has finished (a dead wrapper) takes `function.apply`, which unwraps it."""
+    c_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+    def apply(*args):
+        for arg in args:
+            if isinstance(arg, Tensor) and wrapped(arg):
+                return function.apply(*args)
+        return c_apply(*args)
+
+    return apply
+
+
 def call_op(op, impl, *args):
     """An op called from another op's backward: its implementation `impl` in eager mode, else the
     registered op, which torch.compile traces."""
@@ -218,12 +237,7 @@ class _EagerLaunch:
             return compiled
         if callable(grid):
             grid = grid(dict(zip(self.names, values)))
-        active = driver.active
-        stream = active.get_current_stream(active.get_current_device())
-        compiled.run(
-            grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-            compiled.function, compiled.packed_metadata, None, enter, knobs.runtime.launch_exit_hook, *values,
-        )
+        _run_compiled(compiled, grid, values)
         return compiled
 
     def _key(self, values, options):
@@ -245,6 +259,219 @@ class _EagerLaunch:
             else:
                 append(value)
         return tuple(key)
+
+
+def _run_compiled(compiled, grid, values):
+    """Launch a CompiledKernel Triton returned for these arguments' signature on the current
+    device's stream, as JITFunction.run does after its binder (no launch-enter hook: callers take
+    Triton's path then)."""
+    active = driver.active
+    stream = active.get_current_stream(active.get_current_device())
+    compiled.run(
+        grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+        compiled.function, compiled.packed_metadata, None, knobs.runtime.launch_enter_hook,
+        knobs.runtime.launch_exit_hook, *values,
+    )
+
+
+def forget_launches():
+    """Drop every compiled kernel the eager launches keep (_EagerLaunch) and every op's plans
+    (Plans), as Triton's own caches are dropped: tools.sm90 does both between its cases, so that
+    each case compiles, and records, what it launches."""
+    _EagerLaunch.forget()
+    for plans in Plans.every:
+        plans.clear()
+
+
+# Plans: what an op's eager call can do once per signature of its arguments.
+#
+# An op's public function in eager mode (`planning()`) reads its arguments' `signature` (per tensor:
+# type, shape, strides, dtype, device; per other argument: type and value; and the global switches
+# its result depends on) and looks up its plan, made on the first call of that signature: the
+# arguments checked, the config picked, every launch's grid and arguments bound (PreparedLaunch).
+# Later calls of the signature skip all of that and allocate their outputs and launch. The cost of
+# a wrong key would be silent (a check skipped, a stride reused), so the tests run with
+# FASTFORMER_CHECK_PLANS=1: every call of a known signature makes its plan again and compares.
+CHECK_PLANS = os.environ.get("FASTFORMER_CHECK_PLANS", "0") == "1"
+
+
+def planning():
+    """Whether an op call may use its plans: eager() and not compile_only() (whose launches only
+    compile; an op then takes its ordinary path)."""
+    return eager() and not _compile_only.get()
+
+
+def signature(*args):
+    """The facts an op's checks and launch arguments read of its arguments: a tensor's type, shape,
+    strides, dtype and device (not its values or address: a PreparedLaunch checks alignment
+    itself), and another argument's type and value (True and 1 differ). Unhashable if an argument
+    is (a list): the op then takes its ordinary path, whose checks say what is wrong."""
+    return tuple(
+        [(type(a), a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else (type(a), a) for a in args]
+    )
+
+
+def needs_grad(*tensors):
+    """Whether autograd must record a call on these arguments: grad mode is on and a tensor among
+    them requires grad (others, None included, are skipped). Without, a plan runs with no autograd node."""
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
+def autocast_state(t):
+    """The autocast dtype in force for t's device, or None when autocast is off there."""
+    device_type = "cuda" if t.is_cuda else t.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def allow_tf32():
+    """torch.backends.cuda.matmul.allow_tf32, read without the backends module's attribute lookup."""
+    return torch._C._get_cublas_allow_tf32()
+
+
+def kept(cache, key, make, *args):
+    """cache[key], made by make(*args) on its first use (a cache that somehow holds MAX_KEPT starts
+    again); None for an unhashable key. Under CHECK_PLANS it is made again on every use and must
+    equal the one kept: a key that leaves out something the made thing depends on fails there
+    instead of reusing it."""
+    try:
+        found = cache[key]
+    except KeyError:
+        if len(cache) >= MAX_KEPT:
+            cache.clear()
+        found = cache[key] = make(*args)
+        return found
+    except TypeError:  # an unhashable key
+        return None
+    if CHECK_PLANS:
+        again = make(*args)
+        if again != found:
+            raise AssertionError(
+                f"{make.__qualname__}: what was kept for a key differs from what its use makes:\n"
+                f"kept  {found!r}\nmade  {again!r}"
+            )
+    return found
+
+
+MAX_KEPT = 1024
+
+
+class Plans(dict):
+    """One op's plans, by signature (its public function's key): `kept(plans, key, make, *args)` is
+    the plan of `key`. `make` raises for bad arguments, as the op's checks do, and returns None
+    for a signature the op runs on its ordinary path: a fallback, a cast or a copy of an input.
+    An unhashable argument (a list) also gives None, so the ordinary path's checks say what is
+    wrong with it."""
+
+    every: ClassVar[list] = []  # every op's Plans, for forget_launches
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+        Plans.every.append(self)
+
+
+class Plan:
+    """What the ops' plans share: equality by what each was made from (its `_made()`, a tuple),
+    which the check of `kept` compares; unhashable, as a plan holds the launches it keeps."""
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self._made() == other._made()
+
+    __hash__ = None
+
+    def _made(self):
+        raise NotImplementedError
+
+
+class PreparedLaunch:
+    """One kernel launch bound once for many calls: the kernel (a jit function, or a Configs or an
+    autotuner, which pick their config per call), its grid, its keyword arguments and every
+    positional argument but its pointers, as an ordinary launch `launch(kernel)[grid](*args,
+    **kwargs)` would take them. `prepared(*pointers)` launches it on new pointers: the positional
+    tensor (or None) arguments, in order.
+
+    A jit kernel given every argument launches directly: the first call goes through
+    `launch(kernel)` (Triton's binder) and keeps the CompiledKernel Triton picked; later calls run
+    that kernel when Triton would pick the same one. Triton specializes a compiled kernel on each
+    pointer's dtype and 16-byte alignment (checked here on every call: an unaligned view, a None or
+    another dtype takes `launch(kernel)`), on its integer arguments and constexprs (bound, so the
+    same on every call), on the launch options, the debug knob and the current device (checked).
+    Under the interpreter, under compile_only() and with a launch-enter hook (a profiler's) every
+    call goes through `launch(kernel)`.
+
+    Equal when the kernel, grid and bound arguments are (Plans' check)."""
+
+    __slots__ = ("compiled", "debug", "device", "direct", "grid", "kernel", "kwargs", "slots", "specs", "template")
+
+    def __init__(self, kernel, grid, args, kwargs):
+        self.kernel = kernel
+        self.direct = HAS_TRITON and not INTERPRET and isinstance(kernel, triton.runtime.JITFunction)
+        names = kernel.arg_names
+        values = dict(zip(names, args))
+        options = {}
+        for name, value in kwargs.items():
+            (values if name in names else options)[name] = value
+        missing = [name for name in names if name not in values]
+        if not missing:  # every argument in the kernel's order, the launch options as keywords
+            args, kwargs = [values[name] for name in names], options
+            if callable(grid):
+                grid = grid(values)
+            grid = (*grid, *(1,) * (3 - len(grid)))  # x, y and z
+        elif self.direct:  # Triton would bind a default per call (an autotuner adds its config's)
+            raise TypeError(f"{kernel}: a prepared launch of a jit kernel takes every argument; missing {missing}")
+        if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            raise TypeError(f"{kernel}: a prepared launch takes its tensors as positional arguments")
+        self.grid = grid
+        self.kwargs = kwargs
+        self.slots = tuple(i for i, v in enumerate(args) if v is None or isinstance(v, torch.Tensor))
+        self.template = [None if i in self.slots else v for i, v in enumerate(args)]
+        self.compiled = self.specs = self.device = self.debug = None
+
+    def __eq__(self, other):
+        return isinstance(other, PreparedLaunch) and self._bound() == other._bound()
+
+    __hash__ = None
+
+    def _bound(self):
+        grid = self.grid
+        if callable(grid):  # an autotuner's, per config: its code and the values it closes over
+            grid = grid.__code__, tuple(cell.cell_contents for cell in grid.__closure__ or ())
+        return self.kernel, grid, self.kwargs, self.slots, self.template
+
+    def __repr__(self):
+        return f"PreparedLaunch({self.kernel}, grid={self.grid}, args={self.template}, kwargs={self.kwargs})"
+
+    def __call__(self, *pointers):
+        values = self.template.copy()
+        for i, pointer in zip(self.slots, pointers):
+            values[i] = pointer
+        if self.compiled is not None:
+            enter = knobs.runtime.launch_enter_hook  # a HookChain, empty unless a profiler added a hook
+            active = driver.active
+            device = active.get_current_device()
+            if (
+                self.device == device
+                and self.debug == knobs.runtime.debug
+                and not getattr(enter, "calls", enter)
+                and not _compile_only.get()
+                and self.specs == tuple([None if p is None else (p.dtype, p.data_ptr() & 15 == 0) for p in pointers])
+            ):
+                run, function, metadata = self.compiled
+                stream = active.get_current_stream(device)
+                run(*self.grid, stream, function, metadata, None, enter, knobs.runtime.launch_exit_hook, *values)
+                return
+        compiled = launch(self.kernel)[self.grid](*values, **self.kwargs)
+        if self.direct and self.compiled is None and eager() and not _compile_only.get():
+            # the compiled kernel's launcher, its function handle and packed metadata (loaded by this launch)
+            self.compiled = compiled.run, compiled.function, compiled.packed_metadata
+            self.specs = _specs(pointers)
+            self.device = driver.active.get_current_device()
+            self.debug = knobs.runtime.debug
+
+
+def _specs(pointers):
+    """What Triton specializes a compiled kernel on per pointer: None, or its dtype and 16-byte alignment."""
+    return tuple([None if p is None else (p.dtype, p.data_ptr() & 15 == 0) for p in pointers])
 
 
 _compile_only = contextvars.ContextVar("fastformer_compile_only", default=False)

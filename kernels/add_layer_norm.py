@@ -17,19 +17,28 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_tensor
+from ._configs import switches
 from ._dropout import check_dropout_p, check_dropout_rows, check_seed, draw_seed, dropout_keep, dropout_mask, load_seed
 from ._layout import rows_view, vector_stride
-from ._reduce import sum_partials
+from ._reduce import _sum_partials_kernel, sum_partials_launch
 from ._runtime import (
     INTERPRET,
+    Plan,
+    Plans,
+    PreparedLaunch,
+    autograd_apply,
     call_op,
     cdiv,
     eager,
     eager_twin,
+    kept,
     launch,
+    needs_grad,
     next_power_of_2,
+    planning,
     require_interpreter_bf16,
     require_launchable,
+    signature,
     tl,
     triton,
     warn_once,
@@ -213,28 +222,41 @@ def _add_ln_bwd_kernel(
         tl.store(PARTIAL + pid * stride_partial + (stride_partial - n_cols) + cols, tl.sum(dxb, 0), mask=col_ok)
 
 
+def _forward_outputs(x, out_dtype, lowp_dtype):
+    """Empty y (x's shape, out_dtype), y_low (x's shape in lowp_dtype; None when that is None) and
+    each row's mean and 1/std (fp32), contiguous."""
+    n_rows = x.numel() // x.shape[-1]
+    y = torch.empty(*x.shape, dtype=out_dtype, device=x.device)  # sizes as ints: a microsecond less than a Size
+    y_low = None if lowp_dtype is None else torch.empty(*x.shape, dtype=lowp_dtype, device=x.device)
+    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    return y, y_low, mean, torch.empty_like(mean)
+
+
+def _forward_launch(x2, r2, weight, bias, x_bias, y, y_low, mean, rstd, seed, eps, dropout_p):
+    """(grid, args, kwargs) of the forward's launch on rows x2 and r2 (n_rows, n_cols) with a unit
+    last stride, into _forward_outputs'."""
+    n_rows, n_cols = x2.shape
+    args = (
+        x2, r2, weight, bias, x_bias, y, y_low, mean, rstd, seed,
+        x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(bias), vector_stride(x_bias), n_cols,
+        0 if y_low is None else n_cols, n_cols, eps, dropout_p,
+    )
+    kwargs = {
+        "HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None, "HAS_X_BIAS": x_bias is not None,
+        "HAS_DROPOUT": dropout_p > 0.0, "WRITE_LOW": y_low is not None,
+        "BLOCK_N": _row_block(n_cols), "num_warps": _warps(n_cols),
+    }
+    return (n_rows,), args, kwargs
+
+
 def _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype):
     """(y, y_low, mean, rstd): y_low is empty when lowp_dtype is None. One launch."""
-    n_cols = x.shape[-1]
-    x2, r2 = rows_view(x), rows_view(residual)
-    n_rows = x2.shape[0]
-    y = torch.empty(n_rows, n_cols, dtype=out_dtype, device=x.device)
-    if lowp_dtype is None:
-        y_low = torch.empty(0, dtype=out_dtype, device=x.device)
-    else:
-        y_low = torch.empty(n_rows, n_cols, dtype=lowp_dtype, device=x.device)
-    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean)
-    launch(_add_ln_fwd_kernel)[(n_rows,)](
-        x2, r2, weight, bias, x_bias, y, None if lowp_dtype is None else y_low, mean, rstd, seed,
-        x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(bias), vector_stride(x_bias), y.stride(0),
-        0 if lowp_dtype is None else y_low.stride(0),
-        n_cols, eps, dropout_p,
-        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, HAS_X_BIAS=x_bias is not None,
-        HAS_DROPOUT=dropout_p > 0.0, WRITE_LOW=lowp_dtype is not None,
-        BLOCK_N=_row_block(n_cols), num_warps=_warps(n_cols),
+    y, y_low, mean, rstd = _forward_outputs(x, out_dtype, lowp_dtype)
+    grid, args, kwargs = _forward_launch(
+        rows_view(x), rows_view(residual), weight, bias, x_bias, y, y_low, mean, rstd, seed, eps, dropout_p
     )
-    return y.view(x.shape), y_low if lowp_dtype is None else y_low.view(x.shape), mean, rstd
+    launch(_add_ln_fwd_kernel)[grid](*args, **kwargs)
+    return y, torch.empty(0, dtype=out_dtype, device=x.device) if y_low is None else y_low, mean, rstd
 
 
 def _row_block(n_cols):
@@ -306,30 +328,64 @@ def _add_layer_norm_backward(
     when param_grads, then dx_bias when x_bias_grad (k = 0 when neither). The gradient of y is
     dy + dy_low (dy_low: of y's cast, or None). Two launches, the rows and the reduction of their
     partial sums (one, the rows, when k = 0)."""
-    n_cols = x.shape[-1]
-    x2, r2, dy2 = rows_view(x), rows_view(residual), rows_view(dy)
-    dy_low2 = None if dy_low is None else rows_view(dy_low)
-    n_rows = x2.shape[0]
-    dx = torch.empty(n_rows, n_cols, dtype=x.dtype, device=x.device)
-    dr = torch.empty(n_rows, n_cols, dtype=residual.dtype, device=x.device)
-    block_m, num_warps, num_stages = _bwd_tile(n_cols)
-    programs, rows_per_program = _bwd_grid(n_rows, block_m, x.device)
-    n_sums = 2 * param_grads + x_bias_grad
-    partial = torch.empty(programs, n_sums * n_cols, dtype=torch.float32, device=x.device) if n_sums else None
-    launch(_add_ln_bwd_kernel)[(programs,)](
-        x2, r2, weight, x_bias, dy2, dy_low2, dx, dr, partial, mean, rstd, seed,
-        x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(x_bias),
-        dy2.stride(0), 0 if dy_low2 is None else dy_low2.stride(0), dx.stride(0), dr.stride(0),
-        0 if partial is None else partial.stride(0),
-        n_rows, n_cols, rows_per_program, dropout_p,
-        HAS_WEIGHT=weight is not None, HAS_X_BIAS=x_bias is not None, HAS_DY_LOW=dy_low2 is not None,
-        HAS_DROPOUT=dropout_p > 0.0, PARAM_GRADS=param_grads, X_BIAS_GRAD=x_bias_grad,
-        BLOCK_M=block_m, BLOCK_N=_row_block(n_cols), NUM_STAGES=num_stages, num_warps=num_warps,
+    dy_low = None if dy_low is None else rows_view(dy_low)
+    dx, dr, partial, sums = _backward_outputs(x, residual, _bwd_programs(x), param_grads, x_bias_grad, sums_dtype)
+    launches = _backward_launches(
+        rows_view(x), rows_view(residual), weight, x_bias, rows_view(dy), dy_low, dx, dr, partial, sums,
+        mean, rstd, seed, dropout_p, param_grads, x_bias_grad,
     )
-    sums = torch.empty(n_sums, n_cols, dtype=sums_dtype, device=x.device)
+    for kernel, grid, args, kwargs in launches:
+        launch(kernel)[grid](*args, **kwargs)
+    return dx, dr, sums
+
+
+def _bwd_programs(x):
+    """The backward's number of programs for x's rows (_bwd_grid)."""
+    n_cols = x.shape[-1]
+    return _bwd_grid(x.numel() // n_cols, _bwd_tile(n_cols)[0], x.device)[0]
+
+
+def _backward_outputs(x, residual, programs, param_grads, x_bias_grad, sums_dtype):
+    """Empty dx (x's shape and dtype), dresidual (residual's), the fp32 partial sums of `programs`
+    (_bwd_programs; None when no sum is asked for) and the sums (k, d) in sums_dtype
+    (_add_layer_norm_backward), contiguous."""
+    n_cols = x.shape[-1]
+    dx = torch.empty(*x.shape, dtype=x.dtype, device=x.device)
+    dr = torch.empty(*residual.shape, dtype=residual.dtype, device=x.device)
+    n_sums = 2 * param_grads + x_bias_grad
+    partial = None
     if n_sums:
-        sum_partials(partial, sums.view(n_sums * n_cols))
-    return dx.view(x.shape), dr.view(residual.shape), sums
+        partial = torch.empty(programs, n_sums * n_cols, dtype=torch.float32, device=x.device)
+    return dx, dr, partial, torch.empty(n_sums, n_cols, dtype=sums_dtype, device=x.device)
+
+
+def _backward_launches(
+    x2, r2, weight, x_bias, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed, dropout_p, param_grads, x_bias_grad
+):
+    """[(kernel, grid, args, kwargs)] of the backward's launches on rows (unit last stride) into
+    _backward_outputs': the rows, then (when a sum is asked for) the sum of their partials."""
+    n_rows, n_cols = x2.shape
+    block_m, num_warps, num_stages = _bwd_tile(n_cols)
+    programs, rows_per_program = _bwd_grid(n_rows, block_m, x2.device)
+    rows = (
+        _add_ln_bwd_kernel,
+        (programs,),
+        (
+            x2, r2, weight, x_bias, dy2, dy_low2, dx, dr, partial, mean, rstd, seed,
+            x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(x_bias),
+            dy2.stride(0), 0 if dy_low2 is None else dy_low2.stride(0), n_cols, n_cols,
+            0 if partial is None else partial.stride(0),
+            n_rows, n_cols, rows_per_program, dropout_p,
+        ),
+        {
+            "HAS_WEIGHT": weight is not None, "HAS_X_BIAS": x_bias is not None, "HAS_DY_LOW": dy_low2 is not None,
+            "HAS_DROPOUT": dropout_p > 0.0, "PARAM_GRADS": param_grads, "X_BIAS_GRAD": x_bias_grad,
+            "BLOCK_M": block_m, "BLOCK_N": _row_block(n_cols), "NUM_STAGES": num_stages, "num_warps": num_warps,
+        },
+    )
+    if partial is None:
+        return [rows]
+    return [rows, (_sum_partials_kernel, *sum_partials_launch(partial, sums.view(-1)))]
 
 
 _add_layer_norm_forward_op = torch.library.triton_op("fastformer::add_layer_norm_forward", mutates_args=())(
@@ -362,8 +418,7 @@ def _backward(ctx, dy, dy_low, _dmean, _drstd):
     needs_dw, needs_db, needs_dxb = ctx.needs_input_grad[2:5]
     param_grads = needs_dw or needs_db
     # the sums come out in the dtype of the parameters they are for when those share one (no casts)
-    wanted = {dtype for dtype, needed in zip(ctx.sum_dtypes, (needs_dw, needs_db, needs_dxb)) if needed}
-    sums_dtype = wanted.pop() if len(wanted) == 1 else torch.float32
+    sums_dtype = _sums_dtype(ctx.sum_dtypes, (needs_dw, needs_db, needs_dxb))
     dx, dr, sums = call_op(
         _add_layer_norm_backward_op, _add_layer_norm_backward,
         dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed, ctx.dropout_p, param_grads, needs_dxb, sums_dtype,
@@ -377,6 +432,144 @@ def _backward(ctx, dy, dy_low, _dmean, _drstd):
 
 torch.library.register_autograd(_add_layer_norm_forward_op, _backward, setup_context=_setup_context)
 _add_layer_norm_forward_eager = eager_twin(_add_layer_norm_forward, _setup_context, _backward)
+
+
+# ----------------------------------------------------------------------------------------------
+# Eager calls by plan (kernels._runtime, Plans).
+# ----------------------------------------------------------------------------------------------
+class _Plan(Plan):
+    """An eager `add_layer_norm` call's signature made ready: its checks passed, the forward's
+    launch prepared, and the backward's launches prepared per signature of the gradients (and of
+    which inputs need one) on the first backward that meets it."""
+
+    def __init__(self, x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype):
+        self.shape, self.rows = tuple(x.shape), (x.numel() // x.shape[-1], x.shape[-1])
+        self.eps, self.dropout_p, self.out_dtype, self.lowp_dtype = eps, dropout_p, out_dtype, lowp_dtype
+        self.draws_seed = dropout_p > 0.0 and seed is None
+        if self.draws_seed:  # a stand-in for the seed each call draws (no number drawn here)
+            seed = torch.empty(1, dtype=torch.int64, device=x.device)
+        elif dropout_p == 0.0:
+            seed = None
+        y, y_low, mean, rstd = _forward_outputs(x, out_dtype, lowp_dtype)
+        x2, r2 = x.view(self.rows), residual.view(self.rows)
+        launch_args = _forward_launch(x2, r2, weight, bias, x_bias, y, y_low, mean, rstd, seed, eps, dropout_p)
+        self.forward = PreparedLaunch(_add_ln_fwd_kernel, *launch_args)
+        # the dtypes the parameter gradients come out in (_backward), the backward's programs
+        self.sum_dtypes = tuple(None if t is None else t.dtype for t in (weight, bias, x_bias))
+        self.programs = _bwd_programs(x)
+        self.backwards = {}
+
+    def _made(self):
+        return (
+            self.rows, self.eps, self.dropout_p, self.out_dtype, self.lowp_dtype, self.draws_seed, self.sum_dtypes,
+            self.programs, self.forward,
+        )
+
+    def __repr__(self):
+        return f"add_layer_norm._Plan(rows={self.rows}, p={self.dropout_p}, lowp={self.lowp_dtype}, {self.forward})"
+
+    def _backward_launches(self, x, residual, weight, x_bias, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed,
+                           param_grads, x_bias_grad):
+        dy2, dy_low2 = dy2.view(self.rows), None if dy_low2 is None else dy_low2.view(self.rows)
+        launches = _backward_launches(
+            x.view(self.rows), residual.view(self.rows), weight, x_bias, dy2, dy_low2, dx, dr, partial, sums,
+            mean, rstd, seed, self.dropout_p, param_grads, x_bias_grad,
+        )
+        return [PreparedLaunch(*launch) for launch in launches]
+
+    def run(self, x, residual, weight, bias, x_bias, seed):
+        """y, y_low, mean and rstd of the forward, allocated as _forward_outputs lays them out."""
+        device = x.device
+        y = torch.empty(*self.shape, dtype=self.out_dtype, device=device)
+        y_low = None if self.lowp_dtype is None else torch.empty(*self.shape, dtype=self.lowp_dtype, device=device)
+        mean = torch.empty(self.rows[0], dtype=torch.float32, device=device)
+        rstd = torch.empty_like(mean)
+        # x and residual go as they are: the launch was prepared on their rows, views of them
+        self.forward(x, residual, weight, bias, x_bias, y, y_low, mean, rstd, seed)
+        return y, y_low, mean, rstd
+
+    def backward(self, dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed, param_grads, x_bias_grad, sums_dtype):
+        """dx, dresidual and the sums, as _add_layer_norm_backward, by prepared launches."""
+        # the gradients' rows (a contiguous gradient goes as it is: the launches are prepared on its rows)
+        dy2 = dy if dy.is_contiguous() else rows_view(dy)
+        dy_low2 = dy_low if dy_low is None or dy_low.is_contiguous() else rows_view(dy_low)
+        key = (dy2.stride(), dy2.dtype, None if dy_low2 is None else (dy_low2.stride(), dy_low2.dtype),
+               param_grads, x_bias_grad, sums_dtype)
+        dx, dr, partial, sums = _backward_outputs(x, residual, self.programs, param_grads, x_bias_grad, sums_dtype)
+        tensors = x, residual, weight, x_bias, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed
+        launches = kept(self.backwards, key, self._backward_launches, *tensors, param_grads, x_bias_grad)
+        launches[0](x, residual, weight, x_bias, dy2, dy_low2, dx, dr, partial, mean, rstd, seed)
+        if partial is not None:
+            launches[1](partial, sums)
+        return dx, dr, sums
+
+
+def _sums_dtype(sum_dtypes, needs):
+    """The dtype the column sums come out in: the one of the parameters they are for when those
+    share one (no casts), else fp32. `needs`: whether (weight, bias, x_bias) each need a gradient."""
+    wanted = {dtype for dtype, needed in zip(sum_dtypes, needs) if needed}
+    return wanted.pop() if len(wanted) == 1 else torch.float32
+
+
+class _PlannedAddLayerNorm(torch.autograd.Function):
+    """`add_layer_norm` by its _Plan: y, and y_low too when the plan writes it."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, x_bias, seed, plan):
+        y, y_low, mean, rstd = plan.run(x, residual, weight, bias, x_bias, seed)
+        ctx.save_for_backward(x, residual, weight, x_bias, mean, rstd, seed)
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        return y if plan.lowp_dtype is None else (y, y_low)
+
+    @staticmethod
+    def backward(ctx, dy, dy_low=None):
+        if dy is None and dy_low is None:  # neither y nor y_low took part in what is differentiated
+            return (None,) * 7
+        if dy is None:  # y_low alone did: its gradient is all of y's
+            dy, dy_low = dy_low, None
+        plan = ctx.plan
+        x, residual, weight, x_bias, mean, rstd, seed = ctx.saved_tensors
+        needs = ctx.needs_input_grad[2:5]
+        param_grads, x_bias_grad = needs[0] or needs[1], needs[2]
+        sums_dtype = _sums_dtype(plan.sum_dtypes, needs)
+        args = (dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed)
+        if planning():
+            dx, dr, sums = plan.backward(*args, param_grads, x_bias_grad, sums_dtype)
+        else:  # a dispatch mode or transform over the backward sees the registered op
+            dx, dr, sums = _add_layer_norm_backward_op(*args, plan.dropout_p, param_grads, x_bias_grad, sums_dtype)
+        w_dtype, b_dtype, xb_dtype = plan.sum_dtypes
+        sums = sums.unbind(0)
+        dw = sums[0].to(w_dtype) if needs[0] else None
+        db = sums[1].to(b_dtype) if needs[1] else None
+        dxb = sums[-1].to(xb_dtype) if needs[2] else None
+        return dx, dr, dw, db, dxb, None, None
+
+
+_planned_add_layer_norm = autograd_apply(_PlannedAddLayerNorm)
+
+
+def _make_plan(x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dtype):
+    """The _Plan of a call, or None for one that takes the ordinary path each time: a width the
+    kernel does not take, or inputs whose rows are not views with a unit last stride."""
+    check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dtype)
+    if not 0 < x.shape[-1] <= MAX_FEATURES or x.stride(-1) != 1 or residual.stride(-1) != 1:
+        return None
+    rows = (x.numel() // x.shape[-1], x.shape[-1])
+    try:
+        x.view(rows), residual.view(rows)
+    except RuntimeError:  # rows_view copies them
+        return None
+    require_launchable("add_layer_norm", x, residual, weight, bias, x_bias)
+    if lowp_dtype == torch.bfloat16:
+        require_interpreter_bf16("add_layer_norm", "lowp_dtype=torch.bfloat16")
+    if dropout_p > 0.0:
+        check_dropout_rows("add_layer_norm", rows[0])
+    out_dtype = _output_dtype(x, residual, x_bias)
+    return _Plan(x, residual, weight, bias, x_bias, seed, float(eps), float(dropout_p), out_dtype, lowp_dtype)
+
+
+_plans = Plans("add_layer_norm")
 
 
 def add_layer_norm_dropout_mask(shape, dropout_p, device):
@@ -451,6 +644,18 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None
         to y.to(lowp_dtype). Widths above MAX_FEATURES run the reference (which ignores `seed`)
         with a one-time warning.
     """
+    if planning() and isinstance(x, torch.Tensor):
+        args = x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dtype
+        plan = kept(_plans, (signature(*args), switches(x)), _make_plan, *args)
+        if plan is not None:
+            if plan.draws_seed:
+                seed = draw_seed(x.device)
+            elif plan.dropout_p == 0.0:
+                seed = None
+            if needs_grad(x, residual, weight, bias, x_bias):
+                return _planned_add_layer_norm(x, residual, weight, bias, x_bias, seed, plan)
+            y, y_low, _, _ = plan.run(x, residual, weight, bias, x_bias, seed)  # nothing to differentiate
+            return y if lowp_dtype is None else (y, y_low)
     check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dtype)
     kwargs = dict(x_bias=x_bias, seed=seed, lowp_dtype=lowp_dtype)
     if x.shape[-1] == 0:  # nothing to normalize: the reference's empty result, no kernel to launch

@@ -25,7 +25,9 @@ seeds of a whole forward in one launch (`_dropout.draw_seeds`) and hands each ca
 File order: kernels and their jit helpers, each kernel's candidate configs and rule, the launches
 with their configs (`_attn_fwd`, and the backward kernel's two, `_attn_bwd_dq` and
 `_attn_bwd_dkdv`), launchers (with `_Masking`, how a call masks, drops out and scales, built once
-per op call), the torch.library ops, the public `attention`, and the PyTorch reference.
+per op call), the torch.library ops, eager calls by plan (`_Plan`, `_PlannedAttention`: what a
+signature of the arguments fixes, made once; kernels._runtime, Plans), the public `attention`,
+and the PyTorch reference.
 
 Why the kernels are shaped so for sm_90a (what the sm_90a compile check, python -m tools.sm90_report,
 shows for each choice, per Triton version, is in docs/kernels.md):
@@ -53,20 +55,28 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
-from ._configs import Configs
+from ._configs import Configs, switches
 from ._dropout import check_dropout_p, check_dropout_rows, check_seed, draw_seed, dropout_keep, dropout_mask, load_seed
 from ._layout import last_dim_contiguous
 from ._runtime import (
     INTERPRET,
+    Plan,
+    Plans,
     autocast_inputs,
+    autocast_state,
+    autograd_apply,
     call_op,
     cdiv,
     dot_precision,
     eager,
     eager_twin,
+    kept,
     launch,
+    needs_grad,
     next_power_of_2,
+    planning,
     require_launchable,
+    signature,
     tl,
     triton,
     warn_once,
@@ -708,23 +718,29 @@ class _Masking(NamedTuple):
     """How one attention call masks, drops out and scales, in the form every launcher passes on.
     Built once per op call by `_masking`, in Python only: no device work."""
 
-    mask_args: tuple  # PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn
+    tensors: tuple  # (key padding mask (B, Lk), dense mask (B, H or 1, Lq, Lk)), each None when absent
+    pad_strides: tuple  # the key padding mask's (stride_pb, stride_pn), zeros when absent
+    mask_strides: tuple  # the dense mask's (stride_mb, stride_mh, stride_mm, stride_mn), zeros when absent
     flags: dict  # the kernels' constexprs: HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, BLOCK_D
     dropout_p: float
     scale: float  # softmax_scale; the kernels take it times log2(e) as qk_scale
 
 
+def _dense_mask_view(attn_mask):
+    """attn_mask as the kernels read it, (B, H or 1, Lq, Lk): a (B, Lq, Lk) mask gains a head axis."""
+    return attn_mask.unsqueeze(1) if attn_mask is not None and attn_mask.dim() == 3 else attn_mask
+
+
 def _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale):
     """The _Masking of a call. An absent mask is None with zero strides (never read: its flag is
     off); a (B, 1, Lq, Lk) or (B, Lq, Lk) mask is read with a zero head stride."""
-    pad = (None, 0, 0) if key_padding_mask is None else (key_padding_mask, *key_padding_mask.stride())
-    if attn_mask is None:
-        dense = (None, 0, 0, 0, 0)
+    pad_strides = (0, 0) if key_padding_mask is None else key_padding_mask.stride()
+    dense = _dense_mask_view(attn_mask)
+    if dense is None:
+        mask_strides = (0, 0, 0, 0)
     else:
-        full = attn_mask
-        full = full.unsqueeze(1) if full.dim() == 3 else full
-        sb, sh, sm, sn = full.stride()
-        dense = (full, sb, 0 if full.shape[1] == 1 else sh, sm, sn)
+        sb, sh, sm, sn = dense.stride()
+        mask_strides = (sb, 0 if dense.shape[1] == 1 else sh, sm, sn)
     flags = {
         "HAS_PAD": key_padding_mask is not None,
         "IS_CAUSAL": bool(causal),
@@ -734,7 +750,7 @@ def _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale):
         "HEAD_DIM": q.shape[-1],
         "BLOCK_D": _head_block(q.shape[-1]),
     }
-    return _Masking(pad + dense, flags, dropout_p, softmax_scale)
+    return _Masking((key_padding_mask, dense), tuple(pad_strides), mask_strides, flags, dropout_p, softmax_scale)
 
 
 def _row_align(*tensors):
@@ -761,48 +777,81 @@ def _interleaved_empty(B, H, L, D, like):
     """An empty (B, H, L, D) tensor laid out as (B, L, H, D): the layout of the kernels' outputs,
     o, dq, dk and dv, whose strides the kernels compute (_interleaved). A (B, L, H * D) reshape of
     the output is free, and a gradient reaching a fused QKV projection is read row by row."""
-    return torch.empty(B, L, H, D, dtype=like.dtype, device=like.device).transpose(1, 2)
+    return torch.empty_strided((B, H, L, D), (L * H * D, D, H * D, 1), dtype=like.dtype, device=like.device)
+
+
+def _forward_outputs(q):
+    """Empty o (_interleaved_empty) and lse (B, H, Lq) fp32, for _forward_launch to fill."""
+    B, H, Lq, D = q.shape
+    return _interleaved_empty(B, H, Lq, D, q), torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+
+
+def _forward_launch(q, k, v, o, lse, seed, masking):
+    """(grid, args, kwargs) of the forward kernel's launch: o (B, H, Lq, D) as _forward_outputs lays
+    it out and lse (B, H, Lq) in base 2 (+inf for rows whose keys are all masked). `seed`: the
+    one-element int64 dropout seed, None without dropout."""
+    if masking.dropout_p > 0.0 and seed is None:
+        raise ValueError("attention: dropout needs a seed (`attention` draws one when none is given)")
+    B, H, Lq, _ = q.shape
+    Lk = k.shape[2]
+    pad, mask = masking.tensors
+    args = (
+        q, k, v, o, lse, seed, pad, *masking.pad_strides, mask, *masking.mask_strides, *_row_strides(q, k, v),
+        H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk),
+    )
+    return lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,), args, {**masking.flags, "ROW_ALIGN": _row_align(q, k, v)}
 
 
 def _attn_forward(q, k, v, masking, seed):
-    """Returns o (B, H, Lq, D) stored head-interleaved as (B, Lq, H, D) and lse (B, H, Lq) in base
-    2 (+inf for rows whose keys are all masked). `seed`: the one-element int64 dropout seed, None
-    without dropout."""
-    if masking.dropout_p > 0.0 and seed is None:
-        raise ValueError("attention: dropout needs a seed (`attention` draws one when none is given)")
-    B, H, Lq, D = q.shape
-    Lk = k.shape[2]
-    o = _interleaved_empty(B, H, Lq, D, q)
-    lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
-    _attn_fwd[lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
-        q, k, v, o, lse, seed, *masking.mask_args, *_row_strides(q, k, v),
-        H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), **masking.flags,
-        ROW_ALIGN=_row_align(q, k, v),
-    )
+    """o and lse (_forward_launch)."""
+    o, lse = _forward_outputs(q)
+    grid, args, kwargs = _forward_launch(q, k, v, o, lse, seed, masking)
+    _attn_fwd[grid](*args, **kwargs)
     return o, lse
 
 
-def _attn_backward(do, q, k, v, o, lse, seed, masking):
-    """dq, dk, dv, laid out as (B, L, H, D) (_interleaved_empty). The backward kernel's dQ pass runs
-    first and also writes delta for its dK/dV pass. `o` is the forward's output, in its layout."""
-    B, H, Lq, D = q.shape
+def _backward_outputs(q, k, v, lse):
+    """Empty dq, dk, dv (_interleaved_empty) and delta (B, H, Lq) fp32, for _backward_launches to fill."""
+    B, H, _, D = q.shape
+    return (*(_interleaved_empty(B, H, t.shape[2], D, t) for t in (q, k, v)), torch.empty_like(lse))
+
+
+def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking):
+    """[(grid, args, kwargs)] of the backward kernel's two launches: the dQ pass, which also
+    writes delta (B, H, Lq) = rowsum(dO * O) for the dK/dV pass, then that pass. `do` has a unit
+    last stride; `o` is the forward's output in its layout."""
+    B, H, Lq, _ = q.shape
     Lk = k.shape[2]
+    pad, mask = masking.tensors
+    masks = (pad, *masking.pad_strides, mask, *masking.mask_strides)
+    strides = _row_strides(q, k, v, do)
+    scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
+    kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v, do)}
+    # the pointers only the other pass uses are None: DK and DV in the dQ pass, O and DQ in dK/dV
+    return [
+        (
+            lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,),
+            (q, k, v, o, do, lse, delta, dq, None, None, seed, *masks, *strides, *scalars),
+            {"DQ_PASS": True, **kwargs},
+        ),
+        (
+            lambda meta: (cdiv(Lk, meta["BLOCK_N"]) * B * H,),
+            (q, k, v, None, do, lse, delta, None, dk, dv, seed, *masks, *strides, *scalars),
+            {"DQ_PASS": False, **kwargs},
+        ),
+    ]
+
+
+def _attn_backward(do, q, k, v, o, lse, seed, masking):
+    """dq, dk, dv, laid out as (B, L, H, D) (_interleaved_empty); _backward_launches."""
+    B, H, Lq, D = q.shape
     do = last_dim_contiguous(do)
     if o.stride() != (Lq * H * D, D, H * D, 1):  # the forward wrote it so; torch.compile may not keep it
         o = _interleaved_empty(B, H, Lq, D, o).copy_(o)
-    delta = torch.empty_like(lse)
-    dq, dk, dv = (_interleaved_empty(B, H, t.shape[2], D, t) for t in (q, k, v))
-    align = _row_align(q, k, v, do)
-    scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
-    # the pointers only the other pass uses are None: DK and DV in the dQ pass, O and DQ in dK/dV
-    _attn_bwd_dq[lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,)](
-        q, k, v, o, do, lse, delta, dq, None, None, seed, *masking.mask_args, *_row_strides(q, k, v, do),
-        *scalars, DQ_PASS=True, **masking.flags, ROW_ALIGN=align,
-    )
-    _attn_bwd_dkdv[lambda meta: (cdiv(Lk, meta["BLOCK_N"]) * B * H,)](
-        q, k, v, None, do, lse, delta, None, dk, dv, seed, *masking.mask_args, *_row_strides(q, k, v, do),
-        *scalars, DQ_PASS=False, **masking.flags, ROW_ALIGN=align,
-    )
+    dq, dk, dv, delta = _backward_outputs(q, k, v, lse)
+    launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking)
+    for configs, (grid, args, kwargs) in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches):
+        configs[grid](*args, **kwargs)
     return dq, dk, dv
 
 
@@ -815,8 +864,9 @@ def _attn_probs(q, k, lse, seed, masking):
     Lk = k.shape[2]
     probs = torch.empty(B, H, Lq, Lk, dtype=q.dtype, device=q.device)
     grid = (cdiv(Lq, _TILE) * cdiv(Lk, _TILE) * B * H,)
+    pad, mask = masking.tensors
     launch(_attn_probs_kernel)[grid](
-        q, k, lse, probs, seed, *masking.mask_args, *_row_strides(q, k),
+        q, k, lse, probs, seed, pad, *masking.pad_strides, mask, *masking.mask_strides, *_row_strides(q, k),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, **masking.flags, ROW_ALIGN=_row_align(q, k),
         BLOCK_M=_TILE, BLOCK_N=_TILE,
     )
@@ -888,6 +938,111 @@ def _backward(ctx, do, _dlse):
 
 torch.library.register_autograd(_attention_forward_op, _backward, setup_context=_setup_context)
 _attention_forward_eager = eager_twin(_attention_forward, _setup_context, _backward)
+
+
+# ----------------------------------------------------------------------------------------------
+# Eager calls by plan (kernels._runtime, Plans): what a signature of `attention`'s arguments fixes,
+# made on its first eager call, and the autograd.Function that runs it.
+# ----------------------------------------------------------------------------------------------
+class _Plan(Plan):
+    """An eager `attention` call's signature made ready: its checks passed, the forward's launch
+    prepared, and the backward's two launches prepared per signature of the gradient (its strides
+    and dtype) on the first backward that meets it."""
+
+    def __init__(self, q, k, v, key_padding_mask, attn_mask, causal, dropout_p, scale, seed):
+        self.causal, self.dropout_p, self.scale = causal, dropout_p, scale
+        self.draws_seed = dropout_p > 0.0 and seed is None
+        masking = _masking(q, key_padding_mask, attn_mask, causal, dropout_p, scale)
+        if self.draws_seed:  # a stand-in for the seed each call draws (no number drawn here)
+            seed = torch.empty(1, dtype=torch.int64, device=q.device)
+        elif dropout_p == 0.0:
+            seed = None
+        o, lse = _forward_outputs(q)
+        self.forward = _attn_fwd.prepare(*_forward_launch(q, k, v, o, lse, seed, masking))
+        # the outputs' layouts as _forward_outputs and _backward_outputs make them, for `run` and the
+        # backward to allocate without working them out
+        self.o_layout, self.lse_size = (tuple(o.shape), o.stride()), tuple(lse.shape)
+        dk = _backward_outputs(q, k, v, lse)[1]
+        self.dkv_layout = (tuple(dk.shape), dk.stride())
+        self.backwards = {}
+
+    def _made(self):
+        return self.causal, self.dropout_p, self.scale, self.draws_seed, self.forward
+
+    def __repr__(self):
+        return f"attention._Plan(causal={self.causal}, dropout_p={self.dropout_p}, scale={self.scale}, {self.forward})"
+
+    def run(self, q, k, v, key_padding_mask, attn_mask, seed):
+        """o and lse of the forward."""
+        o = torch.empty_strided(*self.o_layout, dtype=q.dtype, device=q.device)
+        lse = torch.empty(*self.lse_size, dtype=torch.float32, device=q.device)
+        mask = None if attn_mask is None else _dense_mask_view(attn_mask)
+        self.forward(q, k, v, o, lse, seed, key_padding_mask, mask)
+        return o, lse
+
+    def backward_launches(self, do, q, k, v, o, lse, seed, key_padding_mask, attn_mask):
+        """The backward's two PreparedLaunches for a gradient `do` (unit last stride) of this signature."""
+        args = do, q, k, v, o, lse, seed, key_padding_mask, attn_mask
+        return kept(self.backwards, (do.stride(), do.dtype), self._backward_launches, *args)
+
+    def _backward_launches(self, do, q, k, v, o, lse, seed, key_padding_mask, attn_mask):
+        masking = _masking(q, key_padding_mask, attn_mask, self.causal, self.dropout_p, self.scale)
+        launches = _backward_launches(do, q, k, v, o, lse, seed, *_backward_outputs(q, k, v, lse), masking)
+        return [configs.prepare(*launch) for configs, launch in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches)]
+
+
+def _make_plan(q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, return_probs):
+    """The _Plan of a call, or None for one that takes the ordinary path each time: probabilities
+    asked for, a head dim the kernel does not take, or an input autocast casts or the launch copies."""
+    check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed, causal=causal)
+    casts = autocast_state(q) is not None and q.dtype == torch.float32
+    if return_probs or q.shape[-1] > MAX_HEAD_DIM or casts or any(t.stride(-1) != 1 for t in (q, k, v)):
+        return None
+    require_launchable("attention", q, k, v)
+    if dropout_p > 0.0:
+        check_dropout_rows("attention", q.shape[0] * q.shape[1] * q.shape[2])
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _Plan(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
+
+
+class _PlannedAttention(torch.autograd.Function):
+    """`attention` by its _Plan: the op's forward and backward, launched by the plan's prepared launches."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, key_padding_mask, attn_mask, seed, plan):
+        o, lse = plan.run(q, k, v, key_padding_mask, attn_mask, seed)
+        ctx.save_for_backward(q, k, v, o, lse, seed, key_padding_mask, attn_mask)
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        if do is None:
+            return (None,) * 7
+        plan = ctx.plan
+        q, k, v, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
+        if not planning():  # a dispatch mode or transform over the backward sees the registered op
+            dq, dk, dv = _attention_backward_op(
+                do, q, k, v, o, lse, seed, key_padding_mask, attn_mask, plan.causal, plan.dropout_p, plan.scale
+            )
+            return dq, dk, dv, None, None, None, None
+        do = last_dim_contiguous(do)
+        dq_pass, dkdv_pass = plan.backward_launches(do, q, k, v, o, lse, seed, key_padding_mask, attn_mask)
+        dq = torch.empty_strided(*plan.o_layout, dtype=q.dtype, device=q.device)
+        dk = torch.empty_strided(*plan.dkv_layout, dtype=k.dtype, device=q.device)
+        dv = torch.empty_strided(*plan.dkv_layout, dtype=v.dtype, device=q.device)
+        delta = torch.empty(*plan.lse_size, dtype=torch.float32, device=q.device)
+        mask = None if attn_mask is None else _dense_mask_view(attn_mask)
+        dq_pass(q, k, v, o, do, lse, delta, dq, None, None, seed, key_padding_mask, mask)
+        dkdv_pass(q, k, v, None, do, lse, delta, None, dk, dv, seed, key_padding_mask, mask)
+        return dq, dk, dv, None, None, None, None
+
+
+_planned_attention = autograd_apply(_PlannedAttention)
+
+
+_plans = Plans("attention")
 
 
 def check_attention_args(
@@ -980,6 +1135,17 @@ def attention(
         larger ones run the reference with a one-time warning. Under torch.autocast, fp32 inputs
         are cast to the autocast dtype.
     """
+    if planning() and isinstance(q, torch.Tensor):
+        args = q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, return_probs
+        plan = kept(_plans, (signature(*args), switches(q)), _make_plan, *args)
+        if plan is not None:
+            if plan.draws_seed:
+                seed = draw_seed(q.device)
+            elif plan.dropout_p == 0.0:
+                seed = None
+            if needs_grad(q, k, v):
+                return _planned_attention(q, k, v, key_padding_mask, attn_mask, seed, plan)
+            return plan.run(q, k, v, key_padding_mask, attn_mask, seed)[0]  # nothing to differentiate: no autograd node
     check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed, causal=causal)
     q, k, v = autocast_inputs(q, k, v)
     kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p, seed=seed)

@@ -19,14 +19,29 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
-from ._configs import Configs, gemm_tile_warps
+from ._configs import Configs, gemm_tile_warps, switches
 from ._layout import rows_view, vector_stride
-from ._runtime import INTERPRET, autocast_inputs, cdiv, dot_precision, next_power_of_2, require_launchable, tl, triton
+from ._runtime import (
+    INTERPRET,
+    Plans,
+    autocast_inputs,
+    cdiv,
+    dot_precision,
+    kept,
+    needs_grad,
+    next_power_of_2,
+    planning,
+    require_launchable,
+    signature,
+    tl,
+    triton,
+)
 from .linear_gelu import (
     TORCH_ACTIVATIONS,
     apply_activation,
     check_activation,
     check_linear_args,
+    make_linear_gelu_plan,
     run_linear_gelu,
 )
 
@@ -260,8 +275,22 @@ def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
     Returns:
         (..., d) in x's dtype.
     """
+    if planning() and isinstance(x, torch.Tensor):
+        args = x, w1, b1, w2, b2, activation, needs_grad(x, w1, b1)
+        plan = kept(_plans, (signature(*args), switches(x)), _make_plan, *args)
+        if plan is not None:
+            return F.linear(plan(x, w1, b1), w2, b2)
     check_feed_forward_args(x, w1, b1, w2, b2, activation)
     return F.linear(run_linear_gelu(x, w1, b1, activation, "feed_forward"), w2, b2)
+
+
+def _make_plan(x, w1, b1, w2, b2, activation, store_pre):
+    """The plan of feed_forward's first product (kernels._runtime, Plans), or None: its checks passed."""
+    check_feed_forward_args(x, w1, b1, w2, b2, activation)
+    return make_linear_gelu_plan(x, w1, b1, activation, store_pre, "feed_forward")
+
+
+_plans = Plans("feed_forward")
 
 
 def feed_forward_fused(x, w1, b1, w2, b2, *, activation="gelu"):

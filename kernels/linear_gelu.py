@@ -15,24 +15,35 @@ tools/sm90_cases.py, tests/test_sm90_compile.py and the committed sm_90a table n
 the registered op `fastformer::linear_gelu_forward`.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
-from ._configs import Configs, gemm_tile_warps
+from ._configs import Configs, gemm_tile_warps, switches
 from ._layout import last_dim_contiguous, rows_view, vector_stride
-from ._reduce import sum_partials
+from ._reduce import _sum_partials_kernel, sum_partials_launch
 from ._runtime import (
     INTERPRET,
+    Plan,
+    Plans,
+    PreparedLaunch,
     autocast_inputs,
+    autocast_state,
+    autograd_apply,
     call_op,
     cdiv,
     dot_precision,
     eager,
     eager_twin,
+    kept,
     launch,
+    needs_grad,
     next_power_of_2,
+    planning,
     require_launchable,
+    signature,
     tl,
     triton,
 )
@@ -211,22 +222,63 @@ _linear_gelu_fwd = Configs(
 )
 
 
-def _linear_gelu_forward(
-    x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, store_pre: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_outputs(x2, N, store_pre):
+    """Empty y (M, N) and pre (M, N), or (0, N) when it is not stored, in x2's dtype."""
+    M = x2.shape[0]
+    y = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
+    return y, torch.empty(M if store_pre else 0, N, dtype=x2.dtype, device=x2.device)
+
+
+def _forward_launch(x2, weight, bias, y, pre, activation, store_pre):
+    """(grid, args, kwargs) of the GEMM's launch: y = act(x2 @ weight.T + bias), and pre = the
+    pre-activation when store_pre (else pre is not written, and passed as None)."""
     M, K = x2.shape
     N = weight.shape[0]
-    y = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
-    pre = torch.empty(M if store_pre else 0, N, dtype=x2.dtype, device=x2.device)
-    grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    _linear_gelu_fwd[grid](
+    args = (
         x2, weight, bias, y, pre if store_pre else None,
         x2.stride(0), weight.stride(0), weight.stride(1), vector_stride(bias),
         y.stride(0), pre.stride(0) if store_pre else 0,
         M, N, K, next_power_of_2(M),
-        HAS_BIAS=bias is not None, ACTIVATION=activation, STORE_PRE=store_pre, DOT_PRECISION=dot_precision(x2.dtype),
     )
+    kwargs = {
+        "HAS_BIAS": bias is not None, "ACTIVATION": activation, "STORE_PRE": store_pre,
+        "DOT_PRECISION": dot_precision(x2.dtype),
+    }
+    return lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),), args, kwargs
+
+
+def _linear_gelu_forward(
+    x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, store_pre: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y, pre = _forward_outputs(x2, weight.shape[0], store_pre)
+    grid, args, kwargs = _forward_launch(x2, weight, bias, y, pre, activation, store_pre)
+    _linear_gelu_fwd[grid](*args, **kwargs)
     return y, pre
+
+
+def _activation_outputs(pre, bias_grad):
+    """Empty dpre (pre's shape and dtype), the fp32 partial sums of its columns (None without
+    bias_grad) and db ((N,), or (0,) without bias_grad)."""
+    M, N = pre.shape
+    dpre = torch.empty_like(pre)
+    partial = None
+    if bias_grad:
+        partial = torch.empty(cdiv(M, GRAD_ROWS_PER_PROGRAM), N, dtype=torch.float32, device=pre.device)
+    return dpre, partial, torch.empty(N if bias_grad else 0, dtype=pre.dtype, device=pre.device)
+
+
+def _activation_launches(dy, pre, dpre, partial, db, activation, bias_grad):
+    """[(kernel, grid, args, kwargs)] of the activation gradient's launches: the slabs, then (with
+    bias_grad) the sum of their partials into db. dy has a unit last stride."""
+    M, N = pre.shape
+    block_n = 16 if INTERPRET else 128
+    slabs = (
+        _activation_grad_kernel,
+        (cdiv(M, GRAD_ROWS_PER_PROGRAM), cdiv(N, block_n)),
+        (dy, pre, dpre, partial, dy.stride(0), pre.stride(0), dpre.stride(0), M, N, GRAD_ROWS_PER_PROGRAM),
+        {"ACTIVATION": activation, "BIAS_GRAD": bias_grad, "BLOCK_M": 16, "BLOCK_N": block_n},
+    )
+    return [slabs, (_sum_partials_kernel, *sum_partials_launch(partial, db))] if bias_grad else [slabs]
 
 
 def _activation_backward(
@@ -235,19 +287,9 @@ def _activation_backward(
     """dPre = dY * act'(pre) for (M, N) dy and pre, and (bias_grad) db = dPre summed over rows, in
     pre's dtype (else an empty (0,) tensor): two launches, the slabs and the sum of their partials."""
     dy = last_dim_contiguous(dy)
-    M, N = pre.shape
-    dpre = torch.empty_like(pre)
-    block_m = 16
-    block_n = 16 if INTERPRET else 128
-    programs_m = cdiv(M, GRAD_ROWS_PER_PROGRAM)
-    partial = torch.empty(programs_m, N, dtype=torch.float32, device=pre.device) if bias_grad else None
-    launch(_activation_grad_kernel)[(programs_m, cdiv(N, block_n))](
-        dy, pre, dpre, partial, dy.stride(0), pre.stride(0), dpre.stride(0), M, N, GRAD_ROWS_PER_PROGRAM,
-        ACTIVATION=activation, BIAS_GRAD=bias_grad, BLOCK_M=block_m, BLOCK_N=block_n,
-    )
-    db = torch.empty(N if bias_grad else 0, dtype=pre.dtype, device=pre.device)
-    if bias_grad:
-        sum_partials(partial, db)
+    dpre, partial, db = _activation_outputs(pre, bias_grad)
+    for kernel, grid, args, kwargs in _activation_launches(dy, pre, dpre, partial, db, activation, bias_grad):
+        launch(kernel)[grid](*args, **kwargs)
     return dpre, db
 
 
@@ -286,6 +328,116 @@ torch.library.register_autograd(_linear_gelu_forward_op, _backward, setup_contex
 _linear_gelu_forward_eager = eager_twin(_linear_gelu_forward, _setup_context, _backward)
 
 
+# ----------------------------------------------------------------------------------------------
+# Eager calls by plan (kernels._runtime, Plans), for linear_gelu and feed_forward.
+# ----------------------------------------------------------------------------------------------
+class LinearGeluPlan(Plan):
+    """An eager act(x @ weight.T + bias) call's signature made ready: its checks passed (by the
+    public op that made it), the GEMM's launch prepared, and the activation gradient's launches
+    prepared per signature of the gradient on the first backward that meets it."""
+
+    def __init__(self, x, weight, bias, activation, store_pre):
+        N = weight.shape[0]
+        self.rows = (math.prod(x.shape[:-1]), x.shape[-1])
+        self.out_shape = (*x.shape[:-1], N)
+        self.activation, self.store_pre = activation, store_pre
+        x2 = x.view(self.rows)
+        y, pre = _forward_outputs(x2, N, store_pre)
+        self.forward = _linear_gelu_fwd.prepare(*_forward_launch(x2, weight, bias, y, pre, activation, store_pre))
+        self.backwards = {}
+
+    def _made(self):
+        return self.rows, self.out_shape, self.activation, self.store_pre, self.forward
+
+    def __repr__(self):
+        return f"LinearGeluPlan(rows={self.rows}, {self.activation}, store_pre={self.store_pre}, {self.forward})"
+
+    def __call__(self, x, weight, bias):
+        """The op's result: (..., N)."""
+        return _planned_linear_gelu(x, weight, bias, self) if self.store_pre else self.run(x, weight, bias)[0]
+
+    def run(self, x, weight, bias):
+        """y (..., N) and pre (M, N) of the forward, or y and None when pre is not stored. The kernel
+        reads x and writes y as the rows of the prepared launch: x is a view of them, and y is laid
+        out as _forward_outputs lays it (no view of either is made)."""
+        y = torch.empty(*self.out_shape, dtype=x.dtype, device=x.device)
+        pre = None
+        if self.store_pre:
+            pre = torch.empty(self.rows[0], self.out_shape[-1], dtype=x.dtype, device=x.device)
+        self.forward(x, weight, bias, y, pre)
+        return y, pre
+
+    def activation_backward(self, dy, pre, bias_grad):
+        """dpre and db, as _activation_backward, by prepared launches."""
+        dy = last_dim_contiguous(dy)
+        dpre, partial, db = _activation_outputs(pre, bias_grad)
+        key = (dy.stride(), dy.dtype, bias_grad)
+        launches = kept(self.backwards, key, self._activation_launches, dy, pre, dpre, partial, db, bias_grad)
+        launches[0](dy, pre, dpre, partial)
+        if bias_grad:
+            launches[1](partial, db)
+        return dpre, db
+
+    def _activation_launches(self, dy, pre, dpre, partial, db, bias_grad):
+        launches = _activation_launches(dy, pre, dpre, partial, db, self.activation, bias_grad)
+        return [PreparedLaunch(*launch) for launch in launches]
+
+
+class _PlannedLinearGelu(torch.autograd.Function):
+    """act(x @ weight.T + bias) by its LinearGeluPlan, which stores the pre-activation for the backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, plan):
+        y, pre = plan.run(x, weight, bias)
+        ctx.save_for_backward(x, weight, pre)
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        if dy is None:
+            return None, None, None, None
+        x, weight, pre = ctx.saved_tensors
+        plan = ctx.plan
+        dy = dy.reshape(pre.shape)
+        needs_dx, needs_dw, needs_db = ctx.needs_input_grad[:3]
+        if planning():
+            dpre, db = plan.activation_backward(dy, pre, needs_db)
+        else:  # a dispatch mode or transform over the backward sees the registered op
+            dpre, db = _activation_backward_op(dy, pre, plan.activation, needs_db)
+        dx = (dpre @ weight).view(x.shape) if needs_dx else None
+        dw = dpre.t() @ x.view(plan.rows) if needs_dw else None
+        return dx, dw, db if needs_db else None, None
+
+
+_planned_linear_gelu = autograd_apply(_PlannedLinearGelu)
+
+
+def make_linear_gelu_plan(x, weight, bias, activation, store_pre, op):
+    """The LinearGeluPlan of a call whose arguments `op` has checked, or None for one that takes
+    the ordinary path each time: an input autocast casts, or an x its rows cannot view."""
+    if autocast_state(x) is not None and any(t is not None and t.dtype == torch.float32 for t in (x, weight, bias)):
+        return None
+    if x.stride(-1) != 1:
+        return None
+    try:
+        x.view(math.prod(x.shape[:-1]), x.shape[-1])
+    except RuntimeError:  # rows_view copies it
+        return None
+    require_launchable(op, x, weight, bias)
+    return LinearGeluPlan(x, weight, bias, activation, store_pre)
+
+
+def _make_plan(x, weight, bias, activation, store_pre):
+    check_linear_args(x, weight, bias)
+    check_activation(activation)
+    return make_linear_gelu_plan(x, weight, bias, activation, store_pre, "linear_gelu")
+
+
+_plans = Plans("linear_gelu")
+
+
 def check_linear_args(x, weight, bias, x_name="x", weight_name="weight", bias_name="bias", dtypes=FLOAT_DTYPES):
     """Validate an nn.Linear-layout product x @ weight.T + bias; returns (K, N)."""
     check_tensor(x_name, x, dtypes=dtypes)
@@ -322,7 +474,7 @@ def run_linear_gelu(x, weight, bias, activation, op):
     autocast casts, the launch check (its errors name `op`) and the launch."""
     x, weight, bias = autocast_inputs(x, weight, bias)
     require_launchable(op, x, weight, bias)
-    store_pre = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    store_pre = needs_grad(x, weight, bias)
     forward = _linear_gelu_forward_eager if eager() else _linear_gelu_forward_op
     y, _ = forward(rows_view(x), weight, bias, activation, store_pre)
     return y.view(*x.shape[:-1], weight.shape[0])
@@ -341,6 +493,11 @@ def linear_gelu(x, weight, bias, *, activation="gelu"):
     Returns:
         (..., N) in the inputs' dtype. fp32 uses IEEE dots unless TF32 is allowed for matmuls.
     """
+    if planning() and isinstance(x, torch.Tensor):
+        args = x, weight, bias, activation, needs_grad(x, weight, bias)
+        plan = kept(_plans, (signature(*args), switches(x)), _make_plan, *args)
+        if plan is not None:
+            return plan(x, weight, bias)
     check_linear_args(x, weight, bias)
     check_activation(activation)
     return run_linear_gelu(x, weight, bias, activation, "linear_gelu")

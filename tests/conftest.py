@@ -1,5 +1,5 @@
 """Test setup: the Triton interpreter where there is no GPU, corrected for bf16 and spared its
-repeated patching, the `cuda` marker, a clean backend."""
+repeated patching, plans checked on every call, the `cuda` marker, a clean backend."""
 
 import importlib.util
 import os
@@ -10,6 +10,9 @@ import torch
 # Triton reads this when a kernel is decorated, so it must be set before `fastformer.kernels` is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Every eager op call of a signature already seen makes its plan again and compares (kernels._runtime,
+# Plans): a plan keyed on less than what it depends on fails a test instead of reusing a stale launch.
+os.environ.setdefault("FASTFORMER_CHECK_PLANS", "1")
 if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton"):
     from tests import interpreter_bf16, interpreter_speed
 

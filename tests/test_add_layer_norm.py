@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastformer import kernels
-from fastformer.kernels.add_layer_norm import sum_partials
+from fastformer.kernels._reduce import sum_partials
 from tests.helpers import assert_within_torch_error
 from tools import launches
 

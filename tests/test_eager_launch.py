@@ -1,12 +1,15 @@
 """The eager host path (kernels._runtime): a launch that skips Triton's binder after the first call
-of a signature, and ops that skip the torch.library dispatcher in eager mode (eager_twin).
+of a signature, ops that skip the torch.library dispatcher in eager mode (eager_twin), and the ops'
+plans (a signature's checks, configs and launch arguments made once: Plans, PreparedLaunch).
 
 - Under the dry-run sm_90a driver (tests/eager_launch_check.py, in a process without
   TRITON_INTERPRET), launches after a cached one, with an unaligned view, an odd length, a length
   of 1, other strides, another dtype, a None argument and a 64-bit integer, each run the compiled
-  kernel Triton's own binder picks for those arguments.
-- Under the interpreter, each op's eager twin gives bitwise the outputs and gradients of its
-  registered torch.library op.
+  kernel Triton's own binder picks for those arguments; so do a PreparedLaunch's on pointers
+  unaligned, of another dtype, a Parameter or a None, and attention's plan on unaligned views.
+- Under the interpreter, each op's eager twin and its plan give bitwise the outputs and gradients
+  of its registered torch.library op; a plan is made once per signature, and a kept plan that
+  differs from the one a call makes fails (the tests run with FASTFORMER_CHECK_PLANS=1).
 """
 
 import importlib
@@ -18,8 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastformer import kernels
+from fastformer.kernels import _runtime as runtime
 from fastformer.kernels._dropout import draw_seeds
 
 pytest.importorskip("triton")
@@ -57,7 +62,11 @@ def test_a_cached_launch_runs_the_kernel_triton_would_pick():
     # length of 1's, the dtype's, the None's, the 64-bit integer's (an odd length and another stride
     # are specialized by neither Triton nor the cache key beyond divisibility by 16)
     assert report["compiles"] <= len(cases), report
-    assert report["forgotten"], "tools.sm90's reset between cases keeps the eager launches' kernels"
+    assert report["forgotten"], "tools.sm90's reset between cases keeps the eager launches' kernels or the plans"
+    wrong = [name for name, same in report["prepared"].items() if not same]
+    assert not wrong, f"a PreparedLaunch ran another compiled kernel than Triton picks for: {wrong}"
+    wrong = [name for name, same in report["planned"].items() if not same]
+    assert not wrong, f"attention's plan ran another compiled kernel than Triton picks for (or made two plans): {wrong}"
 
 
 def _inputs(requires_grad=True):
@@ -104,32 +113,123 @@ def test_the_eager_linear_gelu_and_add_layer_norm_are_their_registered_ops_bitwi
         assert torch.equal(a, c)
 
 
-def test_the_public_ops_take_the_eager_twin_and_the_registered_op_under_a_dispatch_mode(monkeypatch):
-    """Eager calls skip the dispatcher; under a dispatch mode (fake tensors, make_fx, torch.compile's
-    tracing) the registered op runs, which those tools see."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+class Seen(TorchDispatchMode):
+    """A dispatch mode that records the ops it sees (fake tensors, make_fx and torch.compile's
+    tracing are such modes)."""
 
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
+    def __init__(self):
+        super().__init__()
+        self.ops = []
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
 
+
+def test_the_public_ops_take_their_plan_and_the_registered_op_under_a_dispatch_mode(monkeypatch):
+    """Eager calls run the op's plan (no dispatcher); under a dispatch mode (fake tensors, make_fx,
+    torch.compile's tracing) the registered op runs, which those tools see."""
     calls = []
-    eager = attention_module._attention_forward_eager
+    run = attention_module._Plan.run
 
-    def spy(*args):
-        calls.append("eager")
-        return eager(*args)
+    def spy(plan, *args):
+        calls.append("plan")
+        return run(plan, *args)
 
-    monkeypatch.setattr(attention_module, "_attention_forward_eager", spy)
+    monkeypatch.setattr(attention_module._Plan, "run", spy)
     q, k, v, pad = _inputs(requires_grad=False)
     expected = kernels.attention(q, k, v, key_padding_mask=pad)
-    assert calls == ["eager"]
+    assert calls == ["plan"]
     with Seen() as mode:
         out = kernels.attention(q, k, v, key_padding_mask=pad)
-    assert calls == ["eager"], "the eager twin ran under a dispatch mode"
-    assert mode.ops and torch.equal(out, expected)
+    assert calls == ["plan"], "the plan ran under a dispatch mode"
+    assert "fastformer.attention_forward.default" in mode.ops and torch.equal(out, expected)
+
+
+def test_a_planned_backward_under_a_dispatch_mode_runs_the_registered_backward():
+    q, k, v, pad = _inputs()
+    out = kernels.attention(q, k, v, key_padding_mask=pad)  # planned: no mode
+    expected = _grads(out, q, k, v)
+    out = kernels.attention(q, k, v, key_padding_mask=pad)
+    with Seen() as mode:
+        grads = _grads(out, q, k, v)
+    assert "fastformer.attention_backward.default" in mode.ops
+    for a, b in zip(grads, expected):
+        assert torch.equal(a, b)
+
+
+def test_a_plan_is_made_once_per_signature(monkeypatch):
+    """Without FASTFORMER_CHECK_PLANS, a signature's later calls skip the checks (its plan holds
+    them); a new shape, dtype or flag makes a plan of its own."""
+    monkeypatch.setattr(runtime, "CHECK_PLANS", False)
+    checks = []
+    check = attention_module.check_attention_args
+
+    def counted(*args, **kwargs):
+        checks.append(1)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(attention_module, "check_attention_args", counted)
+    monkeypatch.setattr(attention_module, "_plans", runtime.Plans("attention, in a test"))
+    q, k, v, pad = _inputs(requires_grad=False)
+    kernels.attention(q, k, v, key_padding_mask=pad)
+    kernels.attention(q.clone(), k.clone(), v.clone(), key_padding_mask=pad.clone())
+    assert len(checks) == 1 and len(attention_module._plans) == 1
+    kernels.attention(q, k, v, key_padding_mask=pad, causal=True)
+    kernels.attention(q.half(), k.half(), v.half(), key_padding_mask=pad)
+    kernels.attention(q[:, :, :5], k, v, key_padding_mask=pad)
+    assert len(checks) == 4 and len(attention_module._plans) == 4
+    with pytest.raises(ValueError, match="key_padding_mask must have shape"):  # a new signature is checked
+        kernels.attention(q, k, v, key_padding_mask=pad[:, :3])
+    with pytest.raises(ValueError, match="softmax_scale"):  # unhashable: the ordinary path's checks
+        kernels.attention(q, k, v, softmax_scale=[0.5])
+
+
+def test_a_kept_plan_that_differs_from_the_one_made_fails_under_the_check(monkeypatch):
+    monkeypatch.setattr(runtime, "CHECK_PLANS", True)
+    cache = {}
+    made = iter([1, 1, 2])
+    assert runtime.kept(cache, "key", lambda: next(made)) == 1
+    assert runtime.kept(cache, "key", lambda: next(made)) == 1
+    with pytest.raises(AssertionError, match="differs from what its use makes"):
+        runtime.kept(cache, "key", lambda: next(made))
+
+
+def _leaves(g, *shapes, dtype=torch.float32):
+    return [torch.randn(*shape, generator=g, dtype=dtype).requires_grad_() for shape in shapes]
+
+
+def test_each_planned_op_is_its_registered_op_bitwise():
+    """The planned path (the public op in eager mode) against the registered op on the same
+    arguments: outputs and gradients equal bit for bit, for the model's calls (views of a fused
+    projection, key padding and dropout; add + LayerNorm with x_bias, dropout and a low-precision
+    copy; the FFN's product)."""
+    g = torch.Generator().manual_seed(0)
+    seeds = draw_seeds(4, "cpu")
+    (qkv,) = _leaves(g, (2, 7, 3 * 3 * 16))
+    q, k, v = (t.view(2, 7, 3, 16).transpose(1, 2) for t in qkv.split(48, dim=-1))
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[0, 5:] = True
+    for _ in range(2):  # the plan's first call and a later one
+        planned = kernels.attention(q, k, v, key_padding_mask=pad, dropout_p=0.2, seed=seeds[0:1])
+        op, _ = attention_module._attention_forward_op(q, k, v, pad, None, False, 0.2, 16**-0.5, seeds[0:1])
+        assert torch.equal(planned, op)
+        for a, b in zip(_grads(planned, qkv), _grads(op, qkv)):
+            assert torch.equal(a, b)
+
+    x, w, b = _leaves(g, (2, 7, 8), (12, 8), (12,))
+    for _ in range(2):
+        planned = kernels.linear_gelu(x, w, b)
+        op, _ = linear_gelu_module._linear_gelu_forward_op(x.view(14, 8), w, b, "gelu", True)
+        assert torch.equal(planned, op.view(2, 7, 12))
+        for a, c in zip(_grads(planned, x, w, b), _grads(op, x, w, b)):
+            assert torch.equal(a, c)
+
+    h, r, lw, lb, xb = _leaves(g, (2, 7, 12), (2, 7, 12), (12,), (12,), (12,))
+    for _ in range(2):
+        y, y_low = kernels.add_layer_norm(h, r, lw, lb, 1e-6, 0.2, x_bias=xb, seed=seeds[1:2], lowp_dtype=torch.float16)
+        args = (h, r, lw, lb, xb, seeds[1:2], 1e-6, 0.2, torch.float32, torch.float16)
+        y_op, y_low_op, _, _ = add_layer_norm_module._add_layer_norm_forward_op(*args)
+        assert torch.equal(y, y_op) and torch.equal(y_low, y_low_op)
+        for a, c in zip(_grads(y + y_low.float(), h, r, lw, lb, xb), _grads(y_op + y_low_op.float(), h, r, lw, lb, xb)):
+            assert torch.equal(a, c)

@@ -6,7 +6,29 @@
                                    for Hopper on a CPU (tools/sm90.py's dry-run driver; docs/sm90.md)
     python -m tools.launches       kernels launched per train step and per inference (docs/launches.md)
     python -m tools.cold_start     what a first and a second GPU run compile and time (docs/cold-start.md)
+    python -m tools.host_overhead  the host time of an op call and of a train step (docs/host-path.md)
 
 Their outputs that are committed live in tools/results/. The tests use tools.sm90 and
 tools.launches; nothing in fastformer or kernels imports this package.
 """
+
+import json
+import os
+import sys
+
+
+def refuses_interpreter(tool, why):
+    """For a tool that compiles kernels for a GPU: True, having said so on stderr, when
+    TRITON_INTERPRET is set (the interpreter replaces triton.jit when the kernels are imported)."""
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    print(f"tools.{tool}: unset TRITON_INTERPRET: {why}", file=sys.stderr)
+    return True
+
+
+def write_report(path, report, table):
+    """Write a tool's report as JSON to `path` (its folder made), print its table and where it went."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(table)
+    print(f"\nwrote {path}")

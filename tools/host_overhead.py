@@ -25,12 +25,12 @@ The kernels must be imported without TRITON_INTERPRET: run this in a process tha
 """
 
 import argparse
-import json
-import os
 import platform
 import sys
 import time
 from pathlib import Path
+
+from tools import refuses_interpreter, write_report
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "tools" / "results" / "host_overhead.json"
@@ -220,14 +220,10 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="few repetitions: checks the instrument, not the figures")
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"where the report goes (default {RESULTS})")
     args = parser.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        print("tools.host_overhead: unset TRITON_INTERPRET: this times compiled kernels' launches", file=sys.stderr)
+    if refuses_interpreter("host_overhead", "this times compiled kernels' launches"):
         return 2
     report = measure(calls=5, repeats=1, step_calls=1) if args.quick else measure()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n")
-    print(table(report))
-    print(f"\nwrote {args.json}")
+    write_report(args.json, report, table(report))
     return 0
 
 

@@ -208,11 +208,16 @@ def _dry_run_driver(time_configs=True):
             return DEVICE_NAME
 
     class _NoLaunch:
+        """A compiled kernel's launcher that launches nothing; the last one called is
+        `_NoLaunch.last` (tests ask which compiled kernel a launch ran)."""
+
+        last = None
+
         def __init__(self, src, metadata):
             pass
 
         def __call__(self, *args, **kwargs):
-            pass
+            _NoLaunch.last = self
 
     class DryRunDriver(DriverBase):
         def __init__(self):
@@ -340,12 +345,7 @@ class _Recorder:
         return kernel, facts
 
     def _record(self, src, options, facts):
-        meta = {
-            name: value for (name,), value in _constexprs(src).items() if name.startswith("BLOCK_") or name == "GROUP_M"
-        }
-        num_stages = (options or {}).get("num_stages", 3)
-        config = " ".join(f"{k}={v}" for k, v in sorted(meta.items()))
-        config += f" w{(options or {}).get('num_warps', 4)} s{num_stages}"
+        config, num_stages = config_of(src, options)
         kernel = _kernel_name(src)
         ident = (self.case.name, kernel, config)
         if ident in self.seen:
@@ -363,6 +363,16 @@ def _summary(error):
     lines = [line.strip() for line in str(error).splitlines() if line.strip().strip("^~").strip()]
     message = next((line for line in reversed(lines) if "rror" in line or "annot" in line), lines[-1] if lines else "")
     return f"{type(error).__name__}: {message}"[:400]
+
+
+def config_of(src, options):
+    """("BLOCK_M=64 BLOCK_N=64 w4 s3", num_stages) of a compile: its block constexprs, warps and stages."""
+    meta = {
+        name: value for (name,), value in _constexprs(src).items() if name.startswith("BLOCK_") or name == "GROUP_M"
+    }
+    num_stages = (options or {}).get("num_stages", 3)
+    config = " ".join(f"{k}={v}" for k, v in sorted(meta.items()))
+    return config + f" w{(options or {}).get('num_warps', 4)} s{num_stages}", num_stages
 
 
 def _constexprs(src):
@@ -386,9 +396,9 @@ def _reset_jit_caches(module_names):
     import triton
 
     from fastformer.kernels._configs import Configs
-    from fastformer.kernels._runtime import _EagerLaunch
+    from fastformer.kernels._runtime import forget_launches
 
-    _EagerLaunch.forget()  # the compiled kernels eager launches keep: each case compiles (and records) anew
+    forget_launches()  # the compiled kernels eager launches and plans keep: each case compiles (and records) anew
     for module_name in module_names:
         module = sys.modules[module_name]
         for value in vars(module).values():
