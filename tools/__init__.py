@@ -7,6 +7,7 @@
     python -m tools.launches       kernels launched per train step and per inference (docs/launches.md)
     python -m tools.cold_start     what a first and a second GPU run compile and time (docs/cold-start.md)
     python -m tools.host_overhead  the host time of an op call and of a train step (docs/host-path.md)
+    python -m tools.sass           the kernels' hot loops read from their sm_90a SASS (docs/kernels.md)
 
 Their outputs that are committed live in tools/results/. The tests use tools.sm90 and
 tools.launches; nothing in fastformer or kernels imports this package.
