@@ -35,6 +35,9 @@ shows for each choice, per Triton version, is in docs/kernels.md):
   costs so many registers that the forward's tiles spill. The price is that the four words reach
   the tile interleaved through shared memory, where ptxas serializes wgmma (note C7515) in the
   backward's passes with dropout; which costs more on a GPU is for the benchmarks to say.
+- The softmax scale is folded into the exponent (`exp2(qk * qk_scale - m)`, one FFMA per score),
+  and dropout's 1 / (1 - p) is applied once (to the forward's output rows, to dV after its loop)
+  or as a product, never as a division per element: python -m tools.sass reads what each costs.
 - The key-padding flags are loaded one key block ahead in the forward and dQ loops
   (_next_key_block), and once per program in dK/dV (its key block is fixed), so no loop waits on them.
 - A launch runs the first of its kernel's candidates that compiles without spills or shared-memory
@@ -390,20 +393,17 @@ def _attn_fwd_kernel(
     for start_n in range(0, end_n, BLOCK_N):
         offs_n, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
         k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        # (BLOCK_M, BLOCK_N)
-        s, valid = _scores(
-            q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale,
-            HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION,
-        )
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # (BLOCK_M, BLOCK_N) unscaled scores: the scale is folded into the exponent below
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK)
+        qk = tl.where(valid, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: the max of the scaled scores
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no valid key yet
         alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
+        p = tl.exp2(qk * qk_scale - m_safe[:, None])  # one FFMA per score
         l_i = l_i * alpha + tl.sum(p, 1)
-        if HAS_DROPOUT:
-            keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
-            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+        if HAS_DROPOUT:  # the kept probabilities; 1 / (1 - p) scales the output once, after the loop
+            p = tl.where(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N), p, 0.0)
         v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         # rescale first, then let the dot accumulate in place (wgmma keeps acc in registers)
         acc = acc * alpha[:, None]
@@ -412,7 +412,9 @@ def _attn_fwd_kernel(
 
     masked_row = l_i == 0.0
     l_safe = tl.where(masked_row, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    # the softmax's 1 / l, and the dropout's 1 / (1 - p) with it: one scale per row
+    row_scale = l_safe * (1.0 - dropout_p) if HAS_DROPOUT else l_safe
+    out = acc / row_scale[:, None]
     lse = tl.where(masked_row, float("inf"), m_i + tl.log2(l_safe))
     if HAS_PAD or HAS_MASK:
         if tl.max((masked_row & (offs_m < Lq)).to(tl.int32), 0) > 0:
@@ -430,15 +432,17 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
     docs/kernels.md). At head dim 128, 64 x 64 spills (with padding and a causal mask: the kernel
     scans the padding itself), so only 32 query rows a block.
 
-    The one known exception, from the full matrix (tools.sm90_cases.full_cases): with a dense mask
-    and dropout at head dim 128 (72 to 128) even 32 x 64 spills on Triton 3.9, and the list has no
-    smaller tile; 2 stages, which spill least, are kept. The model never passes a dense mask."""
+    With dropout at head dim 128 (72 to 128), 32 x 64 in 2 stages: in 3 it spills 4 bytes with key
+    padding on Triton 3.9 (since dV takes the dropout's 1 / (1 - p) once, after its loop). The one
+    known exception, from the full matrix (tools.sm90_cases.full_cases): with a dense mask and
+    dropout there, even 32 x 64 in 2 stages spills on Triton 3.9, and the list has no smaller tile;
+    it is kept, spilling least. The model never passes a dense mask."""
     if not _fits_lengths(meta, launch, _DKDV_TILES):
         return False
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
     if launch["BLOCK_D"] == 128:
         if launch["HAS_DROPOUT"]:
-            return tile == (32, 64) and (num_stages == 2 or not launch["HAS_MASK"])
+            return tile == (32, 64) and num_stages == 2
         return tile in ((32, 64), (32, 128))
     # a dense mask with dropout: 64 x 64 spills
     return not (launch["HAS_MASK"] and launch["HAS_DROPOUT"] and tile == (64, 64))
@@ -544,6 +548,7 @@ def _attn_bwd_kernel(
         end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
 
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        inv_keep = 1.0 / (1.0 - dropout_p)  # the dropout's scale: a product per element, not a division
         pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk, HAS_PAD)
         for start_n in range(0, end_n, BLOCK_N):
             offs_n, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
@@ -551,14 +556,14 @@ def _attn_bwd_kernel(
                 keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
             k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
             v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-            s, valid = _scores(
-                q, k, offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, qk_scale,
-                HAS_PAD, IS_CAUSAL, HAS_MASK, DOT_PRECISION,
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            valid = _tile_valid(
+                offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK
             )
-            p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
+            p = tl.where(valid, tl.exp2(qk * qk_scale - lse[:, None]), 0.0)  # the scale in one FFMA per score
             dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
             if HAS_DROPOUT:
-                dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+                dp = tl.where(keep, dp * inv_keep, 0.0)
             ds = p * (dp - delta[:, None])
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         _store_rows(_interleaved(DQ, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, dq * sm_scale)
@@ -583,7 +588,8 @@ def _attn_bwd_kernel(
         # rows are this program's keys, P^T and dS^T feed dV and dK from registers without a transpose,
         # and the row vectors (lse, delta) broadcast along columns.
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # of the kept probabilities: 1 / (1 - p) after the loop
+        inv_keep = 1.0 / (1.0 - dropout_p)
         for m in range(start_m, end_m, BLOCK_M):
             offs_m = m + tl.arange(0, BLOCK_M)
             if HAS_DROPOUT:
@@ -593,17 +599,17 @@ def _attn_bwd_kernel(
             lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
             delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
             # (BLOCK_N, BLOCK_M)
-            st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale
+            st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32)
             valid = _tile_valid(
                 offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn,
                 HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True,
             )
-            pt = tl.where(valid, tl.exp2(st - lse[None, :]), 0.0)
+            pt = tl.where(valid, tl.exp2(st * qk_scale - lse[None, :]), 0.0)  # the scale in one FFMA per score
             dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
             pt_dropped = pt
             if HAS_DROPOUT:
-                pt_dropped = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
-                dpt = tl.where(keep, dpt / (1.0 - dropout_p), 0.0)
+                pt_dropped = tl.where(keep, pt, 0.0)
+                dpt = tl.where(keep, dpt * inv_keep, 0.0)
             dv = tl.dot(pt_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
             dst = pt * (dpt - delta[None, :])
             dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -618,13 +624,15 @@ def _attn_bwd_kernel(
                     row = (lse == float("inf")) & (offs_m < Lq)
                     # (BLOCK_N, BLOCK_M)
                     pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
-                    if HAS_DROPOUT:
+                    if HAS_DROPOUT:  # scaled with the rest of dV, below
                         keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))
-                        pt = tl.where(keep, pt / (1.0 - dropout_p), 0.0)
+                        pt = tl.where(keep, pt, 0.0)
                     do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
                     dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
         _store_rows(_interleaved(DK, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dk * sm_scale)
+        if HAS_DROPOUT:
+            dv = dv * inv_keep
         _store_rows(_interleaved(DV, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dv)
 
 
