@@ -24,9 +24,10 @@ import torch
 
 from fastformer import kernels
 from fastformer.kernels._runtime import warn_once
+from fastformer.options import BACKEND_ENV
 
 BACKENDS = ("auto", "triton", "reference")
-ENV_VAR = "FASTFORMER_BACKEND"
+ENV_VAR = BACKEND_ENV
 
 _backend = None  # None: read ENV_VAR, default "auto"
 

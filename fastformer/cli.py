@@ -133,15 +133,15 @@ def _predict(args):
     return 0
 
 
+_BACKEND_HELP = (
+    "where the math runs (default: $FASTFORMER_BACKEND when set, else auto: Triton kernels on CUDA, "
+    "the PyTorch reference elsewhere)"
+)
+
+
 def _add_runtime_options(parser):
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    parser.add_argument(
-        "--backend",
-        dest="backend_name",
-        default="auto",
-        choices=["auto", "triton", "reference"],
-        help="where the math runs (default auto: Triton kernels on CUDA, the PyTorch reference elsewhere)",
-    )
+    parser.add_argument("--backend", dest="backend_name", choices=["auto", "triton", "reference"], help=_BACKEND_HELP)
     parser.add_argument(
         "--amp",
         default="auto",
@@ -164,7 +164,7 @@ def build_parser():
     )
     demo.set_defaults(run_command=_demo)
     demo.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    demo.add_argument("--backend", dest="backend_name", default="auto", choices=["auto", "triton", "reference"])
+    demo.add_argument("--backend", dest="backend_name", choices=["auto", "triton", "reference"], help=_BACKEND_HELP)
     demo.add_argument("--batch-size", type=int, default=8)
     demo.add_argument("--seq-len", type=int, default=64)
     demo.add_argument("--seed", type=int, default=0)
@@ -294,6 +294,10 @@ def main(argv=None):
         print(f"{prog}: warning: {message}", file=sys.stderr)
 
     try:
+        if getattr(args, "backend_name", "") is None:  # no --backend: the environment's, else auto
+            from fastformer.options import default_backend
+
+            args.backend_name = default_backend()
         with warnings.catch_warnings():
             warnings.showwarning = show_warning
             return args.run_command(args)

@@ -588,9 +588,10 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
 
 
 def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=print):
-    """The predicted label and its probability for each text; returns [(label_name, prob)]. An
-    empty or whitespace-only text raises ValueError."""
-    check_texts(texts)
+    """The predicted label and its probability for each text; returns [(label_name, prob)]. `texts`:
+    a str (one text) or an iterable of str, read once; an empty or whitespace-only text raises
+    ValueError, a value that is not text TypeError."""
+    texts = check_texts(texts)
     check_run_options(device, backend_name, amp)
     device = resolve_device(device)
     check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)

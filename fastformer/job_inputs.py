@@ -18,6 +18,7 @@ from fastformer.config import BYTES_TO_BUILD, TUTORIAL, Config, check_fits, host
 from fastformer.data import rotten_tomatoes
 from fastformer.data.files import check_labels, file_sha256, infer_classes, read_reviews
 from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
+from fastformer.environment import interpreter_requested
 from fastformer.options import (
     DEFAULTS,
     RUN_OPTIONS,
@@ -120,7 +121,7 @@ def triton_available():
     kernels = sys.modules.get("fastformer.kernels")
     if kernels is not None:
         return kernels.HAS_TRITON, kernels.INTERPRET
-    return importlib.util.find_spec("triton") is not None, os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return importlib.util.find_spec("triton") is not None, interpreter_requested()
 
 
 def dataset_files(dataset, train, test):

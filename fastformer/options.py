@@ -8,6 +8,7 @@ commands' options. Nothing here imports torch: the command checks its options be
     train(TrainOptions.from_args(args))               # what `fastformer train` does
 """
 
+import collections.abc
 import dataclasses
 import math
 import numbers
@@ -37,6 +38,7 @@ RUN_OPTIONS = (
 )
 PATH_OPTIONS = ("train", "test", "vocab", "config")
 BACKENDS = ("auto", "triton", "reference")
+BACKEND_ENV = "FASTFORMER_BACKEND"  # the backend when none is chosen (fastformer.backend reads it too)
 AMPS = ("auto", "bf16", "fp16", "off")
 DATASETS = ("demo", "rotten-tomatoes")  # --dataset: the embedded set, or what `fastformer data` prepared
 DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")  # the devices the job runs on
@@ -182,8 +184,12 @@ class TrainOptions:
 
     @classmethod
     def from_args(cls, args):
-        """The options of an argparse namespace that has an attribute per field (and maybe more)."""
-        return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+        """The options of an argparse namespace that has an attribute per field (and maybe more); a
+        backend not given is $FASTFORMER_BACKEND's, else "auto" (default_backend)."""
+        options = {field.name: getattr(args, field.name) for field in dataclasses.fields(cls)}
+        if options["backend_name"] is None:
+            options["backend_name"] = default_backend()
+        return cls(**options)
 
     def check(self):
         """Raise ValueError naming the first option whose value cannot be right, on its own or with the
@@ -250,6 +256,14 @@ class TrainOptions:
         return {name: getattr(self, name) for name in RUN_OPTIONS}
 
 
+def default_backend():
+    """The commands' --backend when none is given: $FASTFORMER_BACKEND when it is set (ValueError
+    naming it when it is not a backend), else "auto"."""
+    name = os.environ.get(BACKEND_ENV, "auto")
+    check_choice(f"${BACKEND_ENV}", name, BACKENDS)
+    return name
+
+
 def check_run_options(device, backend_name, amp, batch_size=None):
     """Raise ValueError naming the first of the options `evaluate`, `predict` and `demo` share that
     cannot be right."""
@@ -261,17 +275,25 @@ def check_run_options(device, backend_name, amp, batch_size=None):
 
 
 def check_texts(texts):
-    """`predict`'s texts: at least one, none empty or only whitespace (the model would see padding
-    only, and still answer)."""
+    """`predict`'s texts as a list: a str is one text, and any other iterable of str (a generator
+    too) is read once. At least one, none empty or only whitespace (the model would see padding
+    only, and still answer). TypeError for a value that is neither, or an item that is not a str."""
+    if isinstance(texts, str):
+        texts = [texts]
+    elif isinstance(texts, (bytes, bytearray)) or not isinstance(texts, collections.abc.Iterable):
+        raise TypeError(f"texts must be a str or an iterable of str, got {type(texts).__name__}")
+    else:
+        texts = list(texts)
     if not texts:
         raise ValueError("give at least one text to classify")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise ValueError(f"text {i + 1} of {len(texts)} is a {type(text).__name__}, not a str")
+            raise TypeError(f"text {i + 1} of {len(texts)} is a {type(text).__name__}, not a str")
         if not text.strip():
             raise ValueError(
                 f"text {i + 1} of {len(texts)} ({text!r}) is empty or only whitespace: nothing to classify"
             )
+    return texts
 
 
 def check_demo_options(device, backend_name, batch_size, seq_len, seed):

@@ -48,8 +48,9 @@ except ImportError:
     triton = tl = _TritonMissing()
     HAS_TRITON = False
 
-# Triton reads TRITON_INTERPRET when a kernel is decorated, so this is fixed at import time.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Triton reads TRITON_INTERPRET when a kernel is decorated, so this is fixed at import time, and
+# read as Triton reads it (1, true, on, yes or y in any case; fastformer.environment before import)
+INTERPRET = HAS_TRITON and bool(knobs.runtime.interpret)
 
 _warned = set()
 

@@ -7,13 +7,15 @@ import os
 import pytest
 import torch
 
+from fastformer.environment import interpreter_requested
+
 # Triton reads this when a kernel is decorated, so it must be set before `fastformer.kernels` is imported.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # Every eager op call of a signature already seen makes its plan again and compares (kernels._runtime,
 # Plans): a plan keyed on less than what it depends on fails a test instead of reusing a stale launch.
 os.environ.setdefault("FASTFORMER_CHECK_PLANS", "1")
-if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton"):
+if interpreter_requested() and importlib.util.find_spec("triton"):
     from tests import interpreter_bf16, interpreter_speed
 
     interpreter_bf16.install()  # bf16 dots and casts as a GPU computes them (see its docstring)

@@ -1,5 +1,8 @@
 """The backend switch: set_backend, use_backend, FASTFORMER_BACKEND, and attention probabilities."""
 
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -35,6 +38,30 @@ def test_environment_variable(monkeypatch):
     monkeypatch.setenv("FASTFORMER_BACKEND", "fast")
     with pytest.raises(ValueError, match=r"\$FASTFORMER_BACKEND must be one of"):
         fastformer.get_backend()
+
+
+@pytest.mark.parametrize("value", ["1", "true", "True", "ON", "yes", "Y", "0", "false", "no", "off", "", " 1", "2"])
+def test_triton_interpret_is_read_as_triton_reads_it(value, monkeypatch):
+    """fastformer reads TRITON_INTERPRET before importing Triton (the CLI's checks) and after (the
+    kernels); both must agree with Triton's own reading, which decides whether kernels are interpreted."""
+    from fastformer.environment import interpreter_requested
+    from fastformer.job_inputs import triton_available
+
+    getenv_bool = pytest.importorskip("triton._C.libtriton").getenv_bool
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert interpreter_requested() == getenv_bool("TRITON_INTERPRET", False)
+    monkeypatch.delitem(sys.modules, "fastformer.kernels")  # as before the kernels are imported
+    assert triton_available() == (True, getenv_bool("TRITON_INTERPRET", False))
+
+
+@pytest.mark.versions
+def test_the_kernels_are_interpreted_under_a_truthy_value_other_than_1():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="true")
+    code = "from fastformer import kernels; print(kernels.INTERPRET)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "True"
 
 
 def test_auto_uses_triton_for_cuda_tensors_only():

@@ -8,6 +8,7 @@ import torch
 
 import fastformer
 from fastformer.cli import build_parser, main
+from fastformer.options import TrainOptions
 
 
 def test_version(capsys):
@@ -36,9 +37,30 @@ def test_demo_runs_on_its_backend_and_leaves_the_process_on_the_previous_one(cap
     assert "backend 'reference' -> PyTorch reference" in capsys.readouterr().out
 
 
-def test_train_arguments_become_one_train_options_with_the_apis_defaults():
-    from fastformer.options import TrainOptions
+def test_the_backend_not_given_is_the_environments(monkeypatch, capsys):
+    """FASTFORMER_BACKEND, which sets the backend of fastformer's modules, is also every command's
+    --backend default; --backend overrides it, and a bad value is one line and exit 2."""
+    from fastformer import job
 
+    seen = []
+    monkeypatch.setattr(job, "demo", lambda **options: seen.append(options["backend_name"]))
+    demo = ["demo", "--device", "cpu", "--batch-size", "2", "--seq-len", "8"]
+    monkeypatch.setenv("FASTFORMER_BACKEND", "reference")
+    assert main(demo) == 0 and main([*demo, "--backend", "auto"]) == 0
+    monkeypatch.delenv("FASTFORMER_BACKEND")
+    assert main(demo) == 0
+    assert seen == ["reference", "auto", "auto"]
+    monkeypatch.setenv("FASTFORMER_BACKEND", "reference")
+    assert TrainOptions.from_args(build_parser().parse_args(["train"])).backend_name == "reference"
+    monkeypatch.setenv("FASTFORMER_BACKEND", "bogus")
+    capsys.readouterr()
+    assert main(demo) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "$FASTFORMER_BACKEND" in err and "'bogus'" in err
+    assert seen == ["reference", "auto", "auto"]
+
+
+def test_train_arguments_become_one_train_options_with_the_apis_defaults():
     parser = build_parser()
     assert TrainOptions.from_args(parser.parse_args(["train"])) == TrainOptions()
     args = parser.parse_args(

@@ -81,6 +81,22 @@ def test_predict_refuses_an_empty_text(run_dir, text, capsys):
     )
 
 
+def test_job_predict_takes_a_str_as_one_text_and_reads_an_iterable_once(run_dir):
+    one = job.predict(run=run_dir, texts="the film was great lovely", device="cpu", log=lambda *a: None)
+    assert len(one) == 1 and one[0][0] == "positive"
+    texts = ["the film was great lovely", "the film was awful dull boring"]
+    as_list = job.predict(run=run_dir, texts=texts, device="cpu", log=lambda *a: None)
+    as_generator = job.predict(run=run_dir, texts=(t for t in texts), device="cpu", log=lambda *a: None)
+    assert as_generator == as_list and [label for label, _ in as_list] == ["positive", "negative"]
+    for bad, message in (
+        (b"great", "texts must be a str or an iterable of str, got bytes"),
+        (3, "got int"),
+        (["great", 3], "text 2 of 2 is a int, not a str"),
+    ):
+        with pytest.raises(TypeError, match=re.escape(message)):
+            job.predict(run=run_dir, texts=bad, device="cpu", log=lambda *a: None)
+
+
 def test_evaluate_and_predict_commands(run_dir, files, capsys):
     capsys.readouterr()
     assert main(["evaluate", "--run", str(run_dir), "--device", "cpu"]) == 0

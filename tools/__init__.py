@@ -14,14 +14,15 @@ tools.launches; nothing in fastformer or kernels imports this package.
 """
 
 import json
-import os
 import sys
 
 
 def refuses_interpreter(tool, why):
     """For a tool that compiles kernels for a GPU: True, having said so on stderr, when
     TRITON_INTERPRET is set (the interpreter replaces triton.jit when the kernels are imported)."""
-    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+    from fastformer.environment import interpreter_requested
+
+    if not interpreter_requested():
         return False
     print(f"tools.{tool}: unset TRITON_INTERPRET: {why}", file=sys.stderr)
     return True

@@ -281,7 +281,9 @@ def dry_run(time_configs=True):
     and fastformer's ops take the Triton path on CPU tensors, as they would on CUDA ones, so whole
     models can run "on the GPU" here. Both are restored after (no real driver can be active: there
     is no GPU)."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    from fastformer.environment import interpreter_requested
+
+    if interpreter_requested():
         raise RuntimeError("tools.sm90 compiles for a GPU: run it without TRITON_INTERPRET=1")
     from triton.runtime.driver import driver
 

@@ -1,0 +1,12 @@
+"""Environment variables fastformer reads before torch or Triton is imported."""
+
+import os
+
+# How Triton reads a boolean variable (its getenv_bool, Triton 3.6 to 3.9): these values, in any
+# case, are true, and every other value (unset, empty, " 1", "2") false
+TRUE_VALUES = ("1", "true", "on", "yes", "y")
+
+
+def interpreter_requested(environ=os.environ):
+    """Whether TRITON_INTERPRET turns Triton's interpreter on, read as Triton reads it."""
+    return environ.get("TRITON_INTERPRET", "").lower() in TRUE_VALUES
