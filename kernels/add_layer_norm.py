@@ -225,7 +225,7 @@ def _add_ln_bwd_kernel(
 def _forward_outputs(x, out_dtype, lowp_dtype):
     """Empty y (x's shape, out_dtype), y_low (x's shape in lowp_dtype; None when that is None) and
     each row's mean and 1/std (fp32), contiguous."""
-    n_rows = x.numel() // x.shape[-1]
+    n_rows = math.prod(x.shape[:-1])  # as rows_view's shape has it (a product, not a quotient, of symbolic sizes)
     y = torch.empty(*x.shape, dtype=out_dtype, device=x.device)  # sizes as ints: a microsecond less than a Size
     y_low = None if lowp_dtype is None else torch.empty(*x.shape, dtype=lowp_dtype, device=x.device)
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -342,7 +342,7 @@ def _add_layer_norm_backward(
 def _bwd_programs(x):
     """The backward's number of programs for x's rows (_bwd_grid)."""
     n_cols = x.shape[-1]
-    return _bwd_grid(x.numel() // n_cols, _bwd_tile(n_cols)[0], x.device)[0]
+    return _bwd_grid(math.prod(x.shape[:-1]), _bwd_tile(n_cols)[0], x.device)[0]
 
 
 def _backward_outputs(x, residual, programs, param_grads, x_bias_grad, sums_dtype):
@@ -443,7 +443,7 @@ class _Plan(Plan):
     which inputs need one) on the first backward that meets it."""
 
     def __init__(self, x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype):
-        self.shape, self.rows = tuple(x.shape), (x.numel() // x.shape[-1], x.shape[-1])
+        self.shape, self.rows = tuple(x.shape), (math.prod(x.shape[:-1]), x.shape[-1])
         self.eps, self.dropout_p, self.out_dtype, self.lowp_dtype = eps, dropout_p, out_dtype, lowp_dtype
         self.draws_seed = dropout_p > 0.0 and seed is None
         if self.draws_seed:  # a stand-in for the seed each call draws (no number drawn here)
@@ -555,7 +555,7 @@ def _make_plan(x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dty
     check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dtype)
     if not 0 < x.shape[-1] <= MAX_FEATURES or x.stride(-1) != 1 or residual.stride(-1) != 1:
         return None
-    rows = (x.numel() // x.shape[-1], x.shape[-1])
+    rows = (math.prod(x.shape[:-1]), x.shape[-1])
     try:
         x.view(rows), residual.view(rows)
     except RuntimeError:  # rows_view copies them
