@@ -14,56 +14,59 @@ import sys
 from pathlib import Path
 
 if __name__ != "fastformer.kernels":
-    # a second copy would register the torch.library ops twice and patch the wrong module in tests
-    raise ImportError(
-        f"fastformer's ops are the package fastformer.kernels, not {__name__!r}: use `from fastformer import kernels`"
+    # Imported under another name: `import kernels` where this folder is on the path (a checkout's
+    # root, where the README's commands run). That name belongs to another project on PyPI, which
+    # libraries probe for (transformers imports it to look for a version), so this folder stands
+    # aside: the other project when it is installed, else an empty package that names the right
+    # import on any use. A second copy of the ops would register the torch.library ops twice.
+    from ._stand_aside import stand_aside  # nothing else of this folder loads
+
+    stand_aside(__name__, Path(__file__).resolve().parent)
+else:  # fastformer.kernels: the ops
+
+    def _check_same_copy():
+        """The ops must come from the copy of the repository whose `fastformer` is running: installed,
+        kernels/ sits inside fastformer/; in a checkout, beside it. Two checkouts mix when one is
+        installed in editable mode and Python runs from the other: its fastformer/ is found on the path
+        and, having no kernels/ inside, takes the installed copy's. (Importing this package imported its
+        parent first, so `fastformer` is in sys.modules; nothing of it is loaded here.)"""
+        here = Path(__file__).resolve().parent
+        running = Path(sys.modules["fastformer"].__file__).resolve().parent
+        if running not in (here.parent, here.parent / "fastformer"):
+            raise ImportError(
+                f"fastformer is imported from {running} but its ops from another copy, {here}: "
+                f"install the copy you run (`pip install -e .` in {running.parent}) or run the installed one"
+            )
+
+    _check_same_copy()
+
+    from ._configs import autotune_enabled, autotuning, set_autotune
+    from ._runtime import HAS_TRITON, INTERPRET, compile_only
+    from .add_layer_norm import (
+        add_layer_norm,
+        add_layer_norm_dropout_mask,
+        add_layer_norm_reference,
     )
+    from .attention import attention, attention_dropout_mask, attention_reference
+    from .feed_forward import feed_forward, feed_forward_fused, feed_forward_reference
+    from .linear_gelu import linear_gelu, linear_gelu_reference
 
-
-def _check_same_copy():
-    """The ops must come from the copy of the repository whose `fastformer` is running: installed,
-    kernels/ sits inside fastformer/; in a checkout, beside it. Two checkouts mix when one is
-    installed in editable mode and Python runs from the other: its fastformer/ is found on the path
-    and, having no kernels/ inside, takes the installed copy's. (Importing this package imported its
-    parent first, so `fastformer` is in sys.modules; nothing of it is loaded here.)"""
-    here = Path(__file__).resolve().parent
-    running = Path(sys.modules["fastformer"].__file__).resolve().parent
-    if running not in (here.parent, here.parent / "fastformer"):
-        raise ImportError(
-            f"fastformer is imported from {running} but its ops from another copy, {here}: "
-            f"install the copy you run (`pip install -e .` in {running.parent}) or run the installed one"
-        )
-
-
-_check_same_copy()
-
-from ._configs import autotune_enabled, autotuning, set_autotune
-from ._runtime import HAS_TRITON, INTERPRET, compile_only
-from .add_layer_norm import (
-    add_layer_norm,
-    add_layer_norm_dropout_mask,
-    add_layer_norm_reference,
-)
-from .attention import attention, attention_dropout_mask, attention_reference
-from .feed_forward import feed_forward, feed_forward_fused, feed_forward_reference
-from .linear_gelu import linear_gelu, linear_gelu_reference
-
-__all__ = [
-    "HAS_TRITON",
-    "INTERPRET",
-    "add_layer_norm",
-    "add_layer_norm_dropout_mask",
-    "add_layer_norm_reference",
-    "attention",
-    "attention_dropout_mask",
-    "attention_reference",
-    "autotune_enabled",
-    "autotuning",
-    "compile_only",
-    "feed_forward",
-    "feed_forward_fused",
-    "feed_forward_reference",
-    "linear_gelu",
-    "linear_gelu_reference",
-    "set_autotune",
-]
+    __all__ = [
+        "HAS_TRITON",
+        "INTERPRET",
+        "add_layer_norm",
+        "add_layer_norm_dropout_mask",
+        "add_layer_norm_reference",
+        "attention",
+        "attention_dropout_mask",
+        "attention_reference",
+        "autotune_enabled",
+        "autotuning",
+        "compile_only",
+        "feed_forward",
+        "feed_forward_fused",
+        "feed_forward_reference",
+        "linear_gelu",
+        "linear_gelu_reference",
+        "set_autotune",
+    ]

@@ -82,6 +82,64 @@ def test_an_uninstalled_checkout_says_to_install_it(tmp_path):
     )
 
 
+def _python_at_the_root(code, pythonpath=()):
+    """Run `code` in a fresh interpreter from the checkout's root, where the README's commands run
+    and the folder kernels/ is importable as `kernels`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, pythonpath))}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_at_the_root_import_kernels_is_an_empty_package_that_names_the_right_import():
+    """`import kernels` from the root succeeds (libraries probe for that name and read its
+    __version__), loads none of the ops, and any use of it says `from fastformer import kernels`;
+    that import still works in the same process."""
+    out = _python_at_the_root(
+        "import sys, kernels\n"
+        "assert getattr(kernels, '__version__', 'N/A') == 'N/A'\n"
+        "loaded = [name for name in sys.modules if name.startswith('kernels.')]\n"
+        "assert loaded == ['kernels._stand_aside'], loaded\n"
+        "for use in ('kernels.attention', 'from kernels import attention', 'import kernels.attention'):\n"
+        "    try:\n"
+        "        exec(use if ' ' in use else 'x = ' + use)\n"
+        "    except ImportError as error:\n"
+        "        print(use, '->', error)\n"
+        "    else:\n"
+        "        raise AssertionError(use + ' worked')\n"
+        "from fastformer import kernels as ops\n"
+        "print(ops.__name__, ops.attention.__module__)\n"
+    )
+    assert out.count("use `from fastformer import kernels`") == 2, out
+    assert "fastformer.kernels fastformer.kernels.attention" in out
+
+
+def test_at_the_root_import_kernels_is_the_other_project_where_it_is_installed(tmp_path):
+    """With another `kernels` on the path (the PyPI project's name), `import kernels` from the root
+    gives that project, and fastformer.kernels stays ours."""
+    other = tmp_path / "site" / "kernels"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("__version__ = '0.9.0'\ndef get_kernel(name):\n    return name\n")
+    out = _python_at_the_root(
+        "import kernels\n"
+        "print(kernels.__file__, kernels.__version__, kernels.get_kernel('x'))\n"
+        "from fastformer import kernels as ops\n"
+        "print(ops.__name__)\n",
+        pythonpath=[tmp_path / "site"],
+    )
+    assert f"{other / '__init__.py'} 0.9.0 x" in out and "fastformer.kernels" in out
+
+
+def test_transformers_modeling_code_imports_at_the_root():
+    """transformers imports `kernels` to read its version when it finds that name: from the root it
+    finds the folder kernels/, which must not break `from transformers import PreTrainedModel`."""
+    pytest.importorskip("transformers", reason="transformers is not installed here")
+    out = _python_at_the_root("from transformers import PreTrainedModel\nprint(PreTrainedModel.__name__)\n")
+    assert "PreTrainedModel" in out
+
+
 def test_setup_ships_the_kernels_folder_inside_fastformer():
     setup = (REPO / "setup.py").read_text()
     assert 'package_dir={"fastformer.kernels": "kernels"}' in setup
