@@ -65,7 +65,16 @@ def use_backend(name):
 
 def uses_triton(tensor, matmul=True):
     """Whether an op on `tensor` runs the Triton kernels under the current backend; `matmul` says
-    the op is built on matrix products (attention, the feed-forward), which "auto" keeps off fp32."""
+    the op is built on matrix products (attention, the feed-forward), which "auto" keeps off fp32.
+    Under a torch.func transform (vmap, grad, jacrev...) the reference runs, with a one-time
+    warning: the kernels' ops have no batching rules."""
+    if not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None:
+        warn_once(
+            ("backend", "functorch"),
+            "fastformer: under a torch.func transform (vmap, grad, ...) the model runs the PyTorch reference: "
+            "the Triton kernels' ops have no batching rules",
+        )
+        return False
     backend = get_backend()
     if backend == "auto":
         return kernels.HAS_TRITON and tensor.is_cuda and (not matmul or in_half_precision(tensor))

@@ -59,3 +59,18 @@ class AttentionMask(NamedTuple):
         if not isinstance(self.causal, bool):
             raise TypeError(f"AttentionMask.causal must be a bool, got {self.causal!r}")
         return {"key_padding_mask": self.key_padding_mask, "causal": self.causal, "attn_mask": self.dense}
+
+    def materialize(self, batch_size, n_q_seq, n_k_seq, device):
+        """This mask as the tutorial's dense bool tensor, True = masked: (bs, n_q_seq, n_k_seq), or
+        (bs, n_head, n_q_seq, n_k_seq) when `dense` has a head dim. A mask that is `dense` alone is
+        returned as it is."""
+        if self.key_padding_mask is None and not self.causal and self.dense is not None:
+            return self.dense
+        mask = torch.zeros(batch_size, n_q_seq, n_k_seq, dtype=torch.bool, device=device)
+        if self.key_padding_mask is not None:
+            mask = mask | self.key_padding_mask[:, None, :]
+        if self.causal:
+            mask = mask | torch.ones(n_q_seq, n_k_seq, dtype=torch.bool, device=device).triu(1)
+        if self.dense is not None:
+            mask = (mask.unsqueeze(1) if self.dense.dim() == 4 else mask) | self.dense
+        return mask

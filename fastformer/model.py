@@ -14,6 +14,10 @@ the tutorial's, so its checkpoints load with strict=True. Three things differ, a
   keyword-only `plan` and hands its children theirs (ScaledDotProductAttention a `seed`); called
   alone, a layer makes its own, and an attention or feed-forward runs on its parameters. With a
   plan, a sublayer's last bias and dropout are fused into the add + LayerNorm that follows it.
+
+The fusions skip calling the modules inside them, so they run only while nothing can observe that
+(fastformer.fusion: stock modules in their roles, no hooks); otherwise each module runs its
+`unfused` forward, the tutorial's, calling its children as modules with the tutorial's dense masks.
 """
 
 import torch
@@ -22,7 +26,8 @@ import torch.nn.functional as F
 
 from fastformer import backend
 from fastformer.config import check_config
-from fastformer.masks import AttentionMask, get_sinusoid_encoding_table
+from fastformer.fusion import fusable
+from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
 from fastformer.plan import ForwardPlan, Hidden, Pending, active_p
 
 ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
@@ -43,7 +48,8 @@ def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"
 
     The range check is one kernel (a min/max reduction into one two-number buffer) and, for CUDA
     ids, one host sync of the buffer per call. It is skipped while torch.compile traces and while a
-    CUDA graph is captured, where a sync is not allowed: compiled and graphed steps trust their ids."""
+    CUDA graph is captured, where a sync is not allowed: compiled and graphed steps trust their ids;
+    and under a torch.func transform (vmap), whose batched ids it cannot read."""
     if not isinstance(ids, torch.Tensor):
         raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got a {type(ids).__name__}")
     if ids.dim() != 2:
@@ -52,8 +58,8 @@ def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"
         raise ValueError(f"{name} must hold integer token ids (torch.long), got {ids.dtype}")
     if ids.size(1) > max_len:
         raise ValueError(f"{name} has length {ids.size(1)}, longer than {limit} {max_len}")
-    if ids.numel() == 0 or torch.compiler.is_compiling():
-        return
+    if ids.numel() == 0 or torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+        return  # tracing; or a torch.func transform (vmap has no batching rule for the min/max)
     if ids.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     bounds = torch.empty(2, dtype=ids.dtype, device=ids.device)
@@ -118,6 +124,8 @@ class ScaledDotProductAttention(nn.Module):
         kernel's dropout seed (see fastformer.plan), or None to draw one.
         Returns context (bs, n_head, n_q_seq, d_head) and probabilities or None."""
         return_probs = wants_probs(self.config, Q)
+        if not fusable(self.dropout, DROPOUT_ROLES):  # the kernel would drop out without calling it
+            return self.unfused(Q, K, V, attn_mask, return_probs)
         out = backend.attention(
             Q,
             K,
@@ -130,6 +138,16 @@ class ScaledDotProductAttention(nn.Module):
         )
         # (bs, n_head, n_q_seq, d_head), (bs, n_head, n_q_seq, n_k_seq) or None
         return out if return_probs else (out, None)
+
+    def unfused(self, Q, K, V, attn_mask, return_probs):
+        """The tutorial's attention, its dropout module called on the probabilities."""
+        # (bs, n_head, n_q_seq, n_k_seq)
+        scores = torch.matmul(Q, K.transpose(-1, -2)) * self.scale
+        mask = AttentionMask.of(attn_mask).materialize(Q.size(0), Q.size(-2), K.size(-2), Q.device)
+        scores = scores.masked_fill(mask if mask.dim() == 4 else mask.unsqueeze(1), -1e9)
+        attn_prob = self.dropout(torch.softmax(scores, dim=-1))
+        context = torch.matmul(attn_prob, V)
+        return context, attn_prob if return_probs else None
 
 
 class MultiHeadAttention(nn.Module):
@@ -156,6 +174,8 @@ class MultiHeadAttention(nn.Module):
         linear's bias and the dropout are left to the layer's add + LayerNorm, which fuses them, and
         the output is Pending."""
         if plan is None:
+            if not fusable(self, ATTENTION_ROLES):
+                return self.unfused(Q, K, V, attn_mask)
             q_s, k_s, v_s = self.project(Q, K, V)
             output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, self.linear.weight, self.linear.bias)
             return self.dropout(output), attn_prob
@@ -166,6 +186,22 @@ class MultiHeadAttention(nn.Module):
             k_s, v_s = plan.keys_values
         output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, plan.out_weight, seed=plan.attn_seed)
         return Pending(output, self.linear.bias, active_p(self.dropout), plan.out_seed), attn_prob
+
+    def unfused(self, Q, K, V, attn_mask):
+        """The tutorial's forward, module by module, with its masks: (bs, n_q_seq, n_k_seq) for the
+        layers, repeated over the heads for scaled_dot_attn."""
+        batch_size, n_head, d_head = Q.size(0), self.config.n_head, self.config.d_head
+        # (bs, n_head, n_seq, d_head)
+        q_s = self.W_Q(Q).view(batch_size, -1, n_head, d_head).transpose(1, 2)
+        k_s = self.W_K(K).view(batch_size, -1, n_head, d_head).transpose(1, 2)
+        v_s = self.W_V(V).view(batch_size, -1, n_head, d_head).transpose(1, 2)
+        mask = AttentionMask.of(attn_mask).materialize(batch_size, Q.size(1), K.size(1), Q.device)
+        if mask.dim() == 3:
+            mask = mask.unsqueeze(1).repeat(1, n_head, 1, 1)
+        context, attn_prob = self.scaled_dot_attn(q_s, k_s, v_s, mask)
+        # (bs, n_q_seq, n_head * d_head)
+        context = context.transpose(1, 2).reshape(batch_size, -1, n_head * d_head)
+        return self.dropout(self.linear(context)), attn_prob
 
     def project(self, Q, K, V):
         """The (bs, n_head, n_seq, d_head) heads of W_Q(Q), W_K(K) and W_V(V), in one product for
@@ -228,11 +264,22 @@ class PoswiseFeedForwardNet(nn.Module):
         inputs is a Hidden; conv2's bias and the dropout are left to the layer's add + LayerNorm,
         which fuses them, and the output is Pending."""
         if plan is None:
+            if not fusable(self, FEED_FORWARD_ROLES):
+                return self.unfused(inputs)
             # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
             w1, w2 = self.conv1.weight.squeeze(-1), self.conv2.weight.squeeze(-1)
             return self.dropout(self.transform(inputs, w1, self.conv1.bias, w2, self.conv2.bias))
         output = self.transform(inputs.low, plan.w1, plan.b1, plan.w2)
         return Pending(output, self.conv2.bias, active_p(self.dropout), plan.out_seed)
+
+    def unfused(self, inputs):
+        """The tutorial's forward, module by module."""
+        # (bs, d_ff, n_seq)
+        output = self.conv1(inputs.transpose(1, 2))
+        output = F.gelu(output) if self.activation == "gelu" else F.relu(output)
+        # (bs, n_seq, d_hidn)
+        output = self.conv2(output).transpose(1, 2)
+        return self.dropout(output)
 
     def transform(self, inputs, w1, b1, w2, b2=None):
         """conv2(act(conv1(inputs))) with these weights (nn.Linear layout), without the output
@@ -257,6 +304,8 @@ class EncoderLayer(nn.Module):
         plan: this layer's LayerPlan of its Encoder's ForwardPlan, None when called alone (the layer
         makes its own). With one, inputs and outputs are Hidden pairs."""
         if plan is None:  # called alone: a plan of its own, tensors in and out
+            if not fusable(self, ENCODER_LAYER_ROLES):
+                return self.unfused(inputs, attn_mask)
             plan = ForwardPlan([self], inputs).layers[0]
             outputs, attn_prob = self.forward(Hidden.of(inputs), attn_mask, plan=plan)
             return outputs.x, attn_prob
@@ -264,6 +313,14 @@ class EncoderLayer(nn.Module):
         att_outputs = plan.add_norm(self.layer_norm1, att_outputs, inputs)
         ffn_outputs = self.pos_ffn(att_outputs, plan=plan.pos_ffn)
         ffn_outputs = plan.add_norm(self.layer_norm2, ffn_outputs, att_outputs)
+        return ffn_outputs, attn_prob
+
+    def unfused(self, inputs, attn_mask):
+        """The tutorial's forward, module by module."""
+        att_outputs, attn_prob = self.self_attn(inputs, inputs, inputs, attn_mask)
+        att_outputs = self.layer_norm1(inputs + att_outputs)
+        ffn_outputs = self.pos_ffn(att_outputs)
+        ffn_outputs = self.layer_norm2(ffn_outputs + att_outputs)
         return ffn_outputs, attn_prob
 
 
@@ -283,8 +340,14 @@ class Encoder(nn.Module):
         # (bs, n_enc_seq)
         pad = inputs.eq(self.config.i_pad)
         outputs = self.enc_emb(inputs) + self.pos_emb(position_ids(inputs, pad))
-        attn_mask = AttentionMask(key_padding_mask=pad)
         attn_probs = []
+        if not fusable(self.layers, ENCODER_LAYERS_ROLES):  # the tutorial's loop and mask
+            attn_mask = get_attn_pad_mask(inputs, inputs, self.config.i_pad)
+            for layer in self.layers:
+                outputs, attn_prob = layer(outputs, attn_mask)
+                attn_probs.append(attn_prob)
+            return outputs, attn_probs
+        attn_mask = AttentionMask(key_padding_mask=pad)
         plan = ForwardPlan(self.layers, outputs)
         hidden = Hidden.of(outputs)
         for layer, layer_plan in zip(self.layers, plan.layers):
@@ -312,6 +375,8 @@ class DecoderLayer(nn.Module):
         makes its own). With one, dec_inputs and the outputs are Hidden pairs, and the cross-attention
         reads enc_outputs through the plan's keys and values."""
         if plan is None:  # called alone: a plan of its own, tensors in and out
+            if not fusable(self, DECODER_LAYER_ROLES):
+                return self.unfused(dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask)
             plan = ForwardPlan([self], dec_inputs, enc_outputs).layers[0]
             outputs, *attn_probs = self.forward(
                 Hidden.of(dec_inputs), enc_outputs, self_attn_mask, dec_enc_attn_mask, plan=plan
@@ -327,6 +392,18 @@ class DecoderLayer(nn.Module):
         dec_enc_att_outputs = plan.add_norm(self.layer_norm2, dec_enc_att_outputs, self_att_outputs)
         ffn_outputs = self.pos_ffn(dec_enc_att_outputs, plan=plan.pos_ffn)
         ffn_outputs = plan.add_norm(self.layer_norm3, ffn_outputs, dec_enc_att_outputs)
+        return ffn_outputs, self_attn_prob, dec_enc_attn_prob
+
+    def unfused(self, dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask):
+        """The tutorial's forward, module by module."""
+        self_att_outputs, self_attn_prob = self.self_attn(dec_inputs, dec_inputs, dec_inputs, self_attn_mask)
+        self_att_outputs = self.layer_norm1(dec_inputs + self_att_outputs)
+        dec_enc_att_outputs, dec_enc_attn_prob = self.dec_enc_attn(
+            self_att_outputs, enc_outputs, enc_outputs, dec_enc_attn_mask
+        )
+        dec_enc_att_outputs = self.layer_norm2(self_att_outputs + dec_enc_att_outputs)
+        ffn_outputs = self.pos_ffn(dec_enc_att_outputs)
+        ffn_outputs = self.layer_norm3(dec_enc_att_outputs + ffn_outputs)
         return ffn_outputs, self_attn_prob, dec_enc_attn_prob
 
 
@@ -347,9 +424,20 @@ class Decoder(nn.Module):
         # (bs, n_dec_seq)
         dec_pad = dec_inputs.eq(self.config.i_pad)
         dec_outputs = self.dec_emb(dec_inputs) + self.pos_emb(position_ids(dec_inputs, dec_pad))
+        self_attn_probs, dec_enc_attn_probs = [], []
+        if not fusable(self.layers, DECODER_LAYERS_ROLES):  # the tutorial's loop and masks
+            pad_mask = get_attn_pad_mask(dec_inputs, dec_inputs, self.config.i_pad)
+            self_attn_mask = torch.gt(pad_mask + get_attn_decoder_mask(dec_inputs), 0)
+            dec_enc_attn_mask = get_attn_pad_mask(dec_inputs, enc_inputs, self.config.i_pad)
+            for layer in self.layers:
+                dec_outputs, self_attn_prob, dec_enc_attn_prob = layer(
+                    dec_outputs, enc_outputs, self_attn_mask, dec_enc_attn_mask
+                )
+                self_attn_probs.append(self_attn_prob)
+                dec_enc_attn_probs.append(dec_enc_attn_prob)
+            return dec_outputs, self_attn_probs, dec_enc_attn_probs
         self_attn_mask = AttentionMask(key_padding_mask=dec_pad, causal=True)
         dec_enc_attn_mask = AttentionMask(key_padding_mask=enc_inputs.eq(self.config.i_pad))
-        self_attn_probs, dec_enc_attn_probs = [], []
         plan = ForwardPlan(self.layers, dec_outputs, enc_outputs)
         hidden = Hidden.of(dec_outputs)
         for layer, layer_plan in zip(self.layers, plan.layers):
@@ -395,3 +483,30 @@ class MovieClassification(nn.Module):
         dec_outputs, _ = torch.max(dec_outputs, dim=1)
         logits = self.projection(dec_outputs)
         return logits, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
+
+
+# The stock type of each role in the model (fastformer.fusion): a submodule's role is the last
+# part of its name; "" is the module a check starts from, "[i]" an item of a ModuleList.
+SUBMODULE_ROLES = {
+    "self_attn": MultiHeadAttention,
+    "dec_enc_attn": MultiHeadAttention,
+    "W_Q": nn.Linear,
+    "W_K": nn.Linear,
+    "W_V": nn.Linear,
+    "scaled_dot_attn": ScaledDotProductAttention,
+    "linear": nn.Linear,
+    "dropout": nn.Dropout,
+    "pos_ffn": PoswiseFeedForwardNet,
+    "conv1": nn.Conv1d,
+    "conv2": nn.Conv1d,
+    "layer_norm1": nn.LayerNorm,
+    "layer_norm2": nn.LayerNorm,
+    "layer_norm3": nn.LayerNorm,
+}
+DROPOUT_ROLES = {"": nn.Dropout}
+ATTENTION_ROLES = {**SUBMODULE_ROLES, "": MultiHeadAttention}
+FEED_FORWARD_ROLES = {**SUBMODULE_ROLES, "": PoswiseFeedForwardNet}
+ENCODER_LAYER_ROLES = {**SUBMODULE_ROLES, "": EncoderLayer}
+DECODER_LAYER_ROLES = {**SUBMODULE_ROLES, "": DecoderLayer}
+ENCODER_LAYERS_ROLES = {**SUBMODULE_ROLES, "": nn.ModuleList, "[i]": EncoderLayer}
+DECODER_LAYERS_ROLES = {**SUBMODULE_ROLES, "": nn.ModuleList, "[i]": DecoderLayer}

@@ -1,0 +1,97 @@
+"""When the model may fuse across its modules: while nothing can observe the difference.
+
+The fast path reads weights straight from the modules and runs several of them as one kernel (the
+QKV projection, bias + dropout + residual + LayerNorm, the feed-forward), so the modules inside a
+fusion are never called. That is invisible only while every module in the span is the stock one for
+its role and nothing watches it. `fusable(module, roles)` is True when, in module's subtree (module
+included):
+
+- every module is of the exact type its role (the last part of its name) takes in `roles`, and fits
+  the fused code (a Conv1d of kernel size 1, stride 1, no padding, dilation 1, one group): a module
+  swapped in (an adapter, a LoRA wrapper, a quantized or a parametrized Linear, whose class
+  parametrize replaces) or added (a quantization observer) makes it False;
+- no module has a forward pre-hook, a forward hook or a backward hook (torch.nn.utils.prune works
+  by a forward pre-hook, quantization observers by hooks);
+- no global module hook is set (torch.nn.modules.module.register_module_forward_hook and its kin).
+
+Where it is False the model runs that piece module by module, as the tutorial does.
+
+The walk over the subtree runs once per state of the process: the answer is kept on the module and
+reused while no hook handle has been made since (every hook registration makes a RemovableHandle,
+which counts them), no module has registered a submodule or a parameter (a global registration hook
+counts those: a swap, prune's `weight_orig`, parametrize's `parametrizations`) and the global hook
+dicts keep their sizes. Removing a hook changes none of these: the model then keeps running module by
+module, which is correct, until the next registration. What it cannot see: a hook written into a
+module's hook dict by hand, and a module's class assigned by hand.
+"""
+
+import torch
+import torch.nn as nn
+from torch.nn.modules import module as _module
+from torch.utils.hooks import RemovableHandle
+
+_registrations = 0  # submodules and parameters registered by any module since import
+
+
+def _count_registration(*_):
+    global _registrations
+    _registrations += 1
+
+
+_module.register_module_module_registration_hook(_count_registration)
+_module.register_module_parameter_registration_hook(_count_registration)
+
+_GLOBAL_HOOKS = (
+    _module._global_forward_pre_hooks,
+    _module._global_forward_hooks,
+    _module._global_backward_pre_hooks,
+    _module._global_backward_hooks,
+)
+_KEPT = "_fastformer_fusable"  # the kept answer, in the module's __dict__ (not its state_dict)
+
+
+def fusable(module, roles):
+    """Whether the model may fuse across `module`'s subtree (see the module docstring). roles:
+    {the last part of a submodule's name: its stock type}; module itself is checked against
+    roles[""], and the items of a ModuleList (named by their index) against roles["[i]"]."""
+    if any(_GLOBAL_HOOKS):
+        return False
+    if torch.compiler.is_compiling():  # traced once per graph: no state kept in the module
+        return _walk(module, roles)
+    state = (RemovableHandle.next_id, _registrations)
+    kept = module.__dict__.get(_KEPT)
+    if kept is not None and kept[0] == state:
+        return kept[1]
+    answer = _walk(module, roles)
+    module.__dict__[_KEPT] = (state, answer)
+    return answer
+
+
+def _walk(module, roles):
+    for name, sub in module.named_modules():
+        role = name.rpartition(".")[2]
+        if role.isdigit():
+            role = "[i]"
+        if type(sub) is not roles.get(role) or has_hooks(sub) or not _fits(sub):
+            return False
+    return True
+
+
+def has_hooks(module):
+    """Whether a forward pre-hook, forward hook or backward hook is registered on module."""
+    return bool(
+        module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks or module._backward_hooks
+    )
+
+
+def _fits(module):
+    """Whether a stock module is one the fused code reads right: a Conv1d as a Linear."""
+    if type(module) is nn.Conv1d:
+        return (
+            module.kernel_size == (1,)
+            and module.stride == (1,)
+            and module.padding in ((0,), "valid")
+            and module.dilation == (1,)
+            and module.groups == 1
+        )
+    return True

@@ -1,0 +1,305 @@
+"""The drop-in keeps PyTorch's module semantics: what hooks, prune, parametrizations, wrappers,
+quantization and torch.func do with the tutorial's model, they do with fastformer's.
+
+Each test pairs the tutorial's model (tests/tutorial.py) with fastformer's holding the same weights,
+applies one PyTorch mechanism to both, and compares, on the reference backend and on the Triton one
+(through the interpreter on a CPU). Dropout is 0 where outputs are compared in training mode: the
+two models draw their masks differently.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.utils.parametrize as parametrize
+from torch.nn.utils import prune
+
+import fastformer
+from fastformer.fusion import fusable
+from fastformer.model import ENCODER_LAYERS_ROLES
+from tests import tutorial
+from tests.helpers import assert_max_diff, small_config, token_batch
+
+BACKENDS = ["reference", "triton"]
+TOL = 2e-5
+
+
+def paired(dropout=0.0, output_attentions=True):
+    """A tutorial model and a fastformer model with the same weights (2 layers), and a batch."""
+    config = small_config(dropout=dropout, output_attentions=output_attentions)
+    torch.manual_seed(0)
+    ref = tutorial.MovieClassification(config)
+    ours = fastformer.MovieClassification(config)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    enc, dec = token_batch(config, bs=3, enc_len=9, dec_len=4)
+    return ref, ours, (enc, dec)
+
+
+def submodules(model):
+    """{name: module} of every submodule the tutorial calls (not the ModuleLists)."""
+    return {name: m for name, m in model.named_modules() if name and not isinstance(m, nn.ModuleList)}
+
+
+def tensors(value):
+    """The tensors of a module's output or inputs, in order (None kept as None)."""
+    if isinstance(value, torch.Tensor) or value is None:
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors(v)]
+    return []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_submodule_hook_fires_with_the_tutorials_inputs_and_outputs(backend):
+    """A forward pre-hook and a forward hook on every submodule: the same modules fire, in the same
+    order, and each sees the tutorial's inputs and outputs (masks as the tutorial's dense tensors)."""
+    ref, ours, batch = paired()
+    seen = {}
+    for tag, model in (("ref", ref), ("ours", ours)):
+        log = seen[tag] = []
+        for name, m in submodules(model).items():
+            m.register_forward_pre_hook(lambda m, args, name=name, log=log: log.append((name, "in", tensors(args))))
+            m.register_forward_hook(lambda m, args, out, name=name, log=log: log.append((name, "out", tensors(out))))
+    ref.eval(), ours.eval()
+    ref(*batch)
+    with fastformer.use_backend(backend):
+        ours(*batch)
+    assert [entry[:2] for entry in seen["ours"]] == [entry[:2] for entry in seen["ref"]]
+    assert len(seen["ref"]) == 2 * len(submodules(ref))
+    for (name, kind, expected), (_, _, actual) in zip(seen["ref"], seen["ours"]):
+        assert len(actual) == len(expected), f"{name} {kind}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            where = f"{name} {kind}[{i}]"
+            if e is None:
+                assert a is None, where
+            elif e.dtype == torch.bool:
+                assert torch.equal(a.expand_as(e), e), where
+            else:
+                assert a.shape == e.shape, where
+                assert_max_diff(where, a, e, TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", ["pos_ffn.conv2", "self_attn", "pos_ffn", "self_attn.W_Q", "layer_norm1", ""])
+def test_a_hook_that_returns_a_new_output_takes_effect(backend, where):
+    """A forward hook that returns a modified output, on a leaf (conv2, W_Q, a LayerNorm), on a
+    sublayer (self_attn, pos_ffn) or on a whole EncoderLayer: the logits follow the tutorial's."""
+    ref, ours, batch = paired()
+
+    def halve(module, args, out):
+        if isinstance(out, tuple):
+            return (out[0] * 0.5, *out[1:])
+        return out * 0.5
+
+    for model in (ref, ours):
+        layer = model.transformer.encoder.layers[0]
+        layer.get_submodule(where).register_forward_hook(halve)
+    ref.eval(), ours.eval()
+    expected = ref(*batch)[0]
+    with fastformer.use_backend(backend):
+        actual = ours(*batch)[0]
+    assert_max_diff(f"logits, {where or 'layer'} halved", actual, expected, TOL)
+    plain = copy.deepcopy(ref)
+    for m in plain.modules():
+        m._forward_hooks.clear()
+    assert (plain(*batch)[0] - expected).abs().max() > 1e-3, "the hook changes nothing: a test that cannot fail"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_full_backward_hooks_fire_with_the_tutorials_gradients(backend):
+    ref, ours, batch = paired()
+    grads = {}
+    names = [
+        "transformer.encoder.layers.0.self_attn.W_Q",
+        "transformer.decoder.layers.1.pos_ffn.conv1",
+        "transformer.encoder.layers.1.layer_norm2",
+        "transformer.decoder.layers.0.dec_enc_attn",
+    ]
+
+    def keep(tag, name):
+        def hook(module, grad_input, grad_output):
+            grads.setdefault((tag, name), grad_output[0].clone())
+
+        return hook
+
+    for tag, model in (("ref", ref), ("ours", ours)):
+        for name in names:
+            model.get_submodule(name).register_full_backward_hook(keep(tag, name))
+    ref(*batch)[0].sum().backward()
+    with fastformer.use_backend(backend):
+        ours(*batch)[0].sum().backward()
+    for name in names:
+        assert_max_diff(name, grads[("ours", name)], grads[("ref", name)], TOL)
+
+
+def train_steps(model, batch, backend, steps=3):
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    losses = []
+    labels = torch.tensor([0, 1, 2])
+    for _ in range(steps):
+        with fastformer.use_backend(backend):
+            logits = model(*batch)[0]
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prune_then_train(backend):
+    """l1_unstructured on conv1 and W_Q (prune recomputes `weight` in a forward pre-hook), then three
+    training steps: the same losses as the tutorial's, and the pruned weights stay zero."""
+    ref, ours, batch = paired()
+    for model in (ref, ours):
+        layer = model.transformer.encoder.layers[0]
+        prune.l1_unstructured(layer.pos_ffn.conv1, "weight", amount=0.5)
+        prune.l1_unstructured(layer.self_attn.W_Q, "weight", amount=0.5)
+    expected = train_steps(ref, batch, "reference")
+    actual = train_steps(ours, batch, backend)
+    assert actual == pytest.approx(expected, abs=1e-5)
+    conv1 = ours.transformer.encoder.layers[0].pos_ffn.conv1
+    assert (conv1.weight[conv1.weight_mask == 0] == 0).all()
+
+
+class Halved(nn.Module):
+    def forward(self, weight):
+        return weight * 0.5
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weight_parametrizations(backend):
+    ref, ours, batch = paired()
+    for model in (ref, ours):
+        layer = model.transformer.decoder.layers[0]
+        parametrize.register_parametrization(layer.self_attn.W_Q, "weight", Halved())
+        parametrize.register_parametrization(layer.pos_ffn.conv1, "weight", Halved())
+    expected = train_steps(ref, batch, "reference", steps=2)
+    actual = train_steps(ours, batch, backend, steps=2)
+    assert actual == pytest.approx(expected, abs=1e-5)
+
+
+class LoRA(nn.Module):
+    """A LoRA-style wrapper: the base Linear, frozen, plus a trained low-rank delta."""
+
+    def __init__(self, base, rank=2):
+        super().__init__()
+        self.base = base
+        self.base.requires_grad_(False)
+        self.down = nn.Linear(base.in_features, rank, bias=False)
+        self.up = nn.Linear(rank, base.out_features, bias=False)
+        nn.init.normal_(self.up.weight, std=0.1)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
+
+
+class Adapter(nn.Module):
+    """An adapter as adapter libraries make it: `.weight` is still the base weight (so code that
+    reads it finds the base), the forward adds a trained bottleneck."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base = base
+        self.weight, self.bias = base.weight, base.bias
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.adapter = nn.Sequential(nn.Linear(base.out_features, 4), nn.ReLU(), nn.Linear(4, base.out_features))
+
+    def forward(self, x):
+        y = self.base(x)
+        return y + self.adapter(y)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("wrapper", [LoRA, Adapter])
+def test_wrapped_projections_are_called_and_trained(backend, wrapper):
+    ref, ours, batch = paired()
+    torch.manual_seed(5)
+    for model in (ref, ours):
+        for layer in model.transformer.encoder.layers:
+            torch.manual_seed(5)
+            layer.self_attn.W_Q = wrapper(layer.self_attn.W_Q)
+            layer.self_attn.W_V = wrapper(layer.self_attn.W_V)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    expected = train_steps(ref, batch, "reference")
+    actual = train_steps(ours, batch, backend)
+    assert actual == pytest.approx(expected, abs=1e-5)
+    assert expected[0] != expected[-1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_functional_call_and_vmap(backend):
+    ref, ours, batch = paired()
+    ref.eval(), ours.eval()
+    params = {name: p.detach() * 1.01 for name, p in ref.named_parameters()}
+    expected = torch.func.functional_call(ref, params, batch)[0]
+    with fastformer.use_backend(backend):
+        actual = torch.func.functional_call(ours, params, batch)[0]
+    assert_max_diff("functional_call", actual, expected, TOL)
+
+    enc, dec = batch
+    stacked = torch.stack([enc, enc.flip(0)]), torch.stack([dec, dec.flip(0)])
+    expected = torch.func.vmap(lambda e, d: ref(e, d)[0])(*stacked)
+    with fastformer.use_backend(backend):
+        actual = torch.func.vmap(lambda e, d: ours(e, d)[0])(*stacked)
+    assert_max_diff("vmap", actual, expected, TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quantization_observers_by_hooks_and_dynamic_quantization(backend):
+    """torch.ao.quantization: observers attached by prepare's hooks see the tutorial's activations
+    (the same ranges after calibration); quantize_dynamic's module swap gives the tutorial's outputs."""
+    ao = pytest.importorskip("torch.ao.quantization")
+    ref, ours, batch = paired()
+    ref.eval(), ours.eval()
+    prepared = {}
+    for tag, model in (("ref", ref), ("ours", ours)):
+        model = copy.deepcopy(model)
+        model.qconfig = ao.default_qconfig
+        ao.prepare(model, inplace=True)
+        with fastformer.use_backend(backend if tag == "ours" else "reference"):
+            model(*batch)
+        prepared[tag] = model
+    ranges = {
+        tag: {
+            name: (m.min_val.item(), m.max_val.item())
+            for name, m in model.named_modules()
+            if name.endswith("activation_post_process") and m.min_val.numel()
+        }
+        for tag, model in prepared.items()
+    }
+    assert ranges["ours"].keys() == ranges["ref"].keys() and len(ranges["ref"]) > 20
+    for name, (low, high) in ranges["ref"].items():
+        assert ranges["ours"][name] == pytest.approx((low, high), abs=1e-5), name
+
+    q_ref = ao.quantize_dynamic(copy.deepcopy(ref), {nn.Linear}, dtype=torch.qint8)
+    q_ours = ao.quantize_dynamic(copy.deepcopy(ours), {nn.Linear}, dtype=torch.qint8)
+    expected = q_ref(*batch)[0]
+    with fastformer.use_backend(backend):
+        actual = q_ours(*batch)[0]
+    assert_max_diff("quantize_dynamic", actual, expected, 1e-4)
+
+
+def test_stock_unhooked_layers_keep_their_fusions():
+    """Nothing observed, the layers fuse; a hook or a swap anywhere in them, or a global module hook,
+    and they do not; removing the hook and the swap brings the fusions back (on the next registration
+    of anything, the kept answer being refreshed then)."""
+    _, ours, _ = paired()
+    layers = ours.transformer.encoder.layers
+    assert fusable(layers, ENCODER_LAYERS_ROLES)
+    handle = layers[1].pos_ffn.dropout.register_forward_hook(lambda *args: None)
+    assert not fusable(layers, ENCODER_LAYERS_ROLES)
+    handle.remove()
+    original = layers[0].self_attn.linear
+    layers[0].self_attn.linear = LoRA(original)
+    assert not fusable(layers, ENCODER_LAYERS_ROLES)
+    layers[0].self_attn.linear = original
+    assert fusable(layers, ENCODER_LAYERS_ROLES)
+    handle = nn.modules.module.register_module_forward_hook(lambda *args: None)
+    try:
+        assert not fusable(layers, ENCODER_LAYERS_ROLES)
+    finally:
+        handle.remove()
+    assert fusable(layers, ENCODER_LAYERS_ROLES)
