@@ -1,7 +1,15 @@
 """Dropout inside kernels: Philox keyed by one seed per call. Element (row, col) of a (rows, cols)
-view is decided by output col % 4 of Philox on the counter (col // 4, row, 0, 0): one call, four
-keep decisions, 32-bit counters and no per-element multiply. A backward regenerates the
-forward's mask from the seed alone, and a test can ask for it (`dropout_mask`).
+view is decided by output col % 4 of Philox4x32 with PHILOX_ROUNDS rounds on the counter
+(col // 4, row, 0, 0): one call, four keep decisions, 32-bit counters and no per-element multiply.
+A backward regenerates the forward's mask from the seed alone, and a test can ask for it
+(`dropout_mask`).
+
+Seven rounds, not the ten of Philox's default: the rounds are most of what dropout costs the
+attention kernels' hot loops (about 49 instructions a round per warp and key block of the
+forward, python -m tools.sass), and Philox4x32-7 already passes TestU01's BigCrush (Salmon et al.,
+"Parallel random numbers: as easy as 1, 2, 3", SC 2011, Table 2; ten is their margin above
+it). tests/test_dropout_bits.py checks the keep rate of each word and the independence of
+neighbouring decisions, across a call's words, across calls and across rows.
 """
 
 import torch
@@ -9,6 +17,7 @@ import torch
 from ._runtime import INTERPRET, cdiv, launch, require_launchable, tl, triton
 
 MAX_DROPOUT_ROWS = 2**32  # rows are a 32-bit Philox counter word
+PHILOX_ROUNDS = tl.constexpr(7)  # see the module docstring
 
 
 def check_dropout_p(dropout_p):
@@ -65,7 +74,7 @@ def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
     """(len(rows), BLOCK_N) keep-mask of the columns col_start + arange(BLOCK_N) (col_start and
     BLOCK_N multiples of 4) in the given rows, each kept with probability 1 - dropout_p.
 
-    Why 4 at a time: a Philox call is ten rounds of 32-bit multiplies and yields 128 bits; using
+    Why 4 at a time: a Philox call is PHILOX_ROUNDS rounds of 32-bit multiplies and yields 128 bits; using
     one 32-bit word of each call, as tl.rand does, costs the attention kernels far more registers
     (the figures are in docs/kernels.md). The words are compared as integers with dropout_p * 2**32."""
     tl.static_assert(BLOCK_N % 4 == 0, "dropout_keep decides columns in groups of 4")
@@ -73,7 +82,7 @@ def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
     c0 = (groups[None, :] + 0 * rows[:, None]).to(tl.uint32)
     c1 = (rows[:, None] + 0 * groups[None, :]).to(tl.uint32)
     zero = c0 * 0
-    r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero, zero)
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero, zero, n_rounds=PHILOX_ROUNDS)
     threshold = (tl.cast(dropout_p, tl.float32) * 4294967296.0).to(tl.uint32)  # exact: a power-of-two scale
     # column 4g + i takes word i: interleave(interleave(w0, w2), interleave(w1, w3)) is w0 w1 w2 w3
     even = tl.interleave(r0 >= threshold, r2 >= threshold)
