@@ -38,7 +38,12 @@ shows for each choice, per Triton version, is in docs/kernels.md):
 - The softmax scale is folded into the exponent (`exp2(qk * qk_scale - m)`, one FFMA per score),
   and dropout's 1 / (1 - p) is applied once (to the forward's output rows, to dV after its loop)
   or as a product, never as a division per element: python -m tools.sass reads what each costs.
-- The key-padding flags are loaded one key block ahead in the forward and dQ loops
+- Each loop runs its interior blocks with no mask (every key in bounds, before the batch's first
+  padding key, at or below the tile's first query when causal: _query_key_range), a copy of its
+  body with MASKED off (_fwd_step, _dq_step, _dkdv_step), and masks per element only the blocks at
+  the edge: a bounds tail, the causal diagonal, a padding edge, and everything after a padding key
+  that is not a suffix.
+- The key-padding flags of the masked blocks are loaded one key block ahead in the forward and dQ loops
   (_next_key_block), and once per program in dK/dV (its key block is fixed), so no loop waits on them.
 - A launch runs the first of its kernel's candidates that compiles without spills or shared-memory
   overflow for its flags and whose tiles are no longer than the sequence (the rules _fwd_fits,
@@ -133,6 +138,17 @@ def _load_rows(base, offs, stride, n, offs_d, D, ROW_ALIGN: tl.constexpr = 1):
 
 
 @triton.jit
+def _load_block(base, offs, stride, offs_d, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(len(offs), BLOCK_D) rows `offs` of a matrix, all known to be in bounds (an interior key
+    block): masked past HEAD_DIM columns only, and not at all when HEAD_DIM is a power of two."""
+    rows = tl.multiple_of(offs * stride, ROW_ALIGN)
+    pointers = base + rows[:, None] + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        return tl.load(pointers)
+    return tl.load(pointers, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
 def _store_rows(base, offs, stride, n, offs_d, D, value):
     mask = (offs[:, None] < n) & (offs_d[None, :] < D)
     tl.store(base + offs[:, None] * stride + offs_d[None, :], value.to(base.dtype.element_ty), mask=mask)
@@ -161,19 +177,6 @@ def _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD: tl.constex
     the step before, so this small load is not waited on) and the next block's flags."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     return offs_n, pad_next, _key_padding(pad_b, stride_pn, offs_n + BLOCK_N, Lk, HAS_PAD)
-
-
-@triton.jit
-def _keys_end(pad_b, stride_pn, Lk, SCAN: tl.constexpr = 512):
-    """One past the batch's last key that is not padding (0 when all are): the key blocks from
-    there on hold padding only and are skipped. Every program finds it for itself, a scan of
-    Lk / SCAN loads, which costs no launch and no (B,) buffer to keep for the backward."""
-    last = tl.zeros([SCAN], dtype=tl.int32)
-    for start in range(0, Lk, SCAN):
-        offs = start + tl.arange(0, SCAN)
-        flags = tl.load(pad_b + offs * stride_pn, mask=offs < Lk, other=True)
-        last = tl.maximum(last, tl.where(flags == 0, offs + 1, 0))
-    return tl.max(last, 0)
 
 
 @triton.jit
@@ -227,17 +230,44 @@ def _scores(
 
 
 @triton.jit
-def _query_keys_end(
-    pad_b, stride_pn, Lk, start_m, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr
+def _padding_bounds(pad_b, stride_pn, Lk, SCAN: tl.constexpr = 512):
+    """(first, end) of the batch's key padding: its first padding key (Lk when none) and one past
+    its last key that is not padding (0 when all are). One scan of Lk / SCAN loads per program."""
+    first = tl.zeros([SCAN], dtype=tl.int32) + Lk
+    last = tl.zeros([SCAN], dtype=tl.int32)
+    for start in range(0, Lk, SCAN):
+        offs = start + tl.arange(0, SCAN)
+        flags = tl.load(pad_b + offs * stride_pn, mask=offs < Lk, other=True)
+        first = tl.minimum(first, tl.where(flags != 0, offs, Lk))
+        last = tl.maximum(last, tl.where(flags == 0, offs + 1, 0))
+    return tl.min(first, 0), tl.max(last, 0)
+
+
+@triton.jit
+def _query_key_range(
+    pad_b, stride_pn, Lk, start_m,
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One past the last key the query block start_m.. can attend to: trailing padding and keys
-    above the diagonal are never loaded."""
+    """The key blocks the query block start_m.. loops over, as (clean_end, end_n): keys from end_n
+    on are never loaded (trailing padding, keys above the diagonal), and the whole key blocks before
+    clean_end need no mask at all (every key in bounds, before the batch's first padding key, at or
+    below the block's first query under a causal mask). The blocks from clean_end to end_n are
+    masked per element: a bounds tail, the causal diagonal, a padding edge.
+
+    No interior run (clean_end 0) with a dense mask, which may mask any score, nor at head dims
+    above 64 with dropout or key padding, where a second copy of the loop body spills registers on
+    Triton 3.9 (python -m tools.sm90_report); the dK/dV pass follows the same condition."""
     end_n = Lk
+    clean = Lk
     if HAS_PAD:
-        end_n = _keys_end(pad_b, stride_pn, Lk)
+        clean, end_n = _padding_bounds(pad_b, stride_pn, Lk)
     if IS_CAUSAL:
         end_n = tl.minimum(end_n, start_m + BLOCK_M)
-    return end_n
+        clean = tl.minimum(clean, start_m + 1)
+    if HAS_MASK or (BLOCK_D > 64 and (HAS_DROPOUT or HAS_PAD)):  # no interior run
+        clean = 0
+    return (clean // BLOCK_N) * BLOCK_N, end_n
 
 
 @triton.jit
@@ -259,13 +289,133 @@ def _masked_rows_value(
     return acc
 
 
+@triton.jit
+def _fwd_step(
+    acc, l_i, m_i, start_n, pad,
+    q, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+    seed, bh, qk_scale, dropout_p,
+    MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The forward's online softmax over the key block start_n..: returns acc, l_i and m_i updated.
+    MASKED: the block may hold masked scores (`pad`: its padding flags); otherwise it is an interior
+    block (_query_key_range), whose keys are all in bounds and visible to every query of the tile:
+    no flags, no bounds and no selects."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if MASKED:
+        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+    else:
+        k = _load_block(k_bh, offs_n, stride_kn, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+    # (BLOCK_M, BLOCK_N) unscaled scores: the scale is folded into the exponent below
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    if MASKED:
+        valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK)
+        qk = tl.where(valid, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: the max of the scaled scores
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no valid key yet
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        m_safe = m_new  # every score is valid, so finite
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk * qk_scale - m_safe[:, None])  # one FFMA per score
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if HAS_DROPOUT:  # the kept probabilities; 1 / (1 - p) scales the output once, after the loop
+        p = tl.where(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N), p, 0.0)
+    if MASKED:
+        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+    else:
+        v = _load_block(v_bh, offs_n, stride_vn, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+    # rescale first, then let the dot accumulate in place (wgmma keeps acc in registers)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _dq_step(
+    dq, start_n, pad,
+    q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk,
+    mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
+    MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The dQ pass over the key block start_n..: returns dq with the block's part added. MASKED as
+    in _fwd_step."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m tools.sm90_report)
+        keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
+    if MASKED:
+        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+    else:
+        k = _load_block(k_bh, offs_n, stride_kn, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+        v = _load_block(v_bh, offs_n, stride_vn, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    p = tl.exp2(qk * qk_scale - lse[:, None])  # the scale in one FFMA per score
+    if MASKED:
+        valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK)
+        p = tl.where(valid, p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    if HAS_DROPOUT:
+        dp = tl.where(keep, dp * inv_keep, 0.0)
+    ds = p * (dp - delta[:, None])
+    return tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+
+
+@triton.jit
+def _dkdv_step(
+    dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
+    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p, inv_keep,
+    MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The dK/dV pass over the query block m..: returns dk and dv with the block's part added.
+    MASKED: the tile may hold masked scores (`pad`: the key block's padding flags); otherwise every
+    query of the block is in bounds and sees every key of the key block."""
+    offs_m = m + tl.arange(0, BLOCK_M)
+    if HAS_DROPOUT:
+        keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))  # (BLOCK_N, BLOCK_M)
+    if MASKED:
+        q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+        do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+        lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
+        delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+    else:
+        q = _load_block(q_bh, offs_m, stride_qm, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+        do = _load_block(do_bh, offs_m, stride_dom, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+        lse = tl.load(LSE + bh * Lq + offs_m)
+        delta = tl.load(DELTA + bh * Lq + offs_m)
+    # (BLOCK_N, BLOCK_M)
+    st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    pt = tl.exp2(st * qk_scale - lse[None, :])  # the scale in one FFMA per score
+    if MASKED:
+        valid = _tile_valid(
+            offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True
+        )
+        pt = tl.where(valid, pt, 0.0)
+    dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    pt_dropped = pt
+    if HAS_DROPOUT:
+        pt_dropped = tl.where(keep, pt, 0.0)
+        dpt = tl.where(keep, dpt * inv_keep, 0.0)
+    dv = tl.dot(pt_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    dst = pt * (dpt - delta[None, :])
+    dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    return dk, dv
+
+
 # Each kernel's tiles, in the order its rule prefers them (the first that fits the launch runs;
 # autotuning tries all that fit), each in _STAGES, in that order.
 # (BLOCK_M, BLOCK_N, num_warps): 4 warps (one warp group) per 64 query rows
 _FWD_TILES = [(128, 128, 8), (128, 64, 8), (64, 64, 4), (128, 32, 8), (64, 32, 4)]
 # (BLOCK_M, BLOCK_N, num_warps): the tiles are keys x queries, so wgmma's 64-row minimum falls on
-# BLOCK_N; 8 warps hold the two (BLOCK_N, BLOCK_D) fp32 accumulators without spilling (4 warps spill)
-_DKDV_TILES = [(32, 128, 8), (64, 64, 8), (32, 64, 8)]
+# BLOCK_N; 8 warps hold the two (BLOCK_N, BLOCK_D) fp32 accumulators without spilling (4 warps spill).
+# 64 x 128 first: a step's fixed costs spread over twice the MMA work of 32 x 128 (0.64 /kF against
+# 0.85 unmasked at D64, python -m tools.sass), where it fits (_dkdv_fits: no padding, dropout or dense mask)
+_DKDV_TILES = [(64, 128, 8), (32, 128, 8), (64, 64, 8), (32, 64, 8)]
 # (BLOCK_M, BLOCK_N, num_warps): query rows are wgmma's rows, so BLOCK_M >= 64
 _DQ_TILES = [(128, 64, 8), (64, 64, 4), (64, 32, 4), (64, 128, 8)]
 _STAGES = (3, 2)
@@ -384,31 +534,33 @@ def _attn_fwd_kernel(
     # (BLOCK_M, BLOCK_D)
     q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
     seed = load_seed(SEED, HAS_DROPOUT)
-    end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
+    clean_end, end_n = _query_key_range(
+        pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, BLOCK_D, BLOCK_M, BLOCK_N
+    )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk, HAS_PAD)
-    for start_n in range(0, end_n, BLOCK_N):
-        offs_n, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
-        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        # (BLOCK_M, BLOCK_N) unscaled scores: the scale is folded into the exponent below
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK)
-        qk = tl.where(valid, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: the max of the scaled scores
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no valid key yet
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(qk * qk_scale - m_safe[:, None])  # one FFMA per score
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if HAS_DROPOUT:  # the kept probabilities; 1 / (1 - p) scales the output once, after the loop
-            p = tl.where(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N), p, 0.0)
-        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        # rescale first, then let the dot accumulate in place (wgmma keeps acc in registers)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        m_i = m_new
+    # the interior: key blocks that no mask touches
+    for start_n in range(0, clean_end, BLOCK_N):
+        acc, l_i, m_i = _fwd_step(
+            acc, l_i, m_i, start_n, 0,
+            q, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+            seed, bh, qk_scale, dropout_p,
+            False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N,
+        )
+    # the edge: masked per element (a loop counted from 0: Triton 3.9 pipelines no loop that starts
+    # at a value a reduction gave, here the padding scan's)
+    pad_next = _key_padding(pad_b, stride_pn, clean_end + tl.arange(0, BLOCK_N), Lk, HAS_PAD)
+    for i in range(0, tl.cdiv(end_n - clean_end, BLOCK_N)):
+        start_n = clean_end + i * BLOCK_N
+        _, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
+        acc, l_i, m_i = _fwd_step(
+            acc, l_i, m_i, start_n, pad,
+            q, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+            seed, bh, qk_scale, dropout_p,
+            True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N,
+        )
 
     masked_row = l_i == 0.0
     l_safe = tl.where(masked_row, 1.0, l_i)
@@ -429,7 +581,8 @@ def _attn_fwd_kernel(
 
 def _dkdv_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills (python -m tools.sm90_report; the figures are in
-    docs/kernels.md). At head dim 128, 64 x 64 spills (with padding and a causal mask: the kernel
+    docs/kernels.md). 64 x 128 at head dims up to 64 without padding, dropout or a dense mask only.
+    At head dim 128, 64 x 64 spills (with padding and a causal mask: the kernel
     scans the padding itself), so only 32 query rows a block.
 
     With dropout at head dim 128 (72 to 128), 32 x 64 in 2 stages: in 3 it spills 4 bytes with key
@@ -440,6 +593,10 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
     if not _fits_lengths(meta, launch, _DKDV_TILES):
         return False
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
+    if tile == (64, 128):  # with key padding it spills (12 to 36 B at D64), with dropout more
+        return launch["BLOCK_D"] <= 64 and not (launch["HAS_PAD"] or launch["HAS_DROPOUT"] or launch["HAS_MASK"])
+    if tile == (64, 64) and launch["HAS_DROPOUT"] and launch["IS_CAUSAL"]:
+        return False  # spills 20 to 28 B with key padding on Triton 3.9
     if launch["BLOCK_D"] == 128:
         if launch["HAS_DROPOUT"]:
             return tile == (32, 64) and num_stages == 2
@@ -461,6 +618,8 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     dropout = launch["HAS_DROPOUT"]
     if dropout and meta["BLOCK_N"] > 64:
         return False
+    if dropout and launch["BLOCK_D"] <= 64 and (meta["BLOCK_M"], meta["BLOCK_N"]) == (64, 64):
+        return num_stages == 2  # in 3 it spills 48 B with key padding on Triton 3.9
     if launch["BLOCK_D"] == 128:
         if meta["BLOCK_N"] == 128:
             return num_stages == 2 and not launch["HAS_PAD"]
@@ -545,27 +704,31 @@ def _attn_bwd_kernel(
         delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
         lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-        end_n = _query_keys_end(pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, BLOCK_M)
+        clean_end, end_n = _query_key_range(
+            pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, BLOCK_D, BLOCK_M, BLOCK_N
+        )
 
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         inv_keep = 1.0 / (1.0 - dropout_p)  # the dropout's scale: a product per element, not a division
-        pad_next = _key_padding(pad_b, stride_pn, tl.arange(0, BLOCK_N), Lk, HAS_PAD)
-        for start_n in range(0, end_n, BLOCK_N):
-            offs_n, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
-            if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m tools.sm90_report)
-                keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
-            k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-            v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-            valid = _tile_valid(
-                offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK
+        # the interior: key blocks that no mask touches
+        for start_n in range(0, clean_end, BLOCK_N):
+            dq = _dq_step(
+                dq, start_n, 0,
+                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk,
+                mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
+                False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N,
             )
-            p = tl.where(valid, tl.exp2(qk * qk_scale - lse[:, None]), 0.0)  # the scale in one FFMA per score
-            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-            if HAS_DROPOUT:
-                dp = tl.where(keep, dp * inv_keep, 0.0)
-            ds = p * (dp - delta[:, None])
-            dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        # the edge: masked per element (counted from 0, as the forward's)
+        pad_next = _key_padding(pad_b, stride_pn, clean_end + tl.arange(0, BLOCK_N), Lk, HAS_PAD)
+        for i in range(0, tl.cdiv(end_n - clean_end, BLOCK_N)):
+            start_n = clean_end + i * BLOCK_N
+            _, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
+            dq = _dq_step(
+                dq, start_n, pad,
+                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk,
+                mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
+                True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N,
+            )
         _store_rows(_interleaved(DQ, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, dq * sm_scale)
     else:
         # dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
@@ -580,8 +743,8 @@ def _attn_bwd_kernel(
             start_m = (start_n // BLOCK_M) * BLOCK_M  # queries above the diagonal never see this block
         end_m = Lq
         if HAS_PAD:
-            # a block of trailing padding: skip
-            end_m = tl.where(start_n < _keys_end(pad_b, stride_pn, Lk), Lq, start_m)
+            first_pad, keys_end = _padding_bounds(pad_b, stride_pn, Lk)
+            end_m = tl.where(start_n < keys_end, Lq, start_m)  # a block of trailing padding: skip
         pad = _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD)  # this program's keys: once
 
         # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
@@ -590,29 +753,49 @@ def _attn_bwd_kernel(
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # of the kept probabilities: 1 / (1 - p) after the loop
         inv_keep = 1.0 / (1.0 - dropout_p)
-        for m in range(start_m, end_m, BLOCK_M):
-            offs_m = m + tl.arange(0, BLOCK_M)
-            if HAS_DROPOUT:
-                keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))  # (BLOCK_N, BLOCK_M)
-            q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-            do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-            lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-            delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-            # (BLOCK_N, BLOCK_M)
-            st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-            valid = _tile_valid(
-                offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn,
-                HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True,
+        # The query blocks loop in three runs, masked, clean, masked (one masked run where the
+        # forward has no interior run, _query_key_range). The clean run is every whole query block
+        # (in bounds) that sees every key of this block, when those are all in bounds and before the
+        # batch's first padding key: under a causal mask, from the first query block at or past the
+        # block's last key. The clean and the tail runs start where a reduction puts them: counted
+        # from 0 (see the forward).
+        clean_start = end_m
+        clean_stop = end_m
+        if not (HAS_MASK or (BLOCK_D > 64 and (HAS_DROPOUT or HAS_PAD))):
+            clean_keys = start_n + BLOCK_N <= Lk
+            if HAS_PAD:
+                clean_keys = clean_keys & (start_n + BLOCK_N <= first_pad)
+            first_clean = start_m
+            if IS_CAUSAL:
+                first_clean = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
+            whole_end = (Lq // BLOCK_M) * BLOCK_M
+            first_clean = tl.maximum(tl.minimum(first_clean, whole_end), start_m)
+            clean_start = tl.where(clean_keys, first_clean, end_m)
+            clean_stop = tl.where(clean_keys, tl.maximum(whole_end, first_clean), end_m)
+        for m in range(start_m, clean_start, BLOCK_M):
+            dk, dv = _dkdv_step(
+                dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
+                Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p, inv_keep,
+                True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+                BLOCK_D, BLOCK_M, BLOCK_N,
             )
-            pt = tl.where(valid, tl.exp2(st * qk_scale - lse[None, :]), 0.0)  # the scale in one FFMA per score
-            dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-            pt_dropped = pt
-            if HAS_DROPOUT:
-                pt_dropped = tl.where(keep, pt, 0.0)
-                dpt = tl.where(keep, dpt * inv_keep, 0.0)
-            dv = tl.dot(pt_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-            dst = pt * (dpt - delta[None, :])
-            dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        if not (HAS_MASK or (BLOCK_D > 64 and (HAS_DROPOUT or HAS_PAD))):
+            for i in range(0, tl.cdiv(clean_stop - clean_start, BLOCK_M)):
+                m = clean_start + i * BLOCK_M
+                dk, dv = _dkdv_step(
+                    dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
+                    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p, inv_keep,
+                    False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+                    BLOCK_D, BLOCK_M, BLOCK_N,
+                )
+            for i in range(0, tl.cdiv(end_m - clean_stop, BLOCK_M)):
+                m = clean_stop + i * BLOCK_M
+                dk, dv = _dkdv_step(
+                    dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
+                    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p, inv_keep,
+                    True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+                    BLOCK_D, BLOCK_M, BLOCK_N,
+                )
 
         if HAS_PAD or HAS_MASK:
             # Rows whose keys are all masked spread 1/Lk over every key (the tutorial's -1e9 fill):

@@ -90,6 +90,22 @@ def test_parity_key_padding(where, causal, dtype, atol, device):
     check_parity(q, k, v, do, dtype, atol, key_padding_mask=padding(3, 37, where, device), causal=causal)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("Lq", [70, 20], ids=["Lq=Lk", "Lq<Lk"])
+def test_parity_interior_blocks_beside_masked_edges(Lq, causal, device):
+    """The kernels run the key blocks no mask touches (in bounds, before the first padding key,
+    below the diagonal) without masks, and mask the rest per element. Long enough for interior
+    blocks of the interpreter's 16-key tiles before padding that does not end the sequence: a gap
+    of padding after 40 real keys, then real keys again; padding at the end; none."""
+    Lk = 70
+    q, k, v, do = make_inputs(3, 2, Lq, Lk, 16, device, seed=4)
+    pad = torch.zeros(3, Lk, dtype=torch.bool)
+    pad[0, 40:50] = True  # a gap, then real keys: only the keys before 40 are interior
+    pad[1, 53:] = True  # a suffix whose edge falls inside a key block
+    pad = pad.to(device)
+    check_parity(q, k, v, do, torch.float32, 1e-5, key_padding_mask=pad, causal=causal)
+
+
 @pytest.mark.parametrize("dtype, atol", DTYPES)
 @pytest.mark.parametrize("per_head", [False, True], ids=["(B,Lq,Lk)", "(B,H,Lq,Lk)"])
 @pytest.mark.parametrize(

@@ -268,9 +268,12 @@ def read(names=None):
             "shared": record.shared,
             "kernel_instructions": len(instructions),
         }
-        measured = sorted((measure_loop(instructions, loop) for loop in loops), key=lambda m: -m["mma_flops"])
-        # the main loop: the one with the most MMA work per iteration (the others, a kernel's
-        # rarer paths: fully masked rows, a tail)
+        measured = sorted(
+            (measure_loop(instructions, loop) for loop in loops), key=lambda m: (-m["mma_flops"], m["instructions"])
+        )
+        # the main loop: the one with the most MMA work per iteration and, among equals, the fewest
+        # instructions: the interior loop of a kernel whose masked edge blocks run copies of it (the
+        # others, a kernel's rarer paths: the masked edge, fully masked rows)
         rows += [{**base, "loop": i, "main": i == 0, **m} for i, m in enumerate(measured)]
         if not loops:
             rows.append({**base, "loop": None, "main": False})
