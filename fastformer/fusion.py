@@ -58,13 +58,19 @@ def fusable(module, roles):
         return False
     if torch.compiler.is_compiling():  # traced once per graph: no state kept in the module
         return _walk(module, roles)
-    state = (RemovableHandle.next_id, _registrations)
     kept = module.__dict__.get(_KEPT)
-    if kept is not None and kept[0] == state:
+    now = state()
+    if kept is not None and kept[0] == now:
         return kept[1]
     answer = _walk(module, roles)
-    module.__dict__[_KEPT] = (state, answer)
+    module.__dict__[_KEPT] = (now, answer)
     return answer
+
+
+def state():
+    """What an answer kept on a module stays valid for (here and in fastformer.plan's layouts): the
+    hook handles made and the submodules and parameters registered so far."""
+    return RemovableHandle.next_id, _registrations
 
 
 def _walk(module, roles):

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from fastformer import backend
+from fastformer import backend, fusion
 from fastformer.kernels._dropout import draw_seeds
 
 
@@ -161,13 +161,13 @@ def feed_forward_groups(ffn):
     ]
 
 
-def dropout_seeds(layers, like):
-    """(n_layer, n_dropout) int64 seeds, one per nn.Dropout of each layer, in one draw; None when
-    no dropout is active or the kernels do not run on `like` (the reference draws its own)."""
-    dropouts = [m for layer in layers for m in layer.modules() if isinstance(m, nn.Dropout)]
+def dropout_seeds(dropouts, n_layer, like):
+    """(n_layer, n_dropout) int64 seeds, one per nn.Dropout (`dropouts`: every layer's, layer by
+    layer), in one draw; None when no dropout is active or the kernels do not run on `like` (the
+    reference draws its own)."""
     if not any(active_p(m) > 0.0 for m in dropouts) or not backend.uses_triton(like, matmul=False):
         return None
-    return draw_seeds(len(dropouts), like.device).view(len(layers), -1)
+    return draw_seeds(len(dropouts), like.device).view(n_layer, -1)
 
 
 def layer_seeds(seeds, i):
@@ -183,15 +183,31 @@ def take(items, n):
     return [next(items) for _ in range(n)]
 
 
-class ForwardPlan:
-    """The shared part of one Encoder or Decoder forward (see the module docstring): `layers[i]` is
-    the LayerPlan layer i runs with.
+class CastWeights(torch.autograd.Function):
+    """gather_weights in `dtype` as one autograd node: forward one concatenation of the fp32
+    parameters and one cast, split into the groups' views; backward one concatenation of the
+    groups' gradients, one cast back and a view per parameter (torch's dense-tensor flattening,
+    in C++). Autocast's values bit for bit, as gather_weights; in place of a view node per
+    parameter and per group, a few hundred per forward at the tutorial's depth."""
 
-    layers: EncoderLayers or DecoderLayers (one kind); inputs: what the first layer gets;
-    enc_outputs: for DecoderLayers, the encoder output their cross-attention reads."""
+    @staticmethod
+    def forward(ctx, groups, dtype, *tensors):
+        ctx.tensors = tensors  # their shapes only, for the backward's views (no values kept)
+        flat = torch._C._nn.flatten_dense_tensors(tensors).to(dtype)
+        return tuple(torch._C._nn.unflatten_dense_tensors(flat, groups))
 
-    def __init__(self, layers, inputs, enc_outputs=None):
-        decoder = enc_outputs is not None
+    @staticmethod
+    def backward(ctx, *grads):
+        flat = torch._C._nn.flatten_dense_tensors(grads).float()
+        return None, None, *torch._C._nn.unflatten_dense_tensors(flat, ctx.tensors)
+
+
+class _Layout:
+    """What a ForwardPlan reads of its layers' modules: the weight groups (where each tensor lives,
+    as a module's parameter dict and a name, and each group's shape) and the nn.Dropouts, found
+    once per state of the modules (see `layout`); the tensors themselves are read on every use."""
+
+    def __init__(self, layers, decoder):
         groups = []
         if decoder:  # every layer's cross-attention W_K and W_V, as one product
             crosses = [layer.dec_enc_attn for layer in layers]
@@ -202,9 +218,73 @@ class ForwardPlan:
             if decoder:
                 groups += attention_groups(layer.dec_enc_attn, [layer.dec_enc_attn.W_Q])
             groups += feed_forward_groups(layer.pos_ffn)
-        dtype = autocast_dtype(groups, inputs)
-        weights = iter(gather_weights(groups, dtype))
-        seeds = dropout_seeds(layers, inputs)
+        where = {
+            id(p): (module._parameters, name)
+            for layer in layers
+            for module in layer.modules()
+            for name, p in module._parameters.items()
+            if p is not None
+        }
+        self.sources = [where[id(t)] for tensors, _ in groups for t in tensors]
+        self.counts = [len(tensors) for tensors, _ in groups]
+        self.shapes = [torch.Size(shape) for _, shape in groups]
+        # the groups' shapes as tensors without data, for CastWeights' views
+        self.templates = [torch.empty(shape, device="meta") for shape in self.shapes]
+        self.dropouts = [m for layer in layers for m in layer.modules() if isinstance(m, nn.Dropout)]
+
+    def groups(self):
+        """[(tensors, shape)] as gather_weights takes them, the parameters as they are now."""
+        tensors = iter([params[name] for params, name in self.sources])
+        return [(take(tensors, n), shape) for n, shape in zip(self.counts, self.shapes)]
+
+    def weights(self, like):
+        """The groups' tensors (gather_weights) and the autocast dtype they come in (or None)."""
+        tensors = [params[name] for params, name in self.sources]
+        dtype = autocast_dtype([(tensors, None)], like)
+        if dtype is None or not _eager():
+            return gather_weights(self.groups(), dtype), dtype
+        return CastWeights.apply(self.templates, dtype, *tensors), dtype
+
+
+def _eager():
+    """Not under torch.compile nor a functorch transform (which a Function without setup_context
+    does not support); dispatch modes are fine."""
+    return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is None
+
+
+_KEPT = "_fastformer_layout"  # the kept _Layout, in a module's __dict__ (not its state_dict)
+
+
+def layout(layers, decoder):
+    """The _Layout of `layers` (a ModuleList, or a list of one layer called alone), made once and
+    kept on the ModuleList (or the layer) while the module tree keeps its state (fusion.state():
+    no module or parameter registered, no hook made since) and its layers. Under torch.compile
+    made on every trace, nothing kept."""
+    if torch.compiler.is_compiling():
+        return _Layout(layers, decoder)
+    holder = layers if isinstance(layers, nn.Module) else layers[0]
+    # the layers by id, not by reference: a layer keeping its own layout would be a reference
+    # cycle (a new module at a freed one's address has registered its parameters: a new state)
+    key = (fusion.state(), tuple(map(id, layers)), decoder)
+    kept = holder.__dict__.get(_KEPT)
+    if kept is None or kept[0] != key:
+        kept = holder.__dict__[_KEPT] = (key, _Layout(layers, decoder))
+    return kept[1]
+
+
+class ForwardPlan:
+    """The shared part of one Encoder or Decoder forward (see the module docstring): `layers[i]` is
+    the LayerPlan layer i runs with.
+
+    layers: EncoderLayers or DecoderLayers (one kind); inputs: what the first layer gets;
+    enc_outputs: for DecoderLayers, the encoder output their cross-attention reads."""
+
+    def __init__(self, layers, inputs, enc_outputs=None):
+        decoder = enc_outputs is not None
+        found = layout(layers, decoder)
+        weights, dtype = found.weights(inputs)
+        weights = iter(weights)
+        seeds = dropout_seeds(found.dropouts, len(layers), inputs)
         keys_values = [None] * len(layers)
         if decoder:
             heads = layers[0].dec_enc_attn.heads_of(enc_outputs, *take(weights, 2), 2 * len(layers))

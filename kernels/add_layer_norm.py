@@ -458,6 +458,7 @@ class _Plan(Plan):
         self.sum_dtypes = tuple(None if t is None else t.dtype for t in (weight, bias, x_bias))
         self.programs = _bwd_programs(x)
         self.backwards = {}
+        self._grads = {}  # grads(needs), by needs
 
     def _made(self):
         return (
@@ -488,20 +489,46 @@ class _Plan(Plan):
         self.forward(x, residual, weight, bias, x_bias, y, y_low, mean, rstd, seed)
         return y, y_low, mean, rstd
 
-    def backward(self, dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed, param_grads, x_bias_grad, sums_dtype):
-        """dx, dresidual and the sums, as _add_layer_norm_backward, by prepared launches."""
+    def grads(self, needs):
+        """What the backward computes when (weight, bias, x_bias) each need a gradient or not:
+        whether the kernel sums the parameters' columns (param_grads) and x_bias's (x_bias_grad),
+        the sums' dtype, and per gradient the row of the sums it is (or None) and the dtype it
+        comes out in (None: the sums' own, no cast)."""
+        found = self._grads.get(needs)
+        if found is None:
+            param_grads, x_bias_grad = needs[0] or needs[1], needs[2]
+            sums_dtype = _sums_dtype(self.sum_dtypes, needs)
+            rows = (0, 1, 2 * param_grads)  # dw and db first, when summed; dxb last
+            picks = tuple(
+                (row, None if dtype == sums_dtype else dtype) if needed else None
+                for row, dtype, needed in zip(rows, self.sum_dtypes, needs)
+            )
+            found = self._grads[needs] = (param_grads, x_bias_grad, sums_dtype, picks)
+        return found
+
+    def backward(self, dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed, needs):
+        """dx, dresidual, dweight, dbias and dx_bias (None where `needs` says none), as
+        _add_layer_norm_backward and _backward compute them, by prepared launches."""
+        param_grads, x_bias_grad, sums_dtype, picks = self.grads(needs)
         # the gradients' rows (a contiguous gradient goes as it is: the launches are prepared on its rows)
         dy2 = dy if dy.is_contiguous() else rows_view(dy)
         dy_low2 = dy_low if dy_low is None or dy_low.is_contiguous() else rows_view(dy_low)
-        key = (dy2.stride(), dy2.dtype, None if dy_low2 is None else (dy_low2.stride(), dy_low2.dtype),
-               param_grads, x_bias_grad, sums_dtype)
+        key = (dy2.stride(), dy2.dtype, None if dy_low2 is None else (dy_low2.stride(), dy_low2.dtype), needs)
         dx, dr, partial, sums = _backward_outputs(x, residual, self.programs, param_grads, x_bias_grad, sums_dtype)
         tensors = x, residual, weight, x_bias, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed
         launches = kept(self.backwards, key, self._backward_launches, *tensors, param_grads, x_bias_grad)
         launches[0](x, residual, weight, x_bias, dy2, dy_low2, dx, dr, partial, mean, rstd, seed)
         if partial is not None:
             launches[1](partial, sums)
-        return dx, dr, sums
+        return dx, dr, *[_pick(sums, pick) for pick in picks]
+
+
+def _pick(sums, pick):
+    """A parameter's gradient out of the backward's sums: pick (row, dtype to cast to or None), or None."""
+    if pick is None:
+        return None
+    row, dtype = pick
+    return sums[row] if dtype is None else sums[row].to(dtype)
 
 
 def _sums_dtype(sum_dtypes, needs):
@@ -529,21 +556,14 @@ class _PlannedAddLayerNorm(torch.autograd.Function):
         if dy is None:  # y_low alone did: its gradient is all of y's
             dy, dy_low = dy_low, None
         plan = ctx.plan
-        x, residual, weight, x_bias, mean, rstd, seed = ctx.saved_tensors
+        args = (dy, dy_low, *ctx.saved_tensors)
         needs = ctx.needs_input_grad[2:5]
-        param_grads, x_bias_grad = needs[0] or needs[1], needs[2]
-        sums_dtype = _sums_dtype(plan.sum_dtypes, needs)
-        args = (dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed)
         if planning():
-            dx, dr, sums = plan.backward(*args, param_grads, x_bias_grad, sums_dtype)
-        else:  # a dispatch mode or transform over the backward sees the registered op
-            dx, dr, sums = _add_layer_norm_backward_op(*args, plan.dropout_p, param_grads, x_bias_grad, sums_dtype)
-        w_dtype, b_dtype, xb_dtype = plan.sum_dtypes
-        sums = sums.unbind(0)
-        dw = sums[0].to(w_dtype) if needs[0] else None
-        db = sums[1].to(b_dtype) if needs[1] else None
-        dxb = sums[-1].to(xb_dtype) if needs[2] else None
-        return dx, dr, dw, db, dxb, None, None
+            return *plan.backward(*args, needs), None, None
+        # a dispatch mode or transform over the backward sees the registered op
+        param_grads, x_bias_grad, sums_dtype, picks = plan.grads(needs)
+        dx, dr, sums = _add_layer_norm_backward_op(*args, plan.dropout_p, param_grads, x_bias_grad, sums_dtype)
+        return dx, dr, *[_pick(sums, pick) for pick in picks], None, None
 
 
 _planned_add_layer_norm = autograd_apply(_PlannedAddLayerNorm)

@@ -303,3 +303,37 @@ def test_stock_unhooked_layers_keep_their_fusions():
     finally:
         handle.remove()
     assert fusable(layers, ENCODER_LAYERS_ROLES)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_forward_plan_reads_what_the_modules_hold_at_each_call(autocast):
+    """The fused path keeps where each weight lives between forwards (fastformer.plan.layout), not
+    the weights: a parameter replaced, one changed in place, a submodule replaced by a new stock
+    one and a layer deleted are each what the next forward runs with, as in the tutorial's model."""
+    ref, ours, batch = paired()
+    ref.eval(), ours.eval()
+
+    def same_outputs():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            expected, actual = ref(*batch)[0], ours(*batch)[0]
+        assert_max_diff("logits", actual, expected, 2e-2 if autocast else TOL)
+
+    def change(how):
+        for model in (ref, ours):
+            torch.manual_seed(1)
+            how(model.transformer)
+        same_outputs()
+
+    def new_weight(transformer):
+        W_Q = transformer.encoder.layers[0].self_attn.W_Q
+        W_Q.weight = nn.Parameter(torch.randn_like(W_Q.weight))
+
+    def new_linear(transformer):
+        attn = transformer.decoder.layers[0].dec_enc_attn
+        attn.W_K = nn.Linear(attn.W_K.in_features, attn.W_K.out_features)
+
+    same_outputs()  # the layouts are made here
+    change(new_weight)
+    change(lambda transformer: transformer.decoder.layers[1].pos_ffn.conv2.weight.data.mul_(-3))
+    change(new_linear)
+    change(lambda transformer: transformer.encoder.layers.__delitem__(0))

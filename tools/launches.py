@@ -144,6 +144,7 @@ LAYERS = [  # (function or class of the model's code, layer type): an op takes t
     (fastformer.model.position_ids, "embedding + masks"),
     (fastformer.plan.LayerPlan.add_norm, "add + LayerNorm"),
     (fastformer.plan.gather_weights, "weight cat + cast"),
+    (fastformer.plan.CastWeights, "weight cat + cast"),
     (fastformer.plan.dropout_seeds, "dropout seeds"),
     (fastformer.model.ScaledDotProductAttention, "attention"),
     (fastformer.model.MultiHeadAttention, "attention"),
@@ -176,7 +177,9 @@ def _spans():
     objects (the source on disk may have changed since the import)."""
     spans = collections.defaultdict(list)
     for obj, layer in LAYERS:
-        functions = [obj] if inspect.isfunction(obj) else [f for f in vars(obj).values() if inspect.isfunction(f)]
+        members = [obj] if inspect.isfunction(obj) else vars(obj).values()
+        functions = [getattr(f, "__func__", f) for f in members]  # a staticmethod's function
+        functions = [f for f in functions if inspect.isfunction(f)]
         lines = [line for f in functions for _, _, line in f.__code__.co_lines() if line is not None]
         lines += [f.__code__.co_firstlineno for f in functions]
         spans[os.path.abspath(functions[0].__code__.co_filename)].append((min(lines), max(lines), layer))
