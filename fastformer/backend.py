@@ -113,6 +113,11 @@ def attention(q, k, v, **kwargs):
     return op(q, k, v, **kwargs)
 
 
+def self_attention(qkv, n_head, **kwargs):
+    op = kernels.self_attention if _matmul_uses_triton(qkv) else kernels.self_attention_reference
+    return op(qkv, n_head, **kwargs)
+
+
 def feed_forward(x, w1, b1, w2, b2, activation="gelu"):
     op = kernels.feed_forward if _matmul_uses_triton(x) else kernels.feed_forward_reference
     return op(x, w1, b1, w2, b2, activation=activation)

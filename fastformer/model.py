@@ -13,7 +13,9 @@ the tutorial's, so its checkpoints load with strict=True. Three things differ, a
   cross-attention keys and values projected in one product. Each layer takes its part as a
   keyword-only `plan` and hands its children theirs (ScaledDotProductAttention a `seed`); called
   alone, a layer makes its own, and an attention or feed-forward runs on its parameters. With a
-  plan, a sublayer's last bias and dropout are fused into the add + LayerNorm that follows it.
+  plan, a sublayer's last bias and dropout are fused into the add + LayerNorm that follows it, and
+  a self-attention without probabilities runs on its fused QKV projection as one op
+  (kernels.self_attention: no head reshapes, one gradient back to the projection).
 
 The fusions skip calling the modules inside them, so they run only while nothing can observe that
 (fastformer.fusion: stock modules in their roles, no hooks); otherwise each module runs its
@@ -139,6 +141,19 @@ class ScaledDotProductAttention(nn.Module):
         # (bs, n_head, n_q_seq, d_head), (bs, n_head, n_q_seq, n_k_seq) or None
         return out if return_probs else (out, None)
 
+    def of_projection(self, qkv, n_head, attn_mask, *, seed=None):
+        """Self-attention's context (bs, n_seq, n_head * d_head), its heads side by side, from qkv
+        (bs, n_seq, 3 * n_head * d_head), the fused W_Q, W_K and W_V projection; no probabilities.
+        What forward does on qkv's heads, without the reshapes around it (kernels.self_attention)."""
+        return backend.self_attention(
+            qkv,
+            n_head,
+            **AttentionMask.of(attn_mask).as_kwargs(),
+            dropout_p=active_p(self.dropout),
+            softmax_scale=self.scale,
+            seed=seed,
+        )
+
     def unfused(self, Q, K, V, attn_mask, return_probs):
         """The tutorial's attention, its dropout module called on the probabilities."""
         # (bs, n_head, n_q_seq, n_k_seq)
@@ -179,7 +194,14 @@ class MultiHeadAttention(nn.Module):
             q_s, k_s, v_s = self.project(Q, K, V)
             output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, self.linear.weight, self.linear.bias)
             return self.dropout(output), attn_prob
-        if plan.keys_values is None:  # self-attention: one product
+        if plan.keys_values is None and not wants_probs(self.config, Q.low):  # self-attention: one product, one op
+            # (bs, n_seq, 3 * n_head * d_head) -> (bs, n_seq, n_head * d_head)
+            context = self.scaled_dot_attn.of_projection(
+                F.linear(Q.low, plan.in_weight, plan.in_bias), self.config.n_head, attn_mask, seed=plan.attn_seed
+            )
+            output = F.linear(context, plan.out_weight)
+            return Pending(output, self.linear.bias, active_p(self.dropout), plan.out_seed), None
+        if plan.keys_values is None:  # self-attention, its probabilities asked for
             q_s, k_s, v_s = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 3)
         else:
             (q_s,) = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 1)

@@ -47,7 +47,13 @@ else:  # fastformer.kernels: the ops
         add_layer_norm_dropout_mask,
         add_layer_norm_reference,
     )
-    from .attention import attention, attention_dropout_mask, attention_reference
+    from .attention import (
+        attention,
+        attention_dropout_mask,
+        attention_reference,
+        self_attention,
+        self_attention_reference,
+    )
     from .feed_forward import feed_forward, feed_forward_fused, feed_forward_reference
     from .linear_gelu import linear_gelu, linear_gelu_reference
 
@@ -68,5 +74,7 @@ else:  # fastformer.kernels: the ops
         "feed_forward_reference",
         "linear_gelu",
         "linear_gelu_reference",
+        "self_attention",
+        "self_attention_reference",
         "set_autotune",
     ]

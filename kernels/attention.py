@@ -155,10 +155,12 @@ def _store_rows(base, offs, stride, n, offs_d, D, value):
 
 
 @triton.jit
-def _interleaved(T, b, h, L, H, D):
-    """The (batch, head) slice of a (B, L, H, D) contiguous tensor, the layout of o, dq, dk and dv
-    (see _interleaved_empty): its base pointer. Its rows are H * D apart."""
-    return T + b * L * H * D + h * D
+def _interleaved(T, b, h, L, D, row):
+    """The (batch, head) slice of a (B, H, L, D) tensor laid out as (B, L, row) rows with the heads
+    side by side, each D wide (row = H * D: (B, L, H, D) contiguous, the layout of o, dq, dk and dv
+    that _interleaved_empty makes; 3 * H * D: dq, dk and dv as views of one fused QKV projection's
+    gradient): its base pointer. Its rows are `row` apart."""
+    return T + b * L * row + h * D
 
 
 @triton.jit
@@ -575,7 +577,7 @@ def _attn_fwd_kernel(
                 HAS_DROPOUT, DOT_PRECISION, ROW_ALIGN, BLOCK_M, BLOCK_N, BLOCK_D,
             )
             out = tl.where(masked_row[:, None], uniform, out)
-    _store_rows(_interleaved(O, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, out)
+    _store_rows(_interleaved(O, b, h, Lq, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, out)
     tl.store(LSE + bh * Lq + offs_m, lse, mask=offs_m < Lq)
 
 
@@ -637,7 +639,7 @@ def _attn_bwd_kernel(
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
-    stride_dob, stride_doh, stride_dom,
+    stride_dob, stride_doh, stride_dom, stride_gm,
     H, Lq, Lk, qk_scale, sm_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,  # config keys only
     DQ_PASS: tl.constexpr,
@@ -659,13 +661,15 @@ def _attn_bwd_kernel(
         DO: (B, H, Lq, D) the gradient of O in Q's dtype; any strides with a unit last one.
         LSE: (B, H, Lq) fp32, contiguous: the forward's log-sum-exp (base 2, +inf: all keys masked).
         DELTA: (B, H, Lq) fp32, contiguous: rowsum(dO * O), written by the dQ pass, read by dK/dV.
-        DQ: (B, H, Lq, D) output in Q's dtype, laid out as (B, Lq, H, D) contiguous; written by the dQ
-            pass, None in the dK/dV pass.
-        DK, DV: (B, H, Lk, D) outputs in Q's dtype, laid out as (B, Lk, H, D) contiguous; written by
-            the dK/dV pass, None in the dQ pass.
+        DQ: (B, H, Lq, D) output in Q's dtype, laid out as (B, Lq, stride_gm) rows, the heads side by
+            side (_interleaved); written by the dQ pass, None in the dK/dV pass.
+        DK, DV: (B, H, Lk, D) outputs in Q's dtype, laid out as DQ; written by the dK/dV pass, None in
+            the dQ pass.
         SEED: the forward's dropout seed, so the backward drops what the forward dropped; None
             when HAS_DROPOUT is off.
         stride_dob, stride_doh, stride_dom: DO's strides in elements (batch, head, row).
+        stride_gm: the row stride of DQ, DK and DV in elements: H * D (each its own tensor), or 3 * H *
+            D (views of one fused QKV projection's gradient, self_attention).
         sm_scale: softmax_scale, which dQ and dK are multiplied by.
         DQ_PASS: True: the dQ pass (and DELTA); False: the dK/dV pass.
         PAD, MASK, their strides, the strides of Q, K and V, H, Lq, Lk, qk_scale, dropout_p,
@@ -700,7 +704,7 @@ def _attn_bwd_kernel(
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
         do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-        o = _load_rows(_interleaved(O, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
+        o = _load_rows(_interleaved(O, b, h, Lq, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
         delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
         lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
@@ -729,7 +733,8 @@ def _attn_bwd_kernel(
                 mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
                 True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N,
             )
-        _store_rows(_interleaved(DQ, b, h, Lq, H, HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, dq * sm_scale)
+        dq_bh = _interleaved(DQ, b, h, Lq, HEAD_DIM, stride_gm)
+        _store_rows(dq_bh, offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq * sm_scale)
     else:
         # dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
         # the dQ pass wrote.
@@ -813,10 +818,11 @@ def _attn_bwd_kernel(
                     do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
                     dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
-        _store_rows(_interleaved(DK, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dk * sm_scale)
+        dk_bh = _interleaved(DK, b, h, Lk, HEAD_DIM, stride_gm)
+        _store_rows(dk_bh, offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dk * sm_scale)
         if HAS_DROPOUT:
             dv = dv * inv_keep
-        _store_rows(_interleaved(DV, b, h, Lk, H, HEAD_DIM), offs_n, H * HEAD_DIM, Lk, offs_d, HEAD_DIM, dv)
+        _store_rows(_interleaved(DV, b, h, Lk, HEAD_DIM, stride_gm), offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dv)
 
 
 # The kernels' launches with their configs; the backward kernel's two passes each have their own.
@@ -1010,15 +1016,27 @@ def _backward_outputs(q, k, v, lse):
     return (*(_interleaved_empty(B, H, t.shape[2], D, t) for t in (q, k, v)), torch.empty_like(lse))
 
 
+def _gradient_rows(dq, dk, dv):
+    """The row stride of dq, dk and dv (B, H, L, D), which the kernel writes laid out as (B, L, row)
+    rows with the heads side by side (_interleaved): each its own (_interleaved_empty, row H * D)
+    or views of one fused projection's gradient (self_attention, row 3 * H * D)."""
+    row = dq.stride(2)
+    for t in (dq, dk, dv):
+        _, _, L, D = t.shape
+        if t.stride() != (L * row, D, row, 1):
+            raise ValueError(f"attention's gradients must be rows {row} apart, heads side by side; got {t.stride()}")
+    return row
+
+
 def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking):
     """[(grid, args, kwargs)] of the backward kernel's two launches: the dQ pass, which also
     writes delta (B, H, Lq) = rowsum(dO * O) for the dK/dV pass, then that pass. `do` has a unit
-    last stride; `o` is the forward's output in its layout."""
+    last stride; `o` is the forward's output in its layout; dq, dk and dv as _gradient_rows takes them."""
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     pad, mask = masking.tensors
     masks = (pad, *masking.pad_strides, mask, *masking.mask_strides)
-    strides = _row_strides(q, k, v, do)
+    strides = (*_row_strides(q, k, v, do), _gradient_rows(dq, dk, dv))
     scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
     kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v, do)}
     # the pointers only the other pass uses are None: DK and DV in the dQ pass, O and DQ in dK/dV
@@ -1185,16 +1203,24 @@ class _Plan(Plan):
         return [configs.prepare(*launch) for configs, launch in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches)]
 
 
-def _make_plan(q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, return_probs):
-    """The _Plan of a call, or None for one that takes the ordinary path each time: probabilities
-    asked for, a head dim the kernel does not take, or an input autocast casts or the launch copies."""
+def _plannable(q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, return_probs):
+    """Check a call's arguments (raising as `attention`'s checks do); whether a plan can run it:
+    not for probabilities asked for, a head dim the kernel does not take, or an input autocast
+    casts or the launch copies."""
     check_attention_args(q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed, causal=causal)
     casts = autocast_state(q) is not None and q.dtype == torch.float32
     if return_probs or q.shape[-1] > MAX_HEAD_DIM or casts or any(t.stride(-1) != 1 for t in (q, k, v)):
-        return None
+        return False
     require_launchable("attention", q, k, v)
     if dropout_p > 0.0:
         check_dropout_rows("attention", q.shape[0] * q.shape[1] * q.shape[2])
+    return True
+
+
+def _make_plan(q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, return_probs):
+    """The _Plan of a call, or None for one that takes the ordinary path each time (_plannable)."""
+    if not _plannable(q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, return_probs):
+        return None
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return _Plan(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
 
@@ -1237,6 +1263,155 @@ _planned_attention = autograd_apply(_PlannedAttention)
 
 
 _plans = Plans("attention")
+
+
+# ----------------------------------------------------------------------------------------------
+# Self-attention on a fused QKV projection: q, k and v come in as one tensor and their gradients go
+# out as one, the context as the output projection reads it.
+# ----------------------------------------------------------------------------------------------
+def _packed_heads(qkv, n_head):
+    """q, k and v, each (B, H, L, D), of a fused projection's output qkv (B, L, 3 * H * D): views."""
+    B, L, _ = qkv.shape
+    return [t.transpose(1, 2) for t in qkv.view(B, L, 3, n_head, -1).unbind(2)]
+
+
+class _SelfPlan(_Plan):
+    """An eager `self_attention` call's signature made ready: attention's _Plan on the views of qkv,
+    whose backward writes dq, dk and dv into one (B, L, 3 * H * D) tensor, the gradient of qkv
+    (no stack of three gradients, no transposes on autograd's side)."""
+
+    def __init__(self, qkv, n_head, key_padding_mask, attn_mask, causal, dropout_p, scale, seed):
+        self.n_head, self.qkv_shape = n_head, tuple(qkv.shape)
+        super().__init__(*_packed_heads(qkv, n_head), key_padding_mask, attn_mask, causal, dropout_p, scale, seed)
+
+    def _made(self):
+        return (*super()._made(), self.n_head, self.qkv_shape)
+
+    def backward_outputs(self, like):
+        """dqkv (B, L, 3 * H * D) and its three heads' views, dq, dk and dv, in like's dtype."""
+        dqkv = torch.empty(self.qkv_shape, dtype=like.dtype, device=like.device)
+        return dqkv, *_packed_heads(dqkv, self.n_head)
+
+    def _backward_launches(self, do, q, k, v, o, lse, seed, key_padding_mask, attn_mask):
+        masking = _masking(q, key_padding_mask, attn_mask, self.causal, self.dropout_p, self.scale)
+        _, dq, dk, dv = self.backward_outputs(q)
+        launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, torch.empty_like(lse), masking)
+        return [configs.prepare(*launch) for configs, launch in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches)]
+
+
+def _context(o):
+    """The (B, L, H * D) view of an output o (B, H, L, D) laid out as (B, L, H, D)."""
+    B, H, L, D = o.shape
+    return o.transpose(1, 2).view(B, L, H * D)
+
+
+class _PlannedSelfAttention(torch.autograd.Function):
+    """`self_attention` by its _SelfPlan: qkv in, the context (B, L, H * D) out, dqkv back."""
+
+    @staticmethod
+    def forward(ctx, qkv, key_padding_mask, attn_mask, seed, plan):
+        q, k, v = _packed_heads(qkv, plan.n_head)
+        o, lse = plan.run(q, k, v, key_padding_mask, attn_mask, seed)
+        # qkv and o saved (the views are made again), so that autograd checks neither changed
+        ctx.save_for_backward(qkv, o, lse, seed, key_padding_mask, attn_mask)
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        return _context(o)
+
+    @staticmethod
+    def backward(ctx, dcontext):
+        if dcontext is None:
+            return (None,) * 5
+        plan = ctx.plan
+        qkv, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
+        q, k, v = _packed_heads(qkv, plan.n_head)
+        B, H, L, D = o.shape
+        # (B, H, L, D): the gradient's rows as the kernels read them
+        do = last_dim_contiguous(dcontext).reshape(B, L, H, D).transpose(1, 2)
+        if not planning():  # a dispatch mode or transform over the backward sees the registered op
+            dq, dk, dv = _attention_backward_op(
+                do, q, k, v, o, lse, seed, key_padding_mask, attn_mask, plan.causal, plan.dropout_p, plan.scale
+            )
+            dqkv = torch.stack([t.transpose(1, 2) for t in (dq, dk, dv)], dim=2).view(plan.qkv_shape)
+            return dqkv, None, None, None, None
+        dq_pass, dkdv_pass = plan.backward_launches(do, q, k, v, o, lse, seed, key_padding_mask, attn_mask)
+        dqkv, dq, dk, dv = plan.backward_outputs(qkv)
+        delta = torch.empty(*plan.lse_size, dtype=torch.float32, device=q.device)
+        mask = None if attn_mask is None else _dense_mask_view(attn_mask)
+        dq_pass(q, k, v, o, do, lse, delta, dq, None, None, seed, key_padding_mask, mask)
+        dkdv_pass(q, k, v, None, do, lse, delta, None, dk, dv, seed, key_padding_mask, mask)
+        return dqkv, None, None, None, None
+
+
+_planned_self_attention = autograd_apply(_PlannedSelfAttention)
+_self_plans = Plans("self_attention")
+
+
+def check_self_attention_args(qkv, n_head, dtypes=FLOAT_DTYPES):
+    """Validate self_attention's qkv and n_head; returns the head dim D."""
+    check_tensor("qkv", qkv, ndim=3, dtypes=dtypes)
+    if isinstance(n_head, bool) or not isinstance(n_head, int) or n_head <= 0:
+        raise ValueError(f"n_head must be a positive int, got {n_head!r}")
+    width = qkv.shape[-1]
+    if width == 0 or width % (3 * n_head):
+        raise ValueError(
+            f"qkv's last dimension must be 3 * n_head * d_head (q, k and v side by side), got {width} "
+            f"with n_head {n_head}"
+        )
+    return width // (3 * n_head)
+
+
+def _make_self_plan(qkv, n_head, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed):
+    """The _SelfPlan of a call, or None for one that takes attention's path each time (as _make_plan)."""
+    check_self_attention_args(qkv, n_head)
+    q, k, v = _packed_heads(qkv, n_head)
+    if not _plannable(q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, False):
+        return None
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    return _SelfPlan(qkv, n_head, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
+
+
+def self_attention(
+    qkv, n_head, *, key_padding_mask=None, causal=False, attn_mask=None, dropout_p=0.0, softmax_scale=None, seed=None
+):
+    """`attention` of the heads of one fused QKV projection, its result as the output projection
+    reads it: the attention sublayer's core with no reshapes around it.
+
+    Args:
+        qkv: (B, L, 3 * H * D), the product of the input with W_Q, W_K and W_V stacked (rows [Q; K;
+            V], each H heads of D): q, k and v are its views.
+        n_head: H. The other arguments are attention's, for Lq = Lk = L.
+
+    Returns:
+        The context (B, L, H * D), the heads side by side, in qkv's dtype. In eager mode its
+        gradient comes back to qkv as one tensor, written by the backward's kernels.
+    """
+    if planning() and isinstance(qkv, torch.Tensor):
+        args = qkv, n_head, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed
+        plan = kept(_self_plans, (signature(*args), switches(qkv)), _make_self_plan, *args)
+        if plan is not None:
+            if plan.draws_seed:
+                seed = draw_seed(qkv.device)
+            elif plan.dropout_p == 0.0:
+                seed = None
+            if needs_grad(qkv):
+                return _planned_self_attention(qkv, key_padding_mask, attn_mask, seed, plan)
+            return _context(plan.run(*_packed_heads(qkv, n_head), key_padding_mask, attn_mask, seed)[0])
+    check_self_attention_args(qkv, n_head)
+    kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
+    out = attention(*_packed_heads(qkv, n_head), **kwargs, softmax_scale=softmax_scale, seed=seed)
+    return out.transpose(1, 2).reshape(qkv.shape[0], qkv.shape[1], -1)
+
+
+def self_attention_reference(
+    qkv, n_head, *, key_padding_mask=None, causal=False, attn_mask=None, dropout_p=0.0, softmax_scale=None, seed=None
+):
+    """self_attention in plain PyTorch (attention_reference on qkv's heads): same signature; also
+    takes fp64, to serve as the tests' oracle."""
+    check_self_attention_args(qkv, n_head, dtypes=REFERENCE_DTYPES)
+    kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
+    out = attention_reference(*_packed_heads(qkv, n_head), **kwargs, softmax_scale=softmax_scale, seed=seed)
+    return out.transpose(1, 2).reshape(qkv.shape[0], qkv.shape[1], -1)
 
 
 def check_attention_args(

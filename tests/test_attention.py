@@ -345,3 +345,73 @@ def test_causal_must_be_a_bool(op):
     q = torch.zeros(1, 1, 3, 16)
     with pytest.raises(TypeError, match="causal must be a bool, got 'no'"):
         op(q, q, q, causal="no")  # a non-empty string would read as True
+
+
+def self_attention_run(op, qkv, dcontext, dtype, n_head, **kwargs):
+    """The context and qkv's gradient of `op` (self_attention or its reference) on a copy of qkv in dtype."""
+    leaf = qkv.detach().to(dtype).clone().requires_grad_()
+    context = op(leaf, n_head, **kwargs)
+    context.backward(dcontext.to(dtype))
+    return context, leaf.grad
+
+
+@pytest.mark.parametrize("dtype, atol", DTYPES)
+@pytest.mark.parametrize(
+    "B, L, H, D, causal",
+    [
+        (1, 1, 1, 16, False),  # length 1
+        (2, 17, 3, 32, True),  # not a multiple of BLOCK_N, heads not a power of two
+        (2, 21, 2, 72, False),  # a head dim padded inside the kernel
+    ],
+)
+def test_self_attention_on_a_fused_projection(B, L, H, D, causal, dtype, atol, device):
+    """self_attention (qkv in, the context (B, L, H * D) out, qkv's gradient written by the
+    backward's kernels) within the 2x-torch-error rule of its fp64 reference, key padding with an
+    all-padding sequence; the context is the (B, L, H * D) view of attention's output on qkv's heads."""
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(B, L, 3 * H * D, generator=g, dtype=torch.float64).to(device)
+    dcontext = torch.randn(B, L, H * D, generator=g, dtype=torch.float64).to(device)
+    kwargs = dict(key_padding_mask=padding(B, L, "all", device), causal=causal)
+    reference = self_attention_run(kernels.self_attention_reference, qkv, dcontext, torch.float64, H, **kwargs)
+    torch_same = self_attention_run(kernels.self_attention_reference, qkv, dcontext, dtype, H, **kwargs)
+    ours = self_attention_run(kernels.self_attention, qkv, dcontext, dtype, H, **kwargs)
+    for name, a, r, t in zip(("context", "dqkv"), ours, reference, torch_same):
+        assert a.dtype == dtype and a.shape == r.shape, name
+        assert_within_torch_error(name, a, r, t, atol)
+    heads = [t.transpose(1, 2) for t in qkv.to(dtype).view(B, L, 3, H, D).unbind(2)]
+    expected = kernels.attention(*heads, **kwargs).transpose(1, 2).reshape(B, L, H * D)
+    assert torch.equal(ours[0], expected)
+
+
+def test_self_attention_takes_strided_and_unaligned_projections(device):
+    """qkv as a slice of a wider tensor (rows strided) and at an odd element offset (unaligned):
+    the same context and gradient as a contiguous copy, bit for bit."""
+    B, L, H, D = 2, 9, 2, 16
+    g = torch.Generator().manual_seed(6)
+    wide = torch.randn(B, L, 3 * H * D + 8, generator=g).to(device)
+    dcontext = torch.randn(B, L, H * D, generator=g).to(device)
+    flat = torch.randn(B * L * 3 * H * D + 1, generator=g).to(device)
+    pad = padding(B, L, "end", device)
+    for qkv in (wide[..., : 3 * H * D], flat[1:].view(B, L, 3 * H * D)):
+        expected = self_attention_run(
+            kernels.self_attention, qkv.contiguous(), dcontext, torch.float32, H, key_padding_mask=pad
+        )
+        actual = self_attention_run(kernels.self_attention, qkv, dcontext, torch.float32, H, key_padding_mask=pad)
+        for a, e in zip(actual, expected):
+            assert torch.equal(a, e)
+
+
+@pytest.mark.parametrize("op", [kernels.self_attention, kernels.self_attention_reference])
+def test_self_attention_rejects_what_is_not_a_fused_projection(op):
+    qkv = torch.randn(2, 5, 3 * 4 * 8)
+    with pytest.raises(ValueError, match="qkv"):
+        op(qkv.view(2, 5, 3, 32), 4)
+    with pytest.raises(ValueError, match=r"qkv's last dimension must be 3 \* n_head \* d_head"):
+        op(qkv, 5)
+    for n_head in (0, True, 2.0):
+        with pytest.raises(ValueError, match="n_head must be a positive int"):
+            op(qkv, n_head)
+    with pytest.raises(TypeError, match=r"qkv must be a torch\.Tensor"):
+        op(qkv.tolist(), 4)
+    with pytest.raises(ValueError, match="key_padding_mask must have shape"):
+        op(qkv, 4, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))

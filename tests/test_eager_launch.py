@@ -233,3 +233,35 @@ def test_each_planned_op_is_its_registered_op_bitwise():
         assert torch.equal(y, y_op) and torch.equal(y_low, y_low_op)
         for a, c in zip(_grads(y + y_low.float(), h, r, lw, lb, xb), _grads(y_op + y_low_op.float(), h, r, lw, lb, xb)):
             assert torch.equal(a, c)
+
+
+def test_self_attention_is_the_registered_attention_on_its_heads_bitwise():
+    """self_attention's plan (qkv in, the context out, dqkv written by the kernels: one autograd
+    node) against the registered attention op on qkv's views: the context and qkv's gradient equal
+    bit for bit, with key padding and dropout, causal or not, on the plan's first call and a later
+    one; its backward under a dispatch mode runs the registered backward op, with the same result."""
+    g = torch.Generator().manual_seed(0)
+    seeds = draw_seeds(2, "cpu")
+    (qkv,) = _leaves(g, (2, 7, 3 * 3 * 16))
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[0, 5:] = True
+
+    def planned(causal):
+        return kernels.self_attention(qkv, 3, key_padding_mask=pad, causal=causal, dropout_p=0.2, seed=seeds[1:2])
+
+    for causal in (False, True):
+        q, k, v = (t.view(2, 7, 3, 16).transpose(1, 2) for t in qkv.split(48, dim=-1))
+        op, _ = attention_module._attention_forward_op(q, k, v, pad, None, causal, 0.2, 16**-0.5, seeds[1:2])
+        expected = op.transpose(1, 2).reshape(2, 7, 48)
+        (expected_grad,) = _grads(expected, qkv)
+        for _ in range(2):  # the plan's first call and a later one
+            context = planned(causal)
+            assert type(context.grad_fn).__name__ == "_PlannedSelfAttentionBackward"
+            assert torch.equal(context, expected)
+            (grad,) = _grads(context, qkv)
+            assert torch.equal(grad, expected_grad)
+    context = planned(True)
+    with Seen() as mode:
+        (grad,) = _grads(context, qkv)
+    assert "fastformer.attention_backward.default" in mode.ops
+    assert torch.equal(grad, expected_grad)
