@@ -30,7 +30,7 @@ from fastformer import backend
 from fastformer.config import check_config
 from fastformer.fusion import fusable
 from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
-from fastformer.plan import ForwardPlan, Hidden, Pending, active_p
+from fastformer.plan import ForwardPlan, Pending, active_p
 
 ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
 
@@ -141,13 +141,15 @@ class ScaledDotProductAttention(nn.Module):
         # (bs, n_head, n_q_seq, d_head), (bs, n_head, n_q_seq, n_k_seq) or None
         return out if return_probs else (out, None)
 
-    def of_projection(self, qkv, n_head, attn_mask, *, seed=None):
+    def of_projection(self, qkv, n_head, attn_mask, *, seq_len=None, seed=None):
         """Self-attention's context (bs, n_seq, n_head * d_head), its heads side by side, from qkv
-        (bs, n_seq, 3 * n_head * d_head), the fused W_Q, W_K and W_V projection; no probabilities.
-        What forward does on qkv's heads, without the reshapes around it (kernels.self_attention)."""
+        (bs, n_seq, 3 * n_head * d_head), the fused W_Q, W_K and W_V projection, or both as rows
+        (bs * n_seq, ...) with seq_len n_seq; no probabilities. What forward does on qkv's heads,
+        without the reshapes around it (kernels.self_attention)."""
         return backend.self_attention(
             qkv,
             n_head,
+            seq_len=seq_len,
             **AttentionMask.of(attn_mask).as_kwargs(),
             dropout_p=active_p(self.dropout),
             softmax_scale=self.scale,
@@ -195,18 +197,19 @@ class MultiHeadAttention(nn.Module):
             output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, self.linear.weight, self.linear.bias)
             return self.dropout(output), attn_prob
         if plan.keys_values is None and not wants_probs(self.config, Q.low):  # self-attention: one product, one op
-            # (bs, n_seq, 3 * n_head * d_head) -> (bs, n_seq, n_head * d_head)
+            # (bs * n_seq, 3 * n_head * d_head) -> (bs * n_seq, n_head * d_head)
+            qkv = F.linear(Q.low, plan.in_weight, plan.in_bias)
             context = self.scaled_dot_attn.of_projection(
-                F.linear(Q.low, plan.in_weight, plan.in_bias), self.config.n_head, attn_mask, seed=plan.attn_seed
+                qkv, self.config.n_head, attn_mask, seq_len=plan.seq_len, seed=plan.attn_seed
             )
             output = F.linear(context, plan.out_weight)
             return Pending(output, self.linear.bias, active_p(self.dropout), plan.out_seed), None
         if plan.keys_values is None:  # self-attention, its probabilities asked for
-            q_s, k_s, v_s = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 3)
+            q_s, k_s, v_s = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 3, plan.seq_len)
         else:
-            (q_s,) = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 1)
+            (q_s,) = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 1, plan.seq_len)
             k_s, v_s = plan.keys_values
-        output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, plan.out_weight, seed=plan.attn_seed)
+        output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, plan.out_weight, seed=plan.attn_seed, rows=True)
         return Pending(output, self.linear.bias, active_p(self.dropout), plan.out_seed), attn_prob
 
     def unfused(self, Q, K, V, attn_mask):
@@ -243,22 +246,25 @@ class MultiHeadAttention(nn.Module):
         """(weight, bias) of nn.Linears as one."""
         return torch.cat([lin.weight for lin in linears]), torch.cat([lin.bias for lin in linears])
 
-    def heads_of(self, x, weight, bias, n):
+    def heads_of(self, x, weight, bias, n, seq_len=None):
         """The n (bs, n_head, n_seq, d_head) heads of the projection F.linear(x, weight, bias), whose
-        rows are n projections (W_Q; W_K; W_V, say): views, no transpose copies."""
+        rows are n projections (W_Q; W_K; W_V, say): views, no transpose copies. x: (bs, n_seq,
+        d_hidn), or its rows (bs * n_seq, d_hidn) with seq_len n_seq."""
         # (bs, n_seq, n, n_head, d_head)
-        y = F.linear(x, weight, bias).view(x.size(0), x.size(1), n, self.config.n_head, self.config.d_head)
+        n_seq = x.size(1) if seq_len is None else seq_len
+        y = F.linear(x, weight, bias).view(-1, n_seq, n, self.config.n_head, self.config.d_head)
         # the backward of unbind stacks the gradients: a copy, which one projection does not need
         heads = y.unbind(2) if n > 1 else [y.squeeze(2)]
         return [h.transpose(1, 2) for h in heads]
 
-    def attend(self, q_s, k_s, v_s, attn_mask, weight, bias=None, seed=None):
+    def attend(self, q_s, k_s, v_s, attn_mask, weight, bias=None, seed=None, rows=False):
         """The attention of the heads, then the output linear with `weight` and `bias` (None: left
-        to add + LayerNorm), without the output dropout. seed: the attention dropout's, or None."""
-        batch_size = q_s.size(0)
+        to add + LayerNorm), without the output dropout. seed: the attention dropout's, or None.
+        The output is (bs, n_q_seq, d_hidn), or its rows (bs * n_q_seq, d_hidn)."""
         context, attn_prob = self.scaled_dot_attn(q_s, k_s, v_s, attn_mask, seed=seed)
-        # (bs, n_q_seq, n_head * d_head): free when the kernel wrote context head-interleaved
-        context = context.transpose(1, 2).reshape(batch_size, -1, self.config.n_head * self.config.d_head)
+        # (bs, n_q_seq, n_head * d_head) or its rows: free when the kernel wrote context head-interleaved
+        width = self.config.n_head * self.config.d_head
+        context = context.transpose(1, 2).reshape(-1, width) if rows else context.transpose(1, 2).flatten(2)
         return F.linear(context, weight, bias), attn_prob
 
 
@@ -328,9 +334,9 @@ class EncoderLayer(nn.Module):
         if plan is None:  # called alone: a plan of its own, tensors in and out
             if not fusable(self, ENCODER_LAYER_ROLES):
                 return self.unfused(inputs, attn_mask)
-            plan = ForwardPlan([self], inputs).layers[0]
-            outputs, attn_prob = self.forward(Hidden.of(inputs), attn_mask, plan=plan)
-            return outputs.x, attn_prob
+            plan = ForwardPlan([self], inputs)
+            outputs, attn_prob = self.forward(plan.hidden(inputs), attn_mask, plan=plan.layers[0])
+            return plan.output(outputs), attn_prob
         att_outputs, attn_prob = self.self_attn(inputs, inputs, inputs, attn_mask, plan=plan.self_attn)
         att_outputs = plan.add_norm(self.layer_norm1, att_outputs, inputs)
         ffn_outputs = self.pos_ffn(att_outputs, plan=plan.pos_ffn)
@@ -371,11 +377,11 @@ class Encoder(nn.Module):
             return outputs, attn_probs
         attn_mask = AttentionMask(key_padding_mask=pad)
         plan = ForwardPlan(self.layers, outputs)
-        hidden = Hidden.of(outputs)
+        hidden = plan.hidden(outputs)
         for layer, layer_plan in zip(self.layers, plan.layers):
             hidden, attn_prob = layer(hidden, attn_mask, plan=layer_plan)
             attn_probs.append(attn_prob)
-        return hidden.x, attn_probs
+        return plan.output(hidden), attn_probs
 
 
 class DecoderLayer(nn.Module):
@@ -399,11 +405,11 @@ class DecoderLayer(nn.Module):
         if plan is None:  # called alone: a plan of its own, tensors in and out
             if not fusable(self, DECODER_LAYER_ROLES):
                 return self.unfused(dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask)
-            plan = ForwardPlan([self], dec_inputs, enc_outputs).layers[0]
+            plan = ForwardPlan([self], dec_inputs, enc_outputs)
             outputs, *attn_probs = self.forward(
-                Hidden.of(dec_inputs), enc_outputs, self_attn_mask, dec_enc_attn_mask, plan=plan
+                plan.hidden(dec_inputs), enc_outputs, self_attn_mask, dec_enc_attn_mask, plan=plan.layers[0]
             )
-            return outputs.x, *attn_probs
+            return plan.output(outputs), *attn_probs
         self_att_outputs, self_attn_prob = self.self_attn(
             dec_inputs, dec_inputs, dec_inputs, self_attn_mask, plan=plan.self_attn
         )
@@ -461,14 +467,14 @@ class Decoder(nn.Module):
         self_attn_mask = AttentionMask(key_padding_mask=dec_pad, causal=True)
         dec_enc_attn_mask = AttentionMask(key_padding_mask=enc_inputs.eq(self.config.i_pad))
         plan = ForwardPlan(self.layers, dec_outputs, enc_outputs)
-        hidden = Hidden.of(dec_outputs)
+        hidden = plan.hidden(dec_outputs)
         for layer, layer_plan in zip(self.layers, plan.layers):
             hidden, self_attn_prob, dec_enc_attn_prob = layer(
                 hidden, enc_outputs, self_attn_mask, dec_enc_attn_mask, plan=layer_plan
             )
             self_attn_probs.append(self_attn_prob)
             dec_enc_attn_probs.append(dec_enc_attn_prob)
-        return hidden.x, self_attn_probs, dec_enc_attn_probs
+        return plan.output(hidden), self_attn_probs, dec_enc_attn_probs
 
 
 class Transformer(nn.Module):

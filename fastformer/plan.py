@@ -40,9 +40,11 @@ def active_p(dropout):
 
 class Hidden(NamedTuple):
     """A hidden state between the sublayers: x for the residual and LayerNorm, low the same values
-    in autocast's dtype for the next product (x itself when there is no copy: autocast casts it)."""
+    in autocast's dtype for the next product (x itself when there is no copy: autocast casts it).
+    Inside a ForwardPlan both are (bs * n_seq, d_hidn) rows (ForwardPlan.hidden), so that the
+    products take them as they are, with no reshape on either side."""
 
-    x: torch.Tensor  # (bs, n_seq, d_hidn)
+    x: torch.Tensor  # (bs * n_seq, d_hidn)
     low: torch.Tensor
 
     @classmethod
@@ -54,7 +56,7 @@ class Hidden(NamedTuple):
 class Pending(NamedTuple):
     """A sublayer's output before its last bias and its dropout, which add + LayerNorm applies."""
 
-    x: torch.Tensor  # (bs, n_seq, d_hidn)
+    x: torch.Tensor  # (bs * n_seq, d_hidn)
     bias: torch.Tensor  # (d_hidn,)
     dropout_p: float
     seed: torch.Tensor | None  # the dropout kernel's, or None
@@ -73,6 +75,7 @@ class AttentionPlan:
     attn_seed: torch.Tensor | None = None
     out_seed: torch.Tensor | None = None
     keys_values: tuple | None = None  # cross-attention: (k_s, v_s), each (bs, n_head, n_enc_seq, d_head)
+    seq_len: int | None = None  # the queries' length: the hidden states come as (bs * n_seq, d_hidn) rows
 
 
 @dataclass
@@ -281,6 +284,8 @@ class ForwardPlan:
 
     def __init__(self, layers, inputs, enc_outputs=None):
         decoder = enc_outputs is not None
+        self.shape = inputs.shape
+        seq_len = inputs.size(1)
         found = layout(layers, decoder)
         weights, dtype = found.weights(inputs)
         weights = iter(weights)
@@ -292,7 +297,15 @@ class ForwardPlan:
         self.layers = []
         for i in range(len(layers)):
             seed = layer_seeds(seeds, i)
-            self_attn = AttentionPlan(*take(weights, 3), *take(seed, 2))
-            dec_enc_attn = AttentionPlan(*take(weights, 3), *take(seed, 2), keys_values[i]) if decoder else None
+            self_attn = AttentionPlan(*take(weights, 3), *take(seed, 2), seq_len=seq_len)
+            cross = AttentionPlan(*take(weights, 3), *take(seed, 2), keys_values[i], seq_len) if decoder else None
             pos_ffn = FeedForwardPlan(*take(weights, 3), next(seed))
-            self.layers.append(LayerPlan(dtype, self_attn, pos_ffn, dec_enc_attn))
+            self.layers.append(LayerPlan(dtype, self_attn, pos_ffn, cross))
+
+    def hidden(self, inputs):
+        """The first layer's Hidden: inputs (bs, n_seq, d_hidn) as rows."""
+        return Hidden.of(inputs.view(-1, inputs.size(-1)))
+
+    def output(self, hidden):
+        """The last layer's Hidden as the (bs, n_seq, d_hidn) tensor the layers' caller gets."""
+        return hidden.x.view(self.shape)

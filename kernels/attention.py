@@ -1269,28 +1269,41 @@ _plans = Plans("attention")
 # Self-attention on a fused QKV projection: q, k and v come in as one tensor and their gradients go
 # out as one, the context as the output projection reads it.
 # ----------------------------------------------------------------------------------------------
-def _packed_heads(qkv, n_head):
-    """q, k and v, each (B, H, L, D), of a fused projection's output qkv (B, L, 3 * H * D): views."""
-    B, L, _ = qkv.shape
-    return [t.transpose(1, 2) for t in qkv.view(B, L, 3, n_head, -1).unbind(2)]
+def _packed_heads(qkv, n_head, seq_len):
+    """q, k and v, each (B, H, L, D), of a fused projection's output qkv (B, L, 3 * H * D), or of its
+    rows (B * L, 3 * H * D) with seq_len L: views."""
+    return [t.transpose(1, 2) for t in qkv.view(-1, seq_len, 3, n_head, qkv.shape[-1] // (3 * n_head)).unbind(2)]
+
+
+def _context(o, rows):
+    """The (B, L, H * D) view of an output o (B, H, L, D) laid out as (B, L, H, D), or with `rows`
+    its (B * L, H * D) view."""
+    B, H, L, D = o.shape
+    return o.transpose(1, 2).view(B * L, H * D) if rows else o.transpose(1, 2).view(B, L, H * D)
 
 
 class _SelfPlan(_Plan):
     """An eager `self_attention` call's signature made ready: attention's _Plan on the views of qkv,
-    whose backward writes dq, dk and dv into one (B, L, 3 * H * D) tensor, the gradient of qkv
-    (no stack of three gradients, no transposes on autograd's side)."""
+    whose backward writes dq, dk and dv into one tensor of qkv's shape, the gradient of qkv (no
+    stack of three gradients, no transposes on autograd's side)."""
 
-    def __init__(self, qkv, n_head, key_padding_mask, attn_mask, causal, dropout_p, scale, seed):
-        self.n_head, self.qkv_shape = n_head, tuple(qkv.shape)
-        super().__init__(*_packed_heads(qkv, n_head), key_padding_mask, attn_mask, causal, dropout_p, scale, seed)
+    def __init__(self, qkv, n_head, seq_len, key_padding_mask, attn_mask, causal, dropout_p, scale, seed):
+        self.n_head, self.seq_len, self.qkv_shape = n_head, seq_len, tuple(qkv.shape)
+        self.rows = qkv.dim() == 2
+        heads = _packed_heads(qkv, n_head, seq_len)
+        super().__init__(*heads, key_padding_mask, attn_mask, causal, dropout_p, scale, seed)
 
     def _made(self):
-        return (*super()._made(), self.n_head, self.qkv_shape)
+        return (*super()._made(), self.n_head, self.seq_len, self.qkv_shape)
+
+    def heads(self, qkv):
+        """q, k and v of qkv (or of its gradient), as _packed_heads."""
+        return _packed_heads(qkv, self.n_head, self.seq_len)
 
     def backward_outputs(self, like):
-        """dqkv (B, L, 3 * H * D) and its three heads' views, dq, dk and dv, in like's dtype."""
+        """dqkv (qkv's shape) and its three heads' views, dq, dk and dv, in like's dtype."""
         dqkv = torch.empty(self.qkv_shape, dtype=like.dtype, device=like.device)
-        return dqkv, *_packed_heads(dqkv, self.n_head)
+        return dqkv, *self.heads(dqkv)
 
     def _backward_launches(self, do, q, k, v, o, lse, seed, key_padding_mask, attn_mask):
         masking = _masking(q, key_padding_mask, attn_mask, self.causal, self.dropout_p, self.scale)
@@ -1299,24 +1312,17 @@ class _SelfPlan(_Plan):
         return [configs.prepare(*launch) for configs, launch in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches)]
 
 
-def _context(o):
-    """The (B, L, H * D) view of an output o (B, H, L, D) laid out as (B, L, H, D)."""
-    B, H, L, D = o.shape
-    return o.transpose(1, 2).view(B, L, H * D)
-
-
 class _PlannedSelfAttention(torch.autograd.Function):
-    """`self_attention` by its _SelfPlan: qkv in, the context (B, L, H * D) out, dqkv back."""
+    """`self_attention` by its _SelfPlan: qkv in, the context out, dqkv back."""
 
     @staticmethod
     def forward(ctx, qkv, key_padding_mask, attn_mask, seed, plan):
-        q, k, v = _packed_heads(qkv, plan.n_head)
-        o, lse = plan.run(q, k, v, key_padding_mask, attn_mask, seed)
+        o, lse = plan.run(*plan.heads(qkv), key_padding_mask, attn_mask, seed)
         # qkv and o saved (the views are made again), so that autograd checks neither changed
         ctx.save_for_backward(qkv, o, lse, seed, key_padding_mask, attn_mask)
         ctx.plan = plan
         ctx.set_materialize_grads(False)
-        return _context(o)
+        return _context(o, plan.rows)
 
     @staticmethod
     def backward(ctx, dcontext):
@@ -1324,7 +1330,7 @@ class _PlannedSelfAttention(torch.autograd.Function):
             return (None,) * 5
         plan = ctx.plan
         qkv, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
-        q, k, v = _packed_heads(qkv, plan.n_head)
+        q, k, v = plan.heads(qkv)
         B, H, L, D = o.shape
         # (B, H, L, D): the gradient's rows as the kernels read them
         do = last_dim_contiguous(dcontext).reshape(B, L, H, D).transpose(1, 2)
@@ -1347,9 +1353,11 @@ _planned_self_attention = autograd_apply(_PlannedSelfAttention)
 _self_plans = Plans("self_attention")
 
 
-def check_self_attention_args(qkv, n_head, dtypes=FLOAT_DTYPES):
-    """Validate self_attention's qkv and n_head; returns the head dim D."""
-    check_tensor("qkv", qkv, ndim=3, dtypes=dtypes)
+def check_self_attention_args(qkv, n_head, seq_len, dtypes=FLOAT_DTYPES):
+    """Validate self_attention's qkv, n_head and seq_len; returns L, the sequence length."""
+    check_tensor("qkv", qkv, dtypes=dtypes)
+    if qkv.dim() not in (2, 3):
+        raise ValueError(f"qkv must be (B, L, 3 * H * D) or its rows (B * L, 3 * H * D), got {tuple(qkv.shape)}")
     if isinstance(n_head, bool) or not isinstance(n_head, int) or n_head <= 0:
         raise ValueError(f"n_head must be a positive int, got {n_head!r}")
     width = qkv.shape[-1]
@@ -1358,36 +1366,49 @@ def check_self_attention_args(qkv, n_head, dtypes=FLOAT_DTYPES):
             f"qkv's last dimension must be 3 * n_head * d_head (q, k and v side by side), got {width} "
             f"with n_head {n_head}"
         )
-    return width // (3 * n_head)
+    if qkv.dim() == 3:
+        if seq_len is not None and seq_len != qkv.shape[1]:
+            raise ValueError(f"seq_len must be None or qkv's length {qkv.shape[1]}, got {seq_len!r}")
+        return qkv.shape[1]
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0 or qkv.shape[0] % seq_len:
+        raise ValueError(
+            f"seq_len must be a positive int that divides qkv's {qkv.shape[0]} rows (B * L), got {seq_len!r}"
+        )
+    return seq_len
 
 
-def _make_self_plan(qkv, n_head, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed):
+def _make_self_plan(qkv, n_head, seq_len, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed):
     """The _SelfPlan of a call, or None for one that takes attention's path each time (as _make_plan)."""
-    check_self_attention_args(qkv, n_head)
-    q, k, v = _packed_heads(qkv, n_head)
+    seq_len = check_self_attention_args(qkv, n_head, seq_len)
+    q, k, v = _packed_heads(qkv, n_head, seq_len)
     if not _plannable(q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, False):
         return None
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    return _SelfPlan(qkv, n_head, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
+    return _SelfPlan(qkv, n_head, seq_len, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
 
 
 def self_attention(
-    qkv, n_head, *, key_padding_mask=None, causal=False, attn_mask=None, dropout_p=0.0, softmax_scale=None, seed=None
+    qkv, n_head, *, seq_len=None, key_padding_mask=None, causal=False, attn_mask=None, dropout_p=0.0,
+    softmax_scale=None, seed=None,
 ):
     """`attention` of the heads of one fused QKV projection, its result as the output projection
     reads it: the attention sublayer's core with no reshapes around it.
 
     Args:
         qkv: (B, L, 3 * H * D), the product of the input with W_Q, W_K and W_V stacked (rows [Q; K;
-            V], each H heads of D): q, k and v are its views.
-        n_head: H. The other arguments are attention's, for Lq = Lk = L.
+            V], each H heads of D): q, k and v are its views. Or its rows, (B * L, 3 * H * D), as a
+            product of a (B * L, d) input gives them, with `seq_len`.
+        n_head: H.
+        seq_len: L, for qkv given as rows (None, or qkv's length, otherwise).
+        The other arguments are attention's, for Lq = Lk = L.
 
     Returns:
-        The context (B, L, H * D), the heads side by side, in qkv's dtype. In eager mode its
-        gradient comes back to qkv as one tensor, written by the backward's kernels.
+        The context (B, L, H * D), the heads side by side, or its rows (B * L, H * D) for qkv's
+        rows, in qkv's dtype. In eager mode its gradient comes back to qkv as one tensor, written
+        by the backward's kernels.
     """
     if planning() and isinstance(qkv, torch.Tensor):
-        args = qkv, n_head, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed
+        args = qkv, n_head, seq_len, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed
         plan = kept(_self_plans, (signature(*args), switches(qkv)), _make_self_plan, *args)
         if plan is not None:
             if plan.draws_seed:
@@ -1396,22 +1417,23 @@ def self_attention(
                 seed = None
             if needs_grad(qkv):
                 return _planned_self_attention(qkv, key_padding_mask, attn_mask, seed, plan)
-            return _context(plan.run(*_packed_heads(qkv, n_head), key_padding_mask, attn_mask, seed)[0])
-    check_self_attention_args(qkv, n_head)
+            return _context(plan.run(*plan.heads(qkv), key_padding_mask, attn_mask, seed)[0], plan.rows)
+    seq_len = check_self_attention_args(qkv, n_head, seq_len)
     kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
-    out = attention(*_packed_heads(qkv, n_head), **kwargs, softmax_scale=softmax_scale, seed=seed)
-    return out.transpose(1, 2).reshape(qkv.shape[0], qkv.shape[1], -1)
+    out = attention(*_packed_heads(qkv, n_head, seq_len), **kwargs, softmax_scale=softmax_scale, seed=seed)
+    return out.transpose(1, 2).reshape(*qkv.shape[:-1], -1)
 
 
 def self_attention_reference(
-    qkv, n_head, *, key_padding_mask=None, causal=False, attn_mask=None, dropout_p=0.0, softmax_scale=None, seed=None
+    qkv, n_head, *, seq_len=None, key_padding_mask=None, causal=False, attn_mask=None, dropout_p=0.0,
+    softmax_scale=None, seed=None,
 ):
     """self_attention in plain PyTorch (attention_reference on qkv's heads): same signature; also
     takes fp64, to serve as the tests' oracle."""
-    check_self_attention_args(qkv, n_head, dtypes=REFERENCE_DTYPES)
+    seq_len = check_self_attention_args(qkv, n_head, seq_len, dtypes=REFERENCE_DTYPES)
     kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
-    out = attention_reference(*_packed_heads(qkv, n_head), **kwargs, softmax_scale=softmax_scale, seed=seed)
-    return out.transpose(1, 2).reshape(qkv.shape[0], qkv.shape[1], -1)
+    out = attention_reference(*_packed_heads(qkv, n_head, seq_len), **kwargs, softmax_scale=softmax_scale, seed=seed)
+    return out.transpose(1, 2).reshape(*qkv.shape[:-1], -1)
 
 
 def check_attention_args(

@@ -383,9 +383,10 @@ def test_self_attention_on_a_fused_projection(B, L, H, D, causal, dtype, atol, d
     assert torch.equal(ours[0], expected)
 
 
-def test_self_attention_takes_strided_and_unaligned_projections(device):
-    """qkv as a slice of a wider tensor (rows strided) and at an odd element offset (unaligned):
-    the same context and gradient as a contiguous copy, bit for bit."""
+def test_self_attention_takes_strided_unaligned_and_flattened_projections(device):
+    """qkv as a slice of a wider tensor (rows strided), at an odd element offset (unaligned) and as
+    (B * L, 3 * H * D) rows with seq_len: the same context and gradient as a contiguous (B, L,
+    3 * H * D) copy, bit for bit."""
     B, L, H, D = 2, 9, 2, 16
     g = torch.Generator().manual_seed(6)
     wide = torch.randn(B, L, 3 * H * D + 8, generator=g).to(device)
@@ -399,6 +400,18 @@ def test_self_attention_takes_strided_and_unaligned_projections(device):
         actual = self_attention_run(kernels.self_attention, qkv, dcontext, torch.float32, H, key_padding_mask=pad)
         for a, e in zip(actual, expected):
             assert torch.equal(a, e)
+    # its rows, (B * L, 3 * H * D), as a product of (B * L, d) rows gives them
+    rows = self_attention_run(
+        kernels.self_attention,
+        qkv.reshape(B * L, -1),
+        dcontext.reshape(B * L, -1),
+        torch.float32,
+        H,
+        seq_len=L,
+        key_padding_mask=pad,
+    )
+    for a, e in zip(rows, expected):
+        assert torch.equal(a, e.reshape(B * L, -1))
 
 
 @pytest.mark.parametrize("op", [kernels.self_attention, kernels.self_attention_reference])
@@ -406,6 +419,10 @@ def test_self_attention_rejects_what_is_not_a_fused_projection(op):
     qkv = torch.randn(2, 5, 3 * 4 * 8)
     with pytest.raises(ValueError, match="qkv"):
         op(qkv.view(2, 5, 3, 32), 4)
+    with pytest.raises(ValueError, match="seq_len must be a positive int that divides"):
+        op(qkv.view(10, 96), 4, seq_len=3)
+    with pytest.raises(ValueError, match="seq_len must be None or"):
+        op(qkv, 4, seq_len=4)
     with pytest.raises(ValueError, match=r"qkv's last dimension must be 3 \* n_head \* d_head"):
         op(qkv, 5)
     for n_head in (0, True, 2.0):
