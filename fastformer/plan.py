@@ -205,7 +205,7 @@ class CastWeights(torch.autograd.Function):
         return None, None, *torch._C._nn.unflatten_dense_tensors(flat, ctx.tensors)
 
 
-class _Layout:
+class Layout:
     """What a ForwardPlan reads of its layers' modules: the weight groups (where each tensor lives,
     as a module's parameter dict and a name, and each group's shape) and the nn.Dropouts, found
     once per state of the modules (see `layout`); the tensors themselves are read on every use."""
@@ -255,23 +255,23 @@ def _eager():
     return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is None
 
 
-_KEPT = "_fastformer_layout"  # the kept _Layout, in a module's __dict__ (not its state_dict)
+_KEPT = "_fastformer_layout"  # the kept Layout, in a module's __dict__ (not its state_dict)
 
 
 def layout(layers, decoder):
-    """The _Layout of `layers` (a ModuleList, or a list of one layer called alone), made once and
+    """The Layout of `layers` (a ModuleList, or a list of one layer called alone), made once and
     kept on the ModuleList (or the layer) while the module tree keeps its state (fusion.state():
     no module or parameter registered, no hook made since) and its layers. Under torch.compile
     made on every trace, nothing kept."""
     if torch.compiler.is_compiling():
-        return _Layout(layers, decoder)
+        return Layout(layers, decoder)
     holder = layers if isinstance(layers, nn.Module) else layers[0]
     # the layers by id, not by reference: a layer keeping its own layout would be a reference
     # cycle (a new module at a freed one's address has registered its parameters: a new state)
     key = (fusion.state(), tuple(map(id, layers)), decoder)
     kept = holder.__dict__.get(_KEPT)
     if kept is None or kept[0] != key:
-        kept = holder.__dict__[_KEPT] = (key, _Layout(layers, decoder))
+        kept = holder.__dict__[_KEPT] = (key, Layout(layers, decoder))
     return kept[1]
 
 

@@ -145,6 +145,7 @@ LAYERS = [  # (function or class of the model's code, layer type): an op takes t
     (fastformer.plan.LayerPlan.add_norm, "add + LayerNorm"),
     (fastformer.plan.gather_weights, "weight cat + cast"),
     (fastformer.plan.CastWeights, "weight cat + cast"),
+    (fastformer.plan.Layout, "weight cat + cast"),
     (fastformer.plan.dropout_seeds, "dropout seeds"),
     (fastformer.model.ScaledDotProductAttention, "attention"),
     (fastformer.model.MultiHeadAttention, "attention"),
