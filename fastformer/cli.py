@@ -5,14 +5,18 @@ Imports nothing heavy at the top, so `fastformer --help` and `--version` answer 
 command checks its options and files first, without torch (fastformer.job_inputs for `train`), so
 that a mistake is reported in a fraction of a second; torch and Triton load after. Errors are one
 line on stderr: exit 2 for bad input (nothing is written), 1 when training stops on a NaN or
-infinite loss, 130 on Ctrl-C. `python -m fastformer` runs the same command, which is how torchrun
-starts it: `torchrun --nproc_per_node N -m fastformer train ...`.
+infinite loss, 130 on Ctrl-C, and 128 + the signal's number when SIGTERM, SIGHUP, SIGQUIT or SIGUSR1
+stops it as Ctrl-C does (`train` names its last checkpoint). A reader that closes the pipe early
+(`fastformer predict ... | head -1`) ends the command quietly, with SIGPIPE's status, 141.
+`python -m fastformer` runs the same command, which is how torchrun starts it: `torchrun
+--nproc_per_node N -m fastformer train ...`.
 """
 
 import argparse
 import contextlib
 import os
 import re
+import signal
 import sys
 import warnings
 
@@ -282,6 +286,46 @@ def build_parser():
     return parser
 
 
+STOP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1")  # those this platform has
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """While a command runs, the STOP_SIGNALS that would end the process without a word (theirs is
+    the default action) raise KeyboardInterrupt where it is, so that it stops as on Ctrl-C: a run
+    names its last checkpoint, temporary files go. Yields the list the signals received go in.
+    Outside the main thread, or where a signal has a handler already, nothing changes."""
+    received = []
+
+    def stop(signum, _frame):
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    installed = {}
+    for name in STOP_SIGNALS:
+        signum = getattr(signal, name, None)
+        if signum is None:
+            continue
+        try:
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                installed[signum] = signal.signal(signum, stop)
+        except ValueError:  # not the main thread: signals are the main thread's
+            break
+    try:
+        yield received
+    finally:
+        for signum, previous in installed.items():
+            signal.signal(signum, previous)
+
+
+def _quiet_stdout():
+    """After a broken pipe: stdout goes nowhere, so that the interpreter's last flush at exit does
+    not report the pipe once more."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -293,14 +337,18 @@ def main(argv=None):
     def show_warning(message, category, filename, lineno, file=None, line=None):
         print(f"{prog}: warning: {message}", file=sys.stderr)
 
+    received = []
     try:
         if getattr(args, "backend_name", "") is None:  # no --backend: the environment's, else auto
             from fastformer.options import default_backend
 
             args.backend_name = default_backend()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _stop_signals() as received:
             warnings.showwarning = show_warning
             return args.run_command(args)
+    except BrokenPipeError:  # the reader of stdout went away: nothing more to say to it
+        _quiet_stdout()
+        return 128 + 13  # as a process that SIGPIPE ended
     except (ValueError, TypeError, RuntimeError, OSError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
@@ -308,8 +356,9 @@ def main(argv=None):
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as interrupt:
-        print(f"{prog}: interrupted{f'; {interrupt}' if str(interrupt) else ''}", file=sys.stderr)
-        return 130
+        how = f"stopped by {signal.Signals(received[0]).name}" if received else "interrupted"
+        print(f"{prog}: {how}{f'; {interrupt}' if str(interrupt) else ''}", file=sys.stderr)
+        return 128 + received[0] if received else 130
 
 
 if __name__ == "__main__":

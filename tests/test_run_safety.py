@@ -142,6 +142,25 @@ def test_ctrl_c_prints_one_line_exits_130_and_keeps_the_last_checkpoint(files, t
     ]
 
 
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_stops_as_ctrl_c_does_in_one_line_with_its_status(files, tmp_path, name):
+    """SIGTERM (a scheduler's, `timeout`'s) and SIGHUP (a closed terminal) during epoch 2's save:
+    one line naming the signal and the last checkpoint, exit 128 + the signal's number, the
+    staging directory gone and epoch 1's checkpoint whole, as on Ctrl-C (SIGQUIT and SIGUSR1 take
+    the same handler: fastformer.cli.STOP_SIGNALS)."""
+    out = tmp_path / "run"
+    stopped = run_until_signal(train_args(files, out), name, at_save=3)
+    signum = getattr(signal, name)
+    assert stopped.returncode == 128 + signum, stopped.stderr
+    last_line = stopped.stderr.strip().splitlines()[-1].split("\r")[-1]
+    assert last_line == (
+        f"fastformer train: stopped by {name}; last checkpoint: {out}/checkpoint-1; "
+        f"`fastformer train --resume {out}` continues"
+    )
+    assert "Traceback" not in stopped.stderr
+    assert ".checkpoint.tmp" not in os.listdir(out) and "checkpoint-1" in os.listdir(out)
+
+
 def test_a_failed_write_is_one_line_naming_the_file_and_leaves_no_temporary_files(files, tmp_path, monkeypatch, capsys):
     """A full disk while writing epoch 2's trainer.pt: the error names the file, the staging
     directory is gone and epoch 1's checkpoint and published files are intact."""

@@ -1,5 +1,6 @@
 """`fastformer train`, `evaluate` and `predict` end to end on a tiny separable set, on CPU."""
 
+import contextlib
 import json
 import os
 import re
@@ -95,6 +96,18 @@ def test_job_predict_takes_a_str_as_one_text_and_reads_an_iterable_once(run_dir)
     ):
         with pytest.raises(TypeError, match=re.escape(message)):
             job.predict(run=run_dir, texts=bad, device="cpu", log=lambda *a: None)
+
+
+def test_predict_into_a_pipe_closed_early_ends_quietly(run_dir, capsys):
+    """`fastformer predict ... | head -0`: the reader is gone before the first line; no error is
+    printed and the status is SIGPIPE's (128 + 13), as for a command that SIGPIPE ended."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    capsys.readouterr()
+    with open(write_end, "w", buffering=1) as pipe, contextlib.redirect_stdout(pipe):
+        status = main(["predict", "--run", str(run_dir), "--device", "cpu", "the film was good"])
+    assert status == 141
+    assert capsys.readouterr().err == ""
 
 
 def test_evaluate_and_predict_commands(run_dir, files, capsys):
