@@ -32,8 +32,19 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)  # for error()'s hint
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        hint = f"see {self.prog} --help"
+        dashed = [arg for arg in getattr(self, "_given", ()) if _LEADING_DASH.match(arg) and arg != "-h"]
+        if dashed:  # a text that starts with "-" reads as an option (fastformer's options are --long)
+            hint = f"a text that starts with '-', such as {dashed[0]!r}, goes after `--`; {hint}"
+        self.exit(2, f"{self.prog}: error: {message} ({hint})\n")
+
+
+_LEADING_DASH = re.compile(r"^-[^-\d.]")  # "-bad", not "--option", "-1e-3" or "-.5"
 
 
 def _n_output(text):

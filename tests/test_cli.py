@@ -156,3 +156,19 @@ def test_usage_errors_are_one_line(capsys):
     assert capsys.readouterr().err == (
         "fastformer train: error: argument --epochs: invalid int value: 'many' (see fastformer train --help)\n"
     )
+
+
+@pytest.mark.parametrize("argv", [["predict", "--run", "R", "-bad"], ["predict", "--run", "R", "good", "-bad"]])
+def test_a_text_that_starts_with_a_dash_is_pointed_to_double_dash(argv, capsys):
+    """argparse reads "-bad" as an unknown option; the one-line error says where such a text goes.
+    A negative number or a mistyped --option gets no such hint."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "(a text that starts with '-', such as '-bad', goes after `--`; see fastformer" in err, err
+    assert err.count("\n") == 1
+    for argv in (["train", "--lr", "-1e-3x", "--epochs"], ["train", "--bogus", "3"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "goes after `--`" not in capsys.readouterr().err
