@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-from tqdm.auto import tqdm
 
 from fastformer import backend, kernels
 from fastformer.config import BYTES_TO_TRAIN, Config, check_fits
@@ -96,6 +95,15 @@ from fastformer.warmup import bucket_shapes, warm_up
 LABEL_NAMES = {2: ["negative", "positive"]}
 
 
+def quiet_if_none(log):
+    """A job's `log`: print (the default), any callable taking a line, or None for no output."""
+    if log is None:
+        return lambda *_args, **_kwargs: None
+    if not callable(log):
+        raise TypeError(f"log must be a callable taking a line of text, or None, got {type(log).__name__}")
+    return log
+
+
 def label_names(n_output):
     return LABEL_NAMES.get(n_output, [str(i) for i in range(n_output)])
 
@@ -108,6 +116,8 @@ def train(options=None, *, log=print, **kwargs):
 
     `options` is a TrainOptions; keyword arguments are its fields and override them, so
     `train(epochs=3, lr=1e-3)` and `train(TrainOptions(epochs=3, lr=1e-3))` are the same run.
+    `log` takes each line the job reports, the epochs' included (print by default; None: none; the
+    progress bars, on stderr, show while an epoch runs).
     With no data arguments it runs on the embedded demo set; `dataset="rotten-tomatoes"` takes the
     files `fastformer data rotten-tomatoes` prepared; with `train` only, 10% of it is held out as
     the test split. `n_output` is the number of classes (default: the config's), or "auto" to infer
@@ -132,6 +142,7 @@ def train(options=None, *, log=print, **kwargs):
     anything is written. A NaN or infinite loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both
     naming the last checkpoint, which is kept.
     """
+    log = quiet_if_none(log)
     options = TrainOptions(**kwargs) if options is None else dataclasses.replace(options, **kwargs)
     inputs = check_inputs(options)
     with run_dir_held(inputs):
@@ -447,7 +458,7 @@ def _train_epochs(trainer, start, env, max_steps):
             if env.launch.rank == 0:
                 last = save_checkpoint(start.run_dir, trainer.model, state, previous=last)
                 publish(start.run_dir, last, trainer.history)
-                tqdm.write(_epoch_line(record, start.epochs, trainer.steps_per_epoch))
+                env.log(_epoch_line(record, start.epochs, trainer.steps_per_epoch))  # the epoch's bars are closed
             if not record["complete"]:
                 break
     except OSError as error:
@@ -567,6 +578,7 @@ def _trainer_state(trainer, env):
 
 def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="auto", amp="auto", log=print):
     """Accuracy and loss of a saved run on a test file (default: the run's own test file)."""
+    log = quiet_if_none(log)
     check_run_options(device, backend_name, amp, batch_size)
     device = resolve_device(device)
     check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
@@ -591,6 +603,7 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
     """The predicted label and its probability for each text; returns [(label_name, prob)]. `texts`:
     a str (one text) or an iterable of str, read once; an empty or whitespace-only text raises
     ValueError, a value that is not text TypeError."""
+    log = quiet_if_none(log)
     texts = check_texts(texts)
     check_run_options(device, backend_name, amp)
     device = resolve_device(device)
@@ -620,6 +633,7 @@ def demo(*, device=None, backend_name="auto", batch_size=8, seq_len=64, seed=0, 
     """Build the tutorial's MovieClassification, run one forward and backward on a batch of random
     reviews under the autocast `fastformer train` would use, and say what happened. Returns the
     loss, the gradient norm and the seconds the two passes took."""
+    log = quiet_if_none(log)
     check_demo_options(device, backend_name, batch_size, seq_len, seed)
     device = resolve_device(device)
     check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)

@@ -54,10 +54,19 @@ def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def check_numbers(**values):
+    """Raise ValueError naming the first option given (not None) that is not a real number (a
+    Decimal, a str, a bool), with its type: the run's options are written to JSON and given to torch."""
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise ValueError(f"{_option(name)} must be a float, got {value!r} (a {type(value).__name__})")
+
+
 def check_positive(**values):
     """Raise ValueError naming the first option given (not None) that is not a positive number."""
+    check_numbers(**values)
     for name, value in values.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0):
+        if value is not None and not value > 0:
             raise ValueError(f"{_option(name)} must be positive, got {value}")
 
 
@@ -196,6 +205,7 @@ class TrainOptions:
         others: everything that can be checked without torch, the files aside."""
         counts = {name: getattr(self, name) for name in ("epochs", "batch_size", "max_steps", "vocab_size")}
         check_integers(**counts, seed=self.seed)
+        check_numbers(lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup)
         if isinstance(self.lr, float) and not math.isfinite(self.lr):
             raise ValueError(f"--lr must be a finite number, got {self.lr}")
         check_positive(**counts, lr=self.lr)

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+from decimal import Decimal
 
 import pytest
 import torch
@@ -96,6 +97,35 @@ def test_job_predict_takes_a_str_as_one_text_and_reads_an_iterable_once(run_dir)
     ):
         with pytest.raises(TypeError, match=re.escape(message)):
             job.predict(run=run_dir, texts=bad, device="cpu", log=lambda *a: None)
+
+
+def test_log_none_is_quiet_and_a_number_that_is_not_a_float_is_named(files, tmp_path, capsys):
+    """job.train(log=None) writes no line to stdout (the epochs' lines go through `log` too); a
+    `log` that cannot be called, and an lr, weight decay or warmup that is a Decimal or a str, are
+    refused with their type named, before anything is written."""
+    capsys.readouterr()
+    out = tmp_path / "quiet"
+    job.train(
+        train=files["train"],
+        test=files["test"],
+        config=files["config"],
+        vocab_size=60,
+        epochs=1,
+        batch_size=16,
+        device="cpu",
+        out=str(out),
+        log=None,
+    )
+    assert capsys.readouterr().out == "" and (out / "model.pt").exists()
+    with pytest.raises(TypeError, match="log must be a callable taking a line of text, or None, got str"):
+        job.train(train=files["train"], out=str(tmp_path / "never"), log="quiet")
+    for name, value in (("lr", Decimal("0.001")), ("weight_decay", "0.01"), ("warmup", Decimal("0.1"))):
+        flag = "--" + name.replace("_", "-")
+        with pytest.raises(
+            ValueError, match=re.escape(f"{flag} must be a float, got {value!r} (a {type(value).__name__})")
+        ):
+            job.train(train=files["train"], out=str(tmp_path / "never"), **{name: value})
+    assert not (tmp_path / "never").exists()
 
 
 def test_predict_into_a_pipe_closed_early_ends_quietly(run_dir, capsys):
@@ -612,3 +642,26 @@ def test_compile_on_cuda_trains(files, tmp_path):
     assert main(train_args(files, out, "--device", "cuda", "--compile")) == 0
     assert json.loads((out / "run.json").read_text())["compile"] is True
     assert json.loads((out / "metrics.json").read_text())["test_accuracy"] >= 0.9  # chance is 0.5
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("epochs", "2", """'epochs' must be an integer, got "2" (a string)"""),
+        ("lr", True, "'lr' must be a number, got true (true or false)"),
+        ("bucket", 1, "'bucket' must be true or false, got 1 (an integer)"),
+    ],
+)
+def test_a_run_json_value_of_the_wrong_type_is_named(run_dir, tmp_path, key, value, message, capsys):
+    """A run.json edited by hand: --resume, evaluate and predict name the key, the JSON type it has
+    and the one it must have, in one line, exit 2."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    info = json.loads((copy / "run.json").read_text())
+    info[key] = value
+    (copy / "run.json").write_text(json.dumps(info))
+    capsys.readouterr()
+    for argv in (["train", "--resume", str(copy)], ["predict", "--run", str(copy), "--device", "cpu", "good"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{copy / 'run.json'}: {message}" in err, err
