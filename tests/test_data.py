@@ -268,3 +268,27 @@ def test_a_directory_or_a_nul_byte_is_named(tmp_path):
 def test_the_dataset_refuses_labels_that_are_not_integers(vocab):
     with pytest.raises(ValueError, match=r"^review 7: label must be an integer class number 0, 1, ..., got 0.9$"):
         MovieDataSet(vocab, [Review("7", "good", 0.9)], progress=False)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (  # a lone carriage return inside a document: csv's rules end the row there
+            "id\tdocument\tlabel\n1\tgood\rfilm\t1\n",
+            r"line 2: expected 3 tab-separated fields, got 2; a carriage return \(\\r\) alone ends a line",
+        ),
+        ('[{"id": 1, "doc": ["a"], "label": 1}]', r"a JSON array; fastformer reads JSON Lines: one \{"),
+        (
+            '{\n  "id": 1,\n  "doc": ["a"],\n  "label": 1\n}\n',
+            r"one JSON value over several lines; fastformer reads JSON Lines: one \{",
+        ),
+    ],
+)
+def test_read_reviews_names_what_is_wrong_with_the_format(tmp_path, content, message):
+    with pytest.raises(ValueError, match=message):
+        read_reviews(write(tmp_path / "bad.txt", content), "train")
+
+
+def test_a_jsonl_file_may_begin_with_blank_lines_and_spaces(tmp_path):
+    path = write(tmp_path / "spaced.json", '\n\n  {"id": 1, "doc": ["\u2581good"], "label": 1}\n')
+    assert read_reviews(path, "train") == [Review("1", ["\u2581good"], 1, line=3)]

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 TSV_COLUMNS = ("id", "document", "label")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what the csv module, which read the TSV before, takes for a line end
+JSON_LINES = 'JSON Lines: one {"id", "doc", "label"} object per line'
 MAX_LABEL_DIGITS = 18  # a class number has fewer; a longer one is refused before it becomes a huge int
 
 
@@ -143,12 +144,28 @@ def _parse_nsmc(text, path):
             raise ValueError(f"{path} line {line_no}: holds a NUL byte; a review file is text")
         row = line.split("\t")
         if len(row) != 3:
-            raise ValueError(f"{path} line {line_no}: expected 3 tab-separated fields, got {len(row)}")
+            raise ValueError(
+                f"{path} line {line_no}: expected 3 tab-separated fields, got {len(row)}"
+                + (_LONE_CR if _lone_cr_beside(text, line_no) else "")
+            )
         id_, document, label = row
         if not document.strip():
             continue
         reviews.append(Review(id_, document, _label(label, path, line_no), line_no))
     return reviews
+
+
+_LONE_CR = (
+    "; a carriage return (\\r) alone ends a line, as a line break does: one inside a document splits its "
+    "row (remove it, or end the file's lines with \\n)"
+)
+
+
+def _lone_cr_beside(text, line_no):
+    """Whether line `line_no` (from 1, as LINE_BREAK splits text) begins or ends at a carriage
+    return alone (for errors only: it splits the whole text again, keeping the breaks)."""
+    breaks = [*re.split(f"({LINE_BREAK.pattern})", text)[1::2], ""]
+    return "\r" in (breaks[line_no - 1], breaks[line_no - 2] if line_no > 1 else "")
 
 
 def read_jsonl(path, what="data"):
@@ -164,6 +181,8 @@ def _parse_jsonl(text, path):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
+            if _is_json(text):
+                raise ValueError(f"{path}: one JSON value over several lines; fastformer reads {JSON_LINES}") from None
             raise ValueError(f"{path} line {line_no}: not JSON ({error.msg})") from None
         except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting too deep
             reason = "nested too deeply" if isinstance(error, RecursionError) else str(error).split(";")[0]
@@ -179,15 +198,31 @@ def _parse_jsonl(text, path):
 
 
 def read_reviews(path, what="data", n_classes=None):
-    """Read a TSV or JSONL file (told apart by the first character) and check it is usable:
+    """Read a TSV or JSONL file (told apart by the first character that is not white space) and
+    check it is usable:
     not empty, and every label in 0..n_classes-1 when n_classes is given."""
     text = _decode(read_bytes(path, f"{what} file"), path)
-    reviews = _parse_jsonl(text, path) if text.startswith("{") else _parse_nsmc(text, path)
+    first = text[_LEADING_SPACE.match(text).end() :][:1]  # blank lines and spaces before it skipped
+    if first == "[" and _is_json(text):
+        raise ValueError(f"{path}: a JSON array; fastformer reads {JSON_LINES}")
+    reviews = _parse_jsonl(text, path) if first == "{" else _parse_nsmc(text, path)
     if not reviews:
         raise ValueError(f"{what} file {path} has no reviews")
     if n_classes is not None:
         check_labels(reviews, n_classes, f"{what} file {path}")
     return reviews
+
+
+_LEADING_SPACE = re.compile(r"\s*")
+
+
+def _is_json(text):
+    """Whether text is one JSON value (for errors only: it parses the whole text)."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _where(review, source):
