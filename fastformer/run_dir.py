@@ -313,7 +313,59 @@ def load_run_json(run_dir, required=()):
     missing = [key for key in required if key not in run_info]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}")
+    check_run_json_types(path, run_info)
     return run_info
+
+
+_INTEGER, _NUMBER, _TEXT, _FLAG, _NULL = "an integer", "a number", "a string", "true or false", "null"
+# The JSON types of the run.json keys the job reads, as the job writes them (a key absent is not checked)
+RUN_JSON_TYPES = {
+    "epochs": (_INTEGER,),
+    "demo_data": (_FLAG,),
+    "world_size": (_INTEGER,),
+    "dataset": (_TEXT, _NULL),
+    "train": (_TEXT, _NULL),
+    "test": (_TEXT, _NULL),
+    "vocab": (_TEXT, _NULL),
+    "config": (_TEXT, _NULL),
+    "vocab_size": (_INTEGER, _NULL),
+    "n_output": (_INTEGER, _TEXT, _NULL),
+    "batch_size": (_INTEGER,),
+    "lr": (_NUMBER,),
+    "warmup": (_NUMBER,),
+    "weight_decay": (_NUMBER,),
+    "seed": (_INTEGER,),
+    "bucket": (_FLAG,),
+}
+
+
+def _json_type(value):
+    """The JSON type a parsed value was written as."""
+    if value is None:
+        return _NULL
+    if isinstance(value, bool):
+        return _FLAG
+    if isinstance(value, int):
+        return _INTEGER
+    if isinstance(value, float):
+        return _NUMBER
+    if isinstance(value, str):
+        return _TEXT
+    return "a list" if isinstance(value, list) else "an object"
+
+
+def check_run_json_types(path, run_info):
+    """Raise ValueError naming the first key of a run.json (RUN_JSON_TYPES) whose value is of a JSON
+    type the job cannot use (`"epochs": "2"`), with the type it has and the ones it may have; an
+    integer is a number too."""
+    for key, allowed in RUN_JSON_TYPES.items():
+        if key not in run_info:
+            continue
+        kind = _json_type(run_info[key])
+        if kind not in allowed and not (kind == _INTEGER and _NUMBER in allowed):
+            raise ValueError(
+                f"{path}: {key!r} must be {' or '.join(allowed)}, got {json.dumps(run_info[key])[:40]} ({kind})"
+            )
 
 
 def load_run_files(run_dir):
