@@ -184,11 +184,18 @@ def check_fits(config, memory, where, per_parameter, names=None):
     """Raise ValueError when the parameters of `config` (checked by check_config) at
     `per_parameter` bytes each (BYTES_TO_BUILD, BYTES_TO_TRAIN) take more than `memory` bytes
     (`where`: "this machine's memory"; `memory` None: unknown, nothing is checked). The message names the
-    size that costs the most: as config.<key>, or as names[key] (the option it came from)."""
+    size out of scale (the one whose tutorial value would save the most memory, then the one that costs
+    the most): as config.<key>, or as names[key] (the option it came from)."""
     needed = parameter_count(config) * per_parameter
     if memory is None or needed <= memory:
         return
-    key = max(SIZES, key=lambda k: needed - parameter_count({**config, k: 1}) * per_parameter if k in config else -1)
+
+    # the size out of scale: the one that, set back to the tutorial's value, saves the most (then:
+    # set to 1); a config ten times wider than the tutorial's everywhere blames what costs the most
+    def saved(key, value):
+        return needed - parameter_count({**config, key: value}) * per_parameter
+
+    key = max((k for k in SIZES if k in config), key=lambda k: (saved(k, min(config[k], TUTORIAL[k])), saved(k, 1)))
     name = (names or {}).get(key, f"config.{key}")
     what = (
         "to train (the weight, its gradient and AdamW's two moments"

@@ -107,7 +107,7 @@ def test_parameter_count_is_the_models(overrides):
     assert fastformer.config.parameter_count(config) == sum(p.numel() for p in model.parameters())
 
 
-def test_a_model_too_large_for_the_memory_names_the_size_that_costs_most():
+def test_a_model_too_large_for_the_memory_names_the_size_out_of_scale():
     from fastformer.config import BYTES_TO_TRAIN, check_fits
 
     message = (
@@ -117,3 +117,11 @@ def test_a_model_too_large_for_the_memory_names_the_size_that_costs_most():
     with pytest.raises(ValueError, match=message):
         check_fits(Config.tutorial(n_output=10**9), 2**30, "the memory", BYTES_TO_TRAIN, {"n_output": "--n-output"})
     check_fits(Config.tutorial(), 2**30, "the memory", BYTES_TO_TRAIN)  # 15 M parameters: 245 MB
+    # the size out of scale, not the one whose product with it costs more (d_hidn, twice the
+    # tutorial's, beside a vocab 375 times the tutorial's: vocab x d_hidn)
+    for key in ("n_enc_vocab", "n_dec_vocab", "d_ff"):
+        with pytest.raises(ValueError, match=rf"^config\.{key} 3000000: the model would have"):
+            check_fits(Config.tutorial(d_hidn=512, **{key: 3 * 10**6}), 2**30, "the memory", BYTES_TO_TRAIN)
+    # every size at the tutorial's or below: the one that costs the most
+    with pytest.raises(ValueError, match=r"^config\.d_hidn 256: the model would have"):
+        check_fits(Config.tutorial(), 2**20, "the memory", BYTES_TO_TRAIN)
