@@ -23,6 +23,7 @@ So a bad file or option leaves nothing behind.
 
 import contextlib
 import dataclasses
+import errno
 import os
 import shutil
 import tempfile
@@ -182,6 +183,28 @@ def train_inputs(inputs, *, log=print):
             return _train(inputs, _Env(device, amp, launch, steps, log if launch.rank == 0 else quiet))
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # where TMPDIR elsewhere helps
+
+
+def _scratch_dir():
+    """A new directory in $TMPDIR for what the run writes before its run directory takes it (the
+    vocab); an OSError names the place."""
+    try:
+        return tempfile.mkdtemp(prefix="fastformer-")
+    except OSError as error:
+        raise OSError(
+            f"cannot make a scratch directory in {tempfile.gettempdir()} ($TMPDIR, else the system's): "
+            f"{error.strerror or error}; set TMPDIR to a directory with room"
+        ) from None
+
+
+def _in_scratch(error):
+    """What to add to an error writing into the scratch directory: where it is and how to move it."""
+    if getattr(error, "errno", None) in _FULL:
+        return f" (the scratch directory, in {tempfile.gettempdir()}: set TMPDIR to a directory with room)"
+    return ""
+
+
 def _check_fits_device(inputs, config, n_vocab, device):
     """The model's weights, gradients and AdamW state must fit the device's memory (`config` None:
     the default config, with a vocab of `n_vocab` pieces)."""
@@ -255,12 +278,16 @@ def _train(inputs, env):
     )
     # rank 0's weights are every process's (DDP broadcasts them)
     torch.manual_seed(run_options["seed"] + env.launch.rank)
-    scratch = tempfile.mkdtemp(prefix="fastformer-")
+    scratch = _scratch_dir()
     try:
         vocab_file = run_options["vocab"] or os.path.join(scratch, "vocab.model")
         vocab = inputs.vocab
         if vocab is None:
-            vocab = train_run_vocab(run_options, data.train, env.launch, os.path.join(scratch, "vocab.model"), env.log)
+            try:
+                scratch_vocab = os.path.join(scratch, "vocab.model")
+                vocab = train_run_vocab(run_options, data.train, env.launch, scratch_vocab, env.log)
+            except OSError as error:
+                raise OSError(f"{error}{_in_scratch(error)}") from None
         config = inputs.config
         if config is None:
             _check_fits_device(inputs, None, vocab.get_piece_size(), env.device)

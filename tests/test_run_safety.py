@@ -252,3 +252,60 @@ def test_without_buckets_a_run_stopped_inside_an_epoch_resumes_bitwise(files, tm
     assert main([*train_args(files, stopped), "--no-bucket", "--max-steps", "8"]) == 0
     assert main(["train", "--resume", str(stopped)]) == 0
     assert_same_state(stopped, whole)
+
+
+def test_a_tmpdir_that_cannot_hold_the_scratch_directory_is_named(files, tmp_path, monkeypatch, capsys):
+    """The vocab is trained in a scratch directory in $TMPDIR: a TMPDIR that is a file, and a full
+    disk while the vocab is written there, are one line each naming the place and TMPDIR."""
+    import tempfile
+
+    import fastformer.data.vocab as vocab_module
+
+    not_a_dir = tmp_path / "not-a-dir"
+    not_a_dir.write_text("")
+    args = [arg for arg in train_args(files, tmp_path / "run") if arg not in ("--vocab", files["vocab"])]
+    args += ["--vocab-size", "60"]
+    with monkeypatch.context() as patch:
+        patch.setattr(tempfile, "tempdir", str(not_a_dir))
+        assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"fastformer train: error: cannot make a scratch directory in {not_a_dir} ($TMPDIR"), err
+
+    def full(path, mode="r", *rest, **kwargs):
+        if "w" in mode:
+            raise OSError(28, "No space left on device")
+        return open(path, mode, *rest, **kwargs)
+
+    monkeypatch.setattr(vocab_module, "open", full, raising=False)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "[Errno 28] No space left on device: '" in err and "vocab.model'" in err, err
+    assert err.endswith(f"(the scratch directory, in {tempfile.gettempdir()}: set TMPDIR to a directory with room)")
+
+
+def test_past_ulimit_f_a_write_fails_naming_its_file(files, tmp_path):
+    """Past the file size limit (`ulimit -f`) a write fails (Python ignores SIGXFSZ, whose default
+    action would end the process without a word): the vocab trained in the scratch directory is
+    more than the limit, and the one-line error names its file; exit 2, no run directory left."""
+    import resource
+
+    out = tmp_path / "run"
+    args = [arg for arg in train_args(files, out) if arg not in ("--vocab", files["vocab"])]
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # no byte-code cache written past the limit
+    limited = subprocess.run(
+        [sys.executable, "-m", "fastformer", *args, "--vocab-size", "60"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit_file_size,
+        env=env,
+    )
+    assert limited.returncode == 2, limited.stderr[-2000:]
+    last_line = limited.stderr.strip().splitlines()[-1].split("\r")[-1]
+    assert "[Errno 27] File too large: '" in last_line and "vocab.model'" in last_line, limited.stderr[-2000:]
+    assert "TMPDIR" not in last_line  # room elsewhere would not help
+    assert os.listdir(tmp_path) == []

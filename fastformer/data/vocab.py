@@ -61,8 +61,11 @@ def train_vocab(texts, model_file, n_pieces=8000):
             f"a vocab of {n_pieces} pieces is too small for this corpus: its characters alone need "
             f"{int(needed.group(1)) - N_SPECIAL}"
         ) from None
-    with open(model_file, "wb") as f:
-        f.write(model.getvalue())
+    try:
+        with open(model_file, "wb") as f:
+            f.write(model.getvalue())
+    except OSError as error:  # a full disk, a file size limit: name the file
+        raise OSError(error.errno, error.strerror, model_file) from None
     return load_vocab(model_file)
 
 
