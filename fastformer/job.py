@@ -35,9 +35,9 @@ import torch
 
 from fastformer import backend, kernels
 from fastformer.config import BYTES_TO_TRAIN, Config, check_fits
-from fastformer.data.files import check_labels, read_reviews
+from fastformer.data.files import check_labels, cut, read_reviews
 from fastformer.data.reviews import MovieDataSet, movie_collate_fn
-from fastformer.data.vocab import N_SPECIAL
+from fastformer.data.vocab import N_SPECIAL, known_pieces
 from fastformer.graphs import GraphedSteps, make_capturable
 from fastformer.job_data import loaders, train_run_vocab
 from fastformer.job_inputs import check_inputs, default_config, run_dir_held, size_names
@@ -628,8 +628,9 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
 
 def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=print):
     """The predicted label and its probability for each text; returns [(label_name, prob)]. `texts`:
-    a str (one text) or an iterable of str, read once; an empty or whitespace-only text raises
-    ValueError, a value that is not text TypeError."""
+    a str (one text) or an iterable of str, read once; an empty or whitespace-only text, or one with
+    no piece the run's vocab knows (emoji, another script), raises ValueError, a value that is not
+    text TypeError."""
     log = quiet_if_none(log)
     texts = check_texts(texts)
     check_run_options(device, backend_name, amp)
@@ -637,6 +638,12 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
     check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     with backend.use_backend(backend_name):
         config, vocab, model, info = load_run(run, device)
+        for i, text in enumerate(texts):  # as a blank text: the model would read nothing and still answer
+            if not known_pieces(vocab, text):
+                raise ValueError(
+                    f"text {i + 1} of {len(texts)} ({cut(text)!r}) has no piece the run's vocab knows: the model "
+                    "would read [UNK] only; nothing to classify"
+                )
         _say_if_training(run, log)
         probs = predict_proba(
             model, vocab, texts, device=device, amp=resolve_amp(amp, device), max_len=config.n_enc_seq

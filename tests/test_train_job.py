@@ -83,6 +83,23 @@ def test_predict_refuses_an_empty_text(run_dir, text, capsys):
     )
 
 
+@pytest.mark.parametrize("text", ["\U0001f600\U0001f600\U0001f600", "\u611f\u52d5\u7684\u306a\u6620\u753b"])
+def test_predict_refuses_a_text_with_no_piece_the_vocab_knows(run_dir, text, capsys):
+    """Emoji, or a script the vocab never saw, encode as [UNK] after a word-boundary mark: the
+    model would read nothing it knows and still answer, so the text is refused as a blank one."""
+    capsys.readouterr()
+    assert main(["predict", "--run", str(run_dir), "--device", "cpu", "the film was good", text]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        f"fastformer predict: error: text 2 of 2 ({text!r}) has no piece the run's vocab knows: the model would "
+        "read [UNK] only; nothing to classify\n"
+    )
+    with pytest.raises(ValueError, match="has no piece the run's vocab knows"):
+        job.predict(run=run_dir, texts=text, device="cpu", log=None)
+    assert job.predict(run=run_dir, texts=f"the film was good {text}", device="cpu", log=None)  # known pieces too
+
+
 def test_job_predict_takes_a_str_as_one_text_and_reads_an_iterable_once(run_dir):
     one = job.predict(run=run_dir, texts="the film was great lovely", device="cpu", log=lambda *a: None)
     assert len(one) == 1 and one[0][0] == "positive"

@@ -87,6 +87,16 @@ def load_vocab(model_file):
     return vocab
 
 
+WORD_START = "\u2581"  # SentencePiece's word-boundary mark, a piece of its own before an unknown word
+
+
+def known_pieces(vocab, text):
+    """How many of text's pieces the vocab knows: neither [UNK] nor a bare word-boundary mark (which
+    SentencePiece puts before a word of characters it has never seen: "😀" is ["▁", [UNK]])."""
+    unknown = {vocab.unk_id(), vocab.piece_to_id(WORD_START)}
+    return sum(1 for i in vocab.encode_as_ids(text) if i not in unknown)
+
+
 def check_vocab_matches(vocab, config, vocab_name="vocab"):
     """Raise ValueError if the vocab's ids do not fit the config's embeddings or padding id."""
     size = vocab.get_piece_size()
