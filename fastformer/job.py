@@ -617,7 +617,7 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
             raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
         reviews = read_reviews(test, "test")
         check_labels(reviews, config.n_output, f"test file {test}")
-        dataset = MovieDataSet(vocab, reviews, max_len=config.n_enc_seq)
+        dataset = MovieDataSet(vocab, reviews, max_len=config.n_enc_seq, name=f"test file {test}")
         loader = torch.utils.data.DataLoader(
             dataset, batch_size=batch_size, collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad)
         )

@@ -60,8 +60,10 @@ def loaders(config, vocab, train_reviews, test_reviews, batch_size, bucket, seed
     processes (ShardedBatchSampler), and each process evaluates every world_size-th test review.
     With pad_to_buckets, batches are padded to bucket_length of their longest review."""
     progress = launch.rank == 0
-    train_set = MovieDataSet(vocab, train_reviews, max_len=config.n_enc_seq, progress=progress)
-    test_set = MovieDataSet(vocab, test_reviews, max_len=config.n_enc_seq, progress=progress)
+    train_set = MovieDataSet(
+        vocab, train_reviews, max_len=config.n_enc_seq, progress=progress, name="the train reviews"
+    )
+    test_set = MovieDataSet(vocab, test_reviews, max_len=config.n_enc_seq, progress=progress, name="the test reviews")
     bucket_max_len = config.n_enc_seq if pad_to_buckets else None
 
     def collate(batch):

@@ -682,3 +682,30 @@ def test_a_run_json_value_of_the_wrong_type_is_named(run_dir, tmp_path, key, val
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{copy / 'run.json'}: {message}" in err, err
+
+
+def test_jsonl_pieces_of_another_vocab_are_refused_naming_the_share(run_dir, files, tmp_path, capsys):
+    """The tutorial's JSONL holds pieces: made by another vocab than the one given, nearly all of
+    them would be [UNK] and training would reach chance. Train and evaluate refuse them, saying
+    how many are unknown; the run's own vocab's pieces are taken."""
+    vocab = load_vocab(str(run_dir / "vocab.model"))
+    rows = [(i, f"the film was {'good great' if i % 2 else 'bad awful'}", i % 2) for i in range(40)]
+
+    def jsonl(path, pieces):
+        lines = [json.dumps({"id": i, "doc": pieces(text), "label": label}) for i, text, label in rows]
+        path.write_text("\n".join(lines) + "\n")
+        return str(path)
+
+    own = jsonl(tmp_path / "own.json", vocab.encode_as_pieces)
+    foreign = jsonl(tmp_path / "foreign.json", lambda text: [f"\u2581W{word}X" for word in text.split()])
+    out = tmp_path / "r"
+    args = ["--vocab", str(run_dir / "vocab.model"), "--config", files["config"], "--device", "cpu", "--out", str(out)]
+    capsys.readouterr()
+    assert main(["train", "--train", foreign, "--test", files["test"], *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1].split("\r")[-1]
+    assert err.startswith("fastformer train: error: the train reviews: 100% of the SentencePiece pieces (200 of 200: ")
+    assert err.endswith("were they made with another vocab? Give the one they were tokenized with (--vocab)")
+    assert not out.exists()
+    assert main(["evaluate", "--run", str(run_dir), "--device", "cpu", "--test", foreign]) == 2
+    assert f"test file {foreign}: 100% of the SentencePiece pieces" in capsys.readouterr().err
+    assert main(["evaluate", "--run", str(run_dir), "--device", "cpu", "--test", own]) == 0

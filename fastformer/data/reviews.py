@@ -9,22 +9,31 @@ import os
 import torch
 from tqdm.auto import tqdm
 
-from fastformer.data.files import read_reviews
-from fastformer.data.vocab import BOS
+from fastformer.data.files import cut, read_reviews
+from fastformer.data.vocab import BOS, UNK
+
+# The share of a JSONL file's pieces that may be missing from the vocab: its own text's pieces are
+# all there (SentencePiece made them), so far more than none means another vocab made them
+MAX_UNKNOWN = 0.2
 
 
 class MovieDataSet(torch.utils.data.Dataset):
     """The tutorial's dataset: (label, encoder ids, decoder input [BOS]) per review.
 
-    `source` is a file path (TSV or JSONL) or a list of Review. Texts are encoded with the vocab,
-    pieces looked up; sequences longer than `max_len` (the model's n_enc_seq) are truncated.
+    `source` is a file path (TSV or JSONL) or a list of Review (`name`: what errors call them). Texts
+    are encoded with the vocab, pieces looked up; sequences longer than `max_len` (the model's
+    n_enc_seq) are truncated. Pieces of which more than MAX_UNKNOWN are not in the vocab raise
+    ValueError: they were made with another vocab, and the model would read [UNK] for them.
     """
 
-    def __init__(self, vocab, source, max_len=None, progress=True):
+    def __init__(self, vocab, source, max_len=None, progress=True, name=None):
         self.vocab = vocab
-        reviews = read_reviews(source) if isinstance(source, (str, os.PathLike)) else list(source)
-        desc = f"Encoding {os.path.basename(source)}" if isinstance(source, (str, os.PathLike)) else "Encoding"
+        is_file = isinstance(source, (str, os.PathLike))
+        reviews = read_reviews(source) if is_file else list(source)
+        name = name or (f"file {source}" if is_file else "the reviews")
+        desc = f"Encoding {os.path.basename(source)}" if is_file else "Encoding"
         self.labels, self.sentences = [], []
+        n_pieces, unknown = 0, []  # pieces given (JSONL), and those the vocab does not hold
         for review in tqdm(reviews, desc=desc, unit=" reviews", disable=not progress, leave=False):
             if not isinstance(review.label, numbers.Integral) or isinstance(review.label, bool):
                 raise ValueError(
@@ -34,10 +43,19 @@ class MovieDataSet(torch.utils.data.Dataset):
                 ids = vocab.encode_as_ids(review.doc)
             else:
                 ids = [vocab.piece_to_id(piece) for piece in review.doc]
+                n_pieces += len(ids)
+                unknown += [piece for piece, i in zip(review.doc, ids) if i == vocab.unk_id() and piece != UNK[1]]
             self.labels.append(review.label)
             # an empty review becomes one [PAD]: the batch keeps a column, the model sees no token
             self.sentences.append((ids[:max_len] if max_len else ids) or [vocab.pad_id()])
         self.bos = vocab.piece_to_id(BOS[1])
+        if n_pieces and len(unknown) > MAX_UNKNOWN * n_pieces:
+            examples = ", ".join(repr(piece) for piece in dict.fromkeys(unknown[:50]))
+            raise ValueError(
+                f"{name}: {len(unknown) / n_pieces:.0%} of the SentencePiece pieces ({len(unknown):,} of "
+                f"{n_pieces:,}: {cut(examples, 60)}) are not in the vocab, and the model would read them as "
+                "[UNK]: were they made with another vocab? Give the one they were tokenized with (--vocab)"
+            )
 
     def __len__(self):
         return len(self.labels)
