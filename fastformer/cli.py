@@ -175,14 +175,20 @@ def build_parser():
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = commands.add_parser(
-        "demo", help="build the tutorial model, run one forward and backward, and print what it did"
+        "demo",
+        help="build the tutorial model, run one forward and backward, and print what it did",
+        description="Build the tutorial's MovieClassification (its config: 6 layers, d_hidn 256, a vocab of "
+        "8,007), run one forward and backward on a batch of random reviews under the autocast `fastformer train` "
+        "would use, and print the loss, the gradient norm, the time and where the math ran. Nothing is written.",
     )
     demo.set_defaults(run_command=_demo)
     demo.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     demo.add_argument("--backend", dest="backend_name", choices=["auto", "triton", "reference"], help=_BACKEND_HELP)
-    demo.add_argument("--batch-size", type=int, default=8)
-    demo.add_argument("--seq-len", type=int, default=64)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--batch-size", type=int, default=8, help="random reviews in the batch (default: 8)")
+    demo.add_argument(
+        "--seq-len", type=int, default=64, help="their length in tokens, at most the config's 256 (default: 64)"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="the seed of the weights and the batch (default: 0)")
 
     train = commands.add_parser(
         "train",

@@ -172,3 +172,12 @@ def test_a_text_that_starts_with_a_dash_is_pointed_to_double_dash(argv, capsys):
         with pytest.raises(SystemExit):
             main(argv)
         assert "goes after `--`" not in capsys.readouterr().err
+
+
+def test_demo_help_says_what_it_does_and_what_each_option_is(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "run one forward and backward on a batch of random reviews" in out and "Nothing is written" in out
+    for text in ("random reviews in the batch (default: 8)", "at most the config's 256 (default: 64)", "(default: 0)"):
+        assert text in out, text
