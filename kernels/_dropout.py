@@ -31,6 +31,14 @@ def draw_seed(device):
     return torch.randint(0, 2**62, (1,), device=device, dtype=torch.int64)
 
 
+def planned_seed(plan, seed, device):
+    """The seed a planned call (an op's Plan with `draws_seed` and `dropout_p`) launches with: one
+    drawn now when the call gave none and drops out, None without dropout (not read), else `seed`."""
+    if plan.draws_seed:
+        return draw_seed(device)
+    return None if plan.dropout_p == 0.0 else seed
+
+
 def draw_seeds(n, device):
     """n dropout seeds in one launch, for a model forward to hand one to each dropout site (an op's
     `seed` argument takes a one-element view, `seeds[i:i + 1]`, which costs no kernel). The seeds

@@ -18,7 +18,16 @@ import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_tensor
 from ._configs import switches
-from ._dropout import check_dropout_p, check_dropout_rows, check_seed, draw_seed, dropout_keep, dropout_mask, load_seed
+from ._dropout import (
+    check_dropout_p,
+    check_dropout_rows,
+    check_seed,
+    draw_seed,
+    dropout_keep,
+    dropout_mask,
+    load_seed,
+    planned_seed,
+)
 from ._layout import rows_view, vector_stride
 from ._reduce import _sum_partials_kernel, sum_partials_launch
 from ._runtime import (
@@ -668,10 +677,7 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None
         args = x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dtype
         plan = kept(_plans, (signature(*args), switches(x)), _make_plan, *args)
         if plan is not None:
-            if plan.draws_seed:
-                seed = draw_seed(x.device)
-            elif plan.dropout_p == 0.0:
-                seed = None
+            seed = planned_seed(plan, seed, x.device)
             if needs_grad(x, residual, weight, bias, x_bias):
                 return _planned_add_layer_norm(x, residual, weight, bias, x_bias, seed, plan)
             y, y_low, _, _ = plan.run(x, residual, weight, bias, x_bias, seed)  # nothing to differentiate

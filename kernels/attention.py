@@ -64,7 +64,16 @@ import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, switches
-from ._dropout import check_dropout_p, check_dropout_rows, check_seed, draw_seed, dropout_keep, dropout_mask, load_seed
+from ._dropout import (
+    check_dropout_p,
+    check_dropout_rows,
+    check_seed,
+    draw_seed,
+    dropout_keep,
+    dropout_mask,
+    load_seed,
+    planned_seed,
+)
 from ._layout import last_dim_contiguous
 from ._runtime import (
     INTERPRET,
@@ -1411,10 +1420,7 @@ def self_attention(
         args = qkv, n_head, seq_len, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed
         plan = kept(_self_plans, (signature(*args), switches(qkv)), _make_self_plan, *args)
         if plan is not None:
-            if plan.draws_seed:
-                seed = draw_seed(qkv.device)
-            elif plan.dropout_p == 0.0:
-                seed = None
+            seed = planned_seed(plan, seed, qkv.device)
             if needs_grad(qkv):
                 return _planned_self_attention(qkv, key_padding_mask, attn_mask, seed, plan)
             return _context(plan.run(*plan.heads(qkv), key_padding_mask, attn_mask, seed)[0], plan.rows)
@@ -1530,10 +1536,7 @@ def attention(
         args = q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, return_probs
         plan = kept(_plans, (signature(*args), switches(q)), _make_plan, *args)
         if plan is not None:
-            if plan.draws_seed:
-                seed = draw_seed(q.device)
-            elif plan.dropout_p == 0.0:
-                seed = None
+            seed = planned_seed(plan, seed, q.device)
             if needs_grad(q, k, v):
                 return _planned_attention(q, k, v, key_padding_mask, attn_mask, seed, plan)
             return plan.run(q, k, v, key_padding_mask, attn_mask, seed)[0]  # nothing to differentiate: no autograd node
