@@ -509,12 +509,18 @@ def _epoch_line(record, epochs, steps_per_epoch):
     )
 
 
+def _rate_of_step(scheduler, step):
+    """The learning rate optimizer step `step` (from 0) of the run trained at, as its LambdaLR gives it."""
+    return float(scheduler.base_lrs[0] * scheduler.lr_lambdas[0](step))
+
+
 def _epoch(trainer, epoch, epochs, env, max_steps, last):
     """Train epoch `epoch` (from 0), from the step where the run stopped inside it if it did, up to
     its end or max_steps, and evaluate the model after it; returns its record for the history.
     `last` is the last checkpoint, which a NaN loss names."""
     skip = trainer.epoch_step
     trainer.set_epoch(epoch, skip)
+    # the rate of the epoch's first step ("lr"; "lr_end" its last step's): 0.0 at the run's first, in warm-up
     lr_now = float(trainer.scheduler.get_last_lr()[0])  # a tensor under --cuda-graphs: one sync an epoch
     if skip and trainer.history and trainer.history[-1]["epoch"] == epoch + 1:
         lr_now = trainer.history[-1]["lr"]  # the epoch's first
@@ -559,6 +565,7 @@ def _epoch(trainer, epoch, epochs, env, max_steps, last):
         "epoch_steps": trainer.epoch_step,
         "complete": complete,
         "lr": lr_now,
+        "lr_end": _rate_of_step(trainer.scheduler, trainer.step - 1),
         "train_loss": train_stats["loss"],
         "train_accuracy": train_stats["accuracy"],
         "test_loss": test_stats["loss"],

@@ -52,6 +52,17 @@ def test_train_learns_and_writes_a_complete_run_directory(run_dir):
     assert Config.load(run_dir / "config.json") == Config(TINY)
 
 
+def test_metrics_record_the_rate_of_each_epochs_first_and_last_step(run_dir):
+    """metrics.json's `lr` is the rate of the epoch's first step (0.0 at the run's first: warm-up
+    starts there) and `lr_end` that of its last: 3 epochs of 15 steps, lr 3e-3, warm-up 4 steps."""
+    from fastformer.training import linear_warmup_decay
+
+    epochs = json.loads((run_dir / "metrics.json").read_text())["epochs"]
+    rates = [rate for e in epochs for rate in (e["lr"], e["lr_end"])]
+    expected = [3e-3 * linear_warmup_decay(step, 4, 45) for first in (0, 15, 30) for step in (first, first + 14)]
+    assert rates == pytest.approx(expected) and rates[0] == 0.0 and rates[1] > 0
+
+
 def test_saved_run_reloads_and_predicts_the_same(run_dir, files):
     """Config.load + MovieClassification + model.pt give the predictions of the trained model, and
     the tutorial's own classes load the checkpoint strictly and agree."""
