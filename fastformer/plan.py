@@ -304,7 +304,7 @@ class ForwardPlan:
 
     def hidden(self, inputs):
         """The first layer's Hidden: inputs (bs, n_seq, d_hidn) as rows."""
-        return Hidden.of(inputs.view(-1, inputs.size(-1)))
+        return Hidden.of(inputs.reshape(-1, inputs.size(-1)))
 
     def output(self, hidden):
         """The last layer's Hidden as the (bs, n_seq, d_hidn) tensor the layers' caller gets."""

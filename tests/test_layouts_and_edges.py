@@ -202,3 +202,36 @@ def test_bf16_autocast_under_the_interpreter_is_refused_too(uncorrected_interpre
     x, w, b = torch.randn(3, 16), torch.randn(8, 16), torch.randn(8)
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TypeError, match="bfloat16 is not supported"):
         kernels.linear_gelu(x, w, b)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_layer_called_alone_takes_strided_and_expanded_inputs(layout, backend):
+    """EncoderLayer and DecoderLayer called alone (each makes its own ForwardPlan, whose hidden
+    states are rows) on a strided or expanded view: the outputs and input gradients of its
+    contiguous copy, bit for bit."""
+    import fastformer
+    from fastformer.model import DecoderLayer, EncoderLayer
+    from tests.helpers import small_config
+
+    torch.manual_seed(0)
+    config = small_config(dropout=0.0)
+    enc, dec = EncoderLayer(config), DecoderLayer(config)
+    x, y = torch.randn(2, 5, config.d_hidn), torch.randn(2, 3, config.d_hidn)
+    enc_mask = torch.zeros(2, 5, 5, dtype=torch.bool)
+    self_mask, cross_mask = (
+        torch.ones(3, 3, dtype=torch.bool).triu(1).expand(2, 3, 3),
+        torch.zeros(2, 3, 5, dtype=torch.bool),
+    )
+
+    def run(x, y):
+        leaves = [t.detach().requires_grad_() for t in (x, y)]
+        with fastformer.use_backend(backend):
+            enc_out = enc(leaves[0], enc_mask)[0]
+            dec_out = dec(leaves[1], enc_out, self_mask, cross_mask)[0]
+        dec_out.backward(torch.linspace(-1, 1, dec_out.numel()).view(dec_out.shape))
+        return dec_out, *[t.grad for t in leaves]
+
+    view = LAYOUTS[layout]
+    for got, expected in zip(run(view(x), view(y)), run(view(x).contiguous(), view(y).contiguous())):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
