@@ -43,6 +43,10 @@ def _attention(q, k, v, key_padding_mask, attn_mask):
     return kernels.attention(q, k, v, key_padding_mask=key_padding_mask, attn_mask=attn_mask, causal=True)
 
 
+def _self_attention(qkv, key_padding_mask):
+    return kernels.self_attention(qkv, 3, key_padding_mask=key_padding_mask, causal=True)
+
+
 def _feed_forward_fused(x, w1, b1, w2, b2):
     with torch.no_grad():
         return kernels.feed_forward_fused(x, w1, b1, w2, b2)
@@ -63,6 +67,10 @@ def _inputs(op, device):
             ("key_padding_mask", pad),
             ("attn_mask", dense),
         ]
+    if op == "self_attention":
+        pad = torch.zeros(2, 9, dtype=torch.bool)
+        pad[0, 6:] = True
+        return _self_attention, [("qkv", r(2, 9, 3 * 3 * 16)), ("key_padding_mask", pad.to(device))]
     if op == "linear_gelu":
         return kernels.linear_gelu, [("x", r(3, 5, 24)), ("weight", r(20, 24)), ("bias", r(20))]
     if op == "feed_forward":
@@ -100,7 +108,7 @@ def _run(fn, args):
     return out, [a.grad for a in leaves if a.is_floating_point()]
 
 
-OPS = ("attention", "linear_gelu", "feed_forward", "feed_forward_fused", "add_layer_norm")
+OPS = ("attention", "self_attention", "linear_gelu", "feed_forward", "feed_forward_fused", "add_layer_norm")
 CASES = [
     (op, index, layout)
     for op in OPS
