@@ -365,7 +365,7 @@ def main(argv=None):
             return args.run_command(args)
     except BrokenPipeError:  # the reader of stdout went away: nothing more to say to it
         _quiet_stdout()
-        return 128 + 13  # as a process that SIGPIPE ended
+        return 128 + signal.SIGPIPE  # as a process that SIGPIPE ended
     except (ValueError, TypeError, RuntimeError, OSError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
