@@ -165,12 +165,14 @@ def feed_forward_groups(ffn):
 
 
 def dropout_seeds(dropouts, n_layer, like):
-    """(n_layer, n_dropout) int64 seeds, one per nn.Dropout (`dropouts`: every layer's, layer by
-    layer), in one draw; None when no dropout is active or the kernels do not run on `like` (the
-    reference draws its own)."""
+    """Per layer, the int64 seeds of its nn.Dropouts (`dropouts`: every layer's, layer by layer) as
+    one-element views, all from one draw; None when no dropout is active or the kernels do not run
+    on `like` (the reference draws its own)."""
     if not any(active_p(m) > 0.0 for m in dropouts) or not backend.uses_triton(like, matmul=False):
         return None
-    return draw_seeds(len(dropouts), like.device).view(n_layer, -1)
+    seeds = draw_seeds(len(dropouts), like.device).split(1)  # every view in one call, not one index each
+    per_layer = len(seeds) // n_layer
+    return [seeds[i * per_layer : (i + 1) * per_layer] for i in range(n_layer)]
 
 
 def layer_seeds(seeds, i):
@@ -178,7 +180,7 @@ def layer_seeds(seeds, i):
     modules: an attention's probabilities, then its output; the feed-forward's output."""
     if seeds is None:
         return itertools.repeat(None)
-    return iter([seeds[i, j : j + 1] for j in range(seeds.size(1))])
+    return iter(seeds[i])
 
 
 def take(items, n):

@@ -402,7 +402,7 @@ class PreparedLaunch:
 
     Equal when the kernel, grid and bound arguments are (Plans' check)."""
 
-    __slots__ = ("compiled", "debug", "device", "direct", "grid", "kernel", "kwargs", "slots", "specs", "template")
+    __slots__ = ("bind", "compiled", "debug", "device", "direct", "grid", "kernel", "kwargs", "slots", "template")
 
     def __init__(self, kernel, grid, args, kwargs):
         self.kernel = kernel
@@ -426,7 +426,7 @@ class PreparedLaunch:
         self.kwargs = kwargs
         self.slots = tuple(i for i, v in enumerate(args) if v is None or isinstance(v, torch.Tensor))
         self.template = [None if i in self.slots else v for i, v in enumerate(args)]
-        self.compiled = self.specs = self.device = self.debug = None
+        self.compiled = self.bind = self.device = self.debug = None
 
     def __eq__(self, other):
         return isinstance(other, PreparedLaunch) and self._bound() == other._bound()
@@ -443,36 +443,85 @@ class PreparedLaunch:
         return f"PreparedLaunch({self.kernel}, grid={self.grid}, args={self.template}, kwargs={self.kwargs})"
 
     def __call__(self, *pointers):
-        values = self.template.copy()
-        for i, pointer in zip(self.slots, pointers):
-            values[i] = pointer
-        if self.compiled is not None:
+        bind = self.bind
+        if bind is not None:  # a kept compiled kernel: launch it if Triton would pick it again
             enter = knobs.runtime.launch_enter_hook  # a HookChain, empty unless a profiler added a hook
             active = driver.active
             device = active.get_current_device()
+            args = bind(*pointers)
             if (
-                self.device == device
+                args is not None
+                and self.device == device
                 and self.debug == knobs.runtime.debug
                 and not getattr(enter, "calls", enter)
                 and not _compile_only.get()
-                and self.specs == tuple([None if p is None else (p.dtype, p.data_ptr() & 15 == 0) for p in pointers])
             ):
                 run, function, metadata = self.compiled
                 stream = active.get_current_stream(device)
-                run(*self.grid, stream, function, metadata, None, enter, knobs.runtime.launch_exit_hook, *values)
+                run(*self.grid, stream, function, metadata, None, enter, knobs.runtime.launch_exit_hook, *args)
                 return
+        values = self.template.copy()
+        for i, pointer in zip(self.slots, pointers):
+            values[i] = pointer
         compiled = launch(self.kernel)[self.grid](*values, **self.kwargs)
         if self.direct and self.compiled is None and eager() and not _compile_only.get():
             # the compiled kernel's launcher, its function handle and packed metadata (loaded by this launch)
             self.compiled = compiled.run, compiled.function, compiled.packed_metadata
-            self.specs = _specs(pointers)
             self.device = driver.active.get_current_device()
             self.debug = knobs.runtime.debug
+            self.bind = _binder(self.template, self.slots, _specs(pointers))
 
 
 def _specs(pointers):
     """What Triton specializes a compiled kernel on per pointer: None, or its dtype and 16-byte alignment."""
     return tuple([None if p is None else (p.dtype, p.data_ptr() & 15 == 0) for p in pointers])
+
+
+def _binder(template, slots, specs):
+    """A PreparedLaunch's check and argument list in one generated function of its pointers: the
+    kernel's arguments in order when each pointer has the spec it was compiled for (`specs`, as
+    _specs gives them for the first pointers; a pointer not passed is None, as in the template),
+    else None. Generated so that a launch reads each pointer once, with no loop, as Triton's own
+    binder is. For template [None, 32, None] and specs ((torch.float16, True), None):
+
+        def bind(p0=None, p1=None):
+            if p0 is not None and p0.dtype is d0 and p1 is None and not (p0.data_ptr()) & 15:
+                return (p0, c1, p1)
+            return None
+
+    with d0 = torch.float16 and c1 = 32 bound in its globals."""
+    names = [f"p{j}" for j in range(len(slots))]
+    specs = (*specs, *(None,) * (len(slots) - len(specs)))
+    namespace, tests, aligned = {}, [], []
+    for j, (name, spec) in enumerate(zip(names, specs)):
+        if spec is None:
+            tests.append(f"{name} is None")
+            continue
+        dtype, is_aligned = spec
+        namespace[f"d{j}"] = dtype
+        tests.append(f"{name} is not None and {name}.dtype is d{j}")
+        if is_aligned:
+            aligned.append(f"{name}.data_ptr()")
+        else:
+            tests.append(f"{name}.data_ptr() & 15")
+    if aligned:
+        tests.append(f"not ({' | '.join(aligned)}) & 15")
+    pointer_of = dict(zip(slots, names))
+    values = []
+    for i, value in enumerate(template):
+        if i in pointer_of:
+            values.append(pointer_of[i])
+        else:
+            namespace[f"c{i}"] = value
+            values.append(f"c{i}")
+    source = (
+        f"def bind({', '.join(f'{name}=None' for name in names)}):\n"
+        f"    if {' and '.join(tests) or 'True'}:\n"
+        f"        return ({''.join(f'{v}, ' for v in values)})\n"
+        "    return None\n"
+    )
+    exec(source, namespace)
+    return namespace["bind"]
 
 
 _compile_only = contextvars.ContextVar("fastformer_compile_only", default=False)

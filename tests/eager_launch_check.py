@@ -84,6 +84,7 @@ def _prepared_cases():
     base, other, half = torch.zeros(64), torch.zeros(64), torch.zeros(64, dtype=torch.float16)
     with_y = PreparedLaunch(_scale, (1,), (base, other, 32, 1, 0.5), {"HAS_Y": True, "BLOCK": 64})
     without_y = PreparedLaunch(_scale, (1,), (base, None, 32, 1, 0.5), {"HAS_Y": False, "BLOCK": 64})
+    first_unaligned = PreparedLaunch(_scale, (1,), (base, other, 32, 1, 0.5), {"HAS_Y": True, "BLOCK": 64})
     cases = {
         "first call": (with_y, base, other),
         "new tensors": (with_y, torch.zeros(64), torch.zeros(64)),
@@ -94,11 +95,14 @@ def _prepared_cases():
         "the aligned pointers again": (with_y, base, other),
         "a None bound, None given": (without_y, base, None),
         "a None bound, a tensor given": (without_y, base, other),
+        "first called unaligned": (first_unaligned, base[1:], other),
+        "unaligned again, at another offset": (first_unaligned, base[5:], other),
+        "then aligned": (first_unaligned, base, other),
     }
     results = {}
     for name, (prepared, x, y) in cases.items():
         prepared(x, y)
-        has_y = prepared is with_y
+        has_y = prepared is not without_y
         expected = _scale.warmup(x, y, 32, 1, 0.5, HAS_Y=has_y, BLOCK=64, grid=(1,))
         results[name] = _ran() is expected.run
     return results

@@ -8,7 +8,8 @@ between a module and each launch sets the step's time. This measures that Python
 dry-run sm_90a driver, on CPU tensors: every launch runs Triton's whole host path (or fastformer's,
 kernels._runtime.launch) and the driver launches nothing. Kernels compile once, in the warm-up.
 
-Rows, each the best of `repeats` rounds of `calls` calls, in microseconds per call:
+Rows, each the best of `repeats` rounds of `calls` calls, the rows taking turns in each round, in
+microseconds per call:
   floors      a one-pointer kernel: `kernel[grid](x)` (Triton's JITFunction.run), the same through
               fastformer's launch(), and through a torch.library.triton_op with wrap_triton
               (how a custom op launches a Triton kernel for torch.compile)
@@ -48,6 +49,17 @@ def _timed(fn, calls, repeats):
             fn()
         best = min(best, (time.perf_counter() - start) / calls)
     return best * 1e6
+
+
+def _interleaved(fns, calls, repeats):
+    """name -> the best of `repeats` rounds of `calls` calls of fns[name](), in microseconds per
+    call, the rows taking turns in every round: a busy moment of the machine slows a floor and the
+    ops measured against it alike, not one row alone."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            best[name] = min(best[name], _timed(fn, calls, 1))
+    return best
 
 
 def _floors():
@@ -150,7 +162,7 @@ def _train_steps():
     return steps
 
 
-def measure(calls=200, repeats=5, step_calls=10):
+def measure(calls=200, repeats=15, step_calls=10):
     """Run every row under the dry-run driver; returns the JSON-ready report."""
     import torch
     import triton
@@ -158,20 +170,15 @@ def measure(calls=200, repeats=5, step_calls=10):
     from tools import sm90
 
     torch.set_num_threads(1)
-    rows = {}
     with sm90.dry_run(time_configs=False):
         floors, ops = _floors(), _ops()
         for fn in [*floors.values(), *ops.values()]:
             fn()  # compile
-        for name, fn in {**floors, **ops}.items():
-            rows[name] = _timed(fn, calls, repeats)
+        rows = _interleaved({**floors, **ops}, calls, repeats)
         steps = _train_steps()
         for step in steps.values():
             step()
-        times = {name: float("inf") for name in steps}
-        for _ in range(repeats):  # interleaved: a busy moment slows both alike
-            for name, step in steps.items():
-                times[name] = min(times[name], _timed(step, step_calls, 1))
+        times = _interleaved(steps, step_calls, repeats)
     floor = rows["triton_op"]
     report = {
         "schema": "fastformer.host_overhead/1",
