@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from ._runtime import HAS_TRITON, INTERPRET, PreparedLaunch, allow_tf32, autocast_state, launch, triton
+from ._runtime import HAS_TRITON, INTERPRET, PreparedLaunch, launch, triton
 
 ENV_VAR = "FASTFORMER_AUTOTUNE"
 _autotune = None  # set_autotune's choice; None: the environment's
@@ -65,8 +65,14 @@ def autotune_enabled():
 
 def switches(t):
     """What an op's plan depends on besides its arguments (kernels._runtime.signature): autotuning,
-    TF32 for fp32 products, and the autocast dtype in force for t's device."""
-    return autotune_enabled(), allow_tf32(), autocast_state(t)
+    TF32 for fp32 products, and the autocast dtype in force for t's device. (autocast_state and
+    allow_tf32 written out: this runs on every planned call.)"""
+    device_type = "cuda" if t.is_cuda else t.device.type
+    return (
+        autotune_enabled() if _autotune is None else _autotune,
+        torch._C._get_cublas_allow_tf32(),
+        torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None,
+    )
 
 
 def gemm_tile_warps(meta):

@@ -315,7 +315,11 @@ def signature(*args):
 def needs_grad(*tensors):
     """Whether autograd must record a call on these arguments: grad mode is on and a tensor among
     them requires grad (others, None included, are skipped). Without, a plan runs with no autograd node."""
-    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if isinstance(t, Tensor) and t.requires_grad:
+                return True
+    return False
 
 
 def autocast_state(t):
