@@ -124,6 +124,7 @@ def _evaluate(args):
     from fastformer.run_dir import check_run_dir
 
     check_run_options(args.device, args.backend_name, args.amp, args.batch_size)
+    args.run = _run_dir(args.run)
     check_run_dir(args.run)
     if args.test is not None:
         check_file(args.test, "test file")
@@ -140,6 +141,7 @@ def _predict(args):
 
     check_texts(args.texts)
     check_run_options(args.device, args.backend_name, args.amp)
+    args.run = _run_dir(args.run)
     check_run_dir(args.run)
     with _torch():
         from fastformer import job
@@ -148,6 +150,17 @@ def _predict(args):
     return 0
 
 
+def _run_dir(run):
+    """--run's directory: `last` resolved (fastformer.run_dir.resolve_run), and said on stderr."""
+    from fastformer.run_dir import resolve_run
+
+    found = resolve_run(run)
+    if found != run:
+        print(f"--run {run}: {found}", file=sys.stderr)
+    return found
+
+
+_RUN_HELP = "a run directory written by `fastformer train`, or `last`: the one runs/latest points at"
 _BACKEND_HELP = (
     "where the math runs (default: $FASTFORMER_BACKEND when set, else auto: Triton kernels on CUDA, "
     "the PyTorch reference elsewhere)"
@@ -290,14 +303,14 @@ def build_parser():
 
     evaluate = commands.add_parser("evaluate", help="accuracy of a trained run on a test file")
     evaluate.set_defaults(run_command=_evaluate)
-    evaluate.add_argument("--run", metavar="DIR", required=True, help="a run directory written by `fastformer train`")
+    evaluate.add_argument("--run", metavar="DIR", required=True, help=_RUN_HELP)
     evaluate.add_argument("--test", metavar="FILE", help="test reviews (default: the run's test file)")
     evaluate.add_argument("--batch-size", type=int, default=128)
     _add_runtime_options(evaluate)
 
     predict = commands.add_parser("predict", help="classify texts with a trained run")
     predict.set_defaults(run_command=_predict)
-    predict.add_argument("--run", metavar="DIR", required=True, help="a run directory written by `fastformer train`")
+    predict.add_argument("--run", metavar="DIR", required=True, help=_RUN_HELP)
     predict.add_argument("texts", nargs="+", metavar="TEXT", help="reviews to classify")
     _add_runtime_options(predict)
     return parser

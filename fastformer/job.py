@@ -55,13 +55,16 @@ from fastformer.options import (
 )
 from fastformer.run_dir import (
     LOCK,
+    RUNS,
     create_run_dir,
     last_checkpoint_message,
     load_checkpoint,
     load_run,
     load_state_dict,
+    mark_latest,
     pinned_digests,
     publish,
+    resolve_run,
     save_checkpoint,
     still_training,
     write_json,
@@ -430,6 +433,7 @@ def _open_run_dir(options, start, config, vocab_file, trainer, session, env):
         }
         if env.launch.rank == 0:
             run_info = create_run_dir(run_dir, vocab_file, config, run_info)
+            mark_latest(run_dir)
         return run_info, f"{run_dir}{' (replacing a run that stopped before its first checkpoint)' if replaces else ''}"
     resumed = [*start.previous.get("resumed", []), {"from_epoch": trainer.epoch, "from_step": trainer.step, **session}]
     # a run.json from before the digests were kept gets them now, for the next --resume
@@ -437,6 +441,7 @@ def _open_run_dir(options, start, config, vocab_file, trainer, session, env):
     run_info = {"data_sha256": start.digests, **pins, **start.previous, "epochs": start.epochs, "resumed": resumed}
     if env.launch.rank == 0:
         write_json(os.path.join(run_dir, "run.json"), run_info)
+        mark_latest(run_dir)
         if trainer.history:  # a kill between a checkpoint and its copies leaves these one epoch behind
             publish(run_dir, start.checkpoint_dir, trainer.history)
     return run_info, f"{run_dir} (resumed {_position(trainer)})"
@@ -614,6 +619,7 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
     """Accuracy and loss of a saved run on a test file (default: the run's own test file)."""
     log = quiet_if_none(log)
     check_run_options(device, backend_name, amp, batch_size)
+    run = _run_dir(run, log)
     device = resolve_device(device)
     check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     with backend.use_backend(backend_name):
@@ -641,6 +647,7 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
     log = quiet_if_none(log)
     texts = check_texts(texts)
     check_run_options(device, backend_name, amp)
+    run = _run_dir(run, log)
     device = resolve_device(device)
     check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     with backend.use_backend(backend_name):
@@ -662,6 +669,15 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
         results.append((names[label], float(p[label])))
         log(f"{names[label]:>8}  {float(p[label]):.3f}  {text}")
     return results
+
+
+def _run_dir(run, log):
+    """The run directory `run` names (run_dir.resolve_run: "last" is the run runs/latest points at),
+    said when it is not `run` itself."""
+    found = resolve_run(run)
+    if found != run:
+        log(f"run {found} ({RUNS}/latest)")
+    return found
 
 
 def _say_if_training(run, log):

@@ -19,6 +19,7 @@ import time
 from fastformer.config import TUTORIAL, host_memory, size_text
 from fastformer.data import demo
 from fastformer.data.vocab import N_SPECIAL
+from fastformer.run_dir import RUNS
 
 DEFAULTS = {"epochs": 5, "lr": 5e-4, "warmup": 0.1, "weight_decay": 0.01, "seed": 0, "vocab_size": 8000, "bucket": True}
 # The options that make a run what it is: --resume refuses a value other than the run's for any.
@@ -358,7 +359,7 @@ def default_batch_size(device_type):
 
 
 def default_out():
-    return os.path.join("runs", time.strftime("sentiment-%Y%m%d-%H%M%S"))
+    return os.path.join(RUNS, time.strftime("sentiment-%Y%m%d-%H%M%S"))
 
 
 def resumed_options(resume, previous, given):

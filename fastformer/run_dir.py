@@ -32,6 +32,9 @@ directory is never made inside another one (check_out), and a directory named li
 that is a run is never taken for one (checkpoints). Every file is written through a temporary name
 and synced (write_file), and read with one-line errors naming the file.
 
+A run made in runs/ (the default place) is linked from runs/latest when its job starts or resumes
+it (mark_latest), and `--run last` names the run that link points at (resolve_run).
+
 torch is imported only by the functions that read or write tensors, so that `fastformer train`
 checks the run directory before it imports torch.
 """
@@ -56,6 +59,9 @@ STAGING = ".checkpoint.tmp"
 LOCK = ".lock"
 PINNED = {"vocab.model": "vocab_sha256", "config.json": "config_sha256"}  # the run's files run.json pins
 LOCK_WAIT = 1.0  # seconds a writer retries its lock: a reader's test holds it for microseconds
+RUNS = "runs"  # where `fastformer train` makes a run by default, in the working directory
+LATEST = "latest"  # RUNS/latest: a link to the run `fastformer train` started or resumed last there
+LAST = "last"  # the --run that names it (resolve_run)
 
 
 # Files: written through a temporary name and synced, read with one-line errors naming the file.
@@ -197,6 +203,40 @@ def checkpoint_name(epoch, epoch_step=0):
 def is_run_dir(path):
     """Whether `path` is a run directory: it holds config.json, vocab.model and run.json."""
     return all(os.path.isfile(os.path.join(path, name)) for name in RUN_FILES)
+
+
+def mark_latest(run_dir):
+    """Point runs/latest at `run_dir` when it is a run directory in runs/ (a relative link, replaced in
+    one rename, so a reader sees the old run or the new one): `fastformer train` marks each run it
+    starts or resumes there. A runs/latest that is not a link (a run named `latest`) is left alone."""
+    parent, name = os.path.split(os.path.abspath(run_dir))
+    if parent != os.path.abspath(RUNS) or name == LATEST:
+        return
+    link = os.path.join(RUNS, LATEST)
+    if os.path.lexists(link) and not os.path.islink(link):
+        return
+    temporary = os.path.join(RUNS, f".{LATEST}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(temporary)
+    os.symlink(name, temporary)
+    os.replace(temporary, link)
+
+
+def resolve_run(run):
+    """The run directory `run` names: itself, or for "last" (where nothing of that name is in the
+    working directory) the run runs/latest points at, the one `fastformer train` started or resumed
+    last under runs/ (mark_latest). FileNotFoundError when there is no runs/latest."""
+    if run != LAST or os.path.lexists(run):
+        return run
+    link = os.path.join(RUNS, LATEST)
+    if os.path.islink(link):
+        return os.path.join(RUNS, os.readlink(link))
+    if os.path.isdir(link):  # a run named `latest`
+        return link
+    raise FileNotFoundError(
+        f"--run last: no {link} in {os.getcwd()} (`fastformer train` links it to the run it starts under "
+        f"{RUNS}/, as it does by default); name the run directory"
+    )
 
 
 def checkpoints(run_dir):

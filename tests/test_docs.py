@@ -5,12 +5,13 @@ and docs/ run.
   mkdocs is not installed: `pip install -e '.[docs]'`).
 - The ```python blocks of each page run in order in one fresh Python process per page, so a block
   may use what an earlier block of its page defined. They run in a temporary folder holding the
-  files the examples read (`example_dir` below). A block with `<!-- docs-test: skip REASON -->` on
-  the last non-blank line above its fence is not run (one that needs a GPU, say); the reason is
-  required.
+  files the examples read (`example_dir` below): what a new user has after the Quick start. A
+  block with `<!-- docs-test: skip REASON -->` on the last non-blank line above its fence is not
+  run (one that needs a GPU, say); the reason is required.
 - In ```bash blocks, every `fastformer ...` command (also after `torchrun ... -m`) is parsed by the
-  command's own parser, and the `--help` ones run, so an option that no longer exists fails here.
-  Other shell lines are not run.
+  command's own parser, and the `--help` ones run, so an option that no longer exists fails here;
+  `evaluate` and `predict` on `--run last` run on the Quick start's run. Other shell lines are not
+  run.
 - The README's relative links point at files that exist (the site build checks docs/'s own).
 """
 
@@ -27,8 +28,7 @@ import pytest
 import torch
 
 from fastformer.cli import build_parser, main
-from fastformer.config import Config
-from tests import aladdinpersson, tutorial
+from tests import aladdinpersson
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -81,15 +81,24 @@ PYTHON_PAGES = [page for page in PAGES if any(b.lang == "python" for b in read_b
 
 @pytest.fixture(scope="module")
 def example_dir(tmp_path_factory):
-    """What the examples read: config.json, a small config of the tutorial's shape;
-    tutorial_checkpoint.pt, saved by the tests' transcription of the tutorial with it; and
-    seq2seq_checkpoint.pt, saved by the transcription of Aladdin Persson's Transformer with the
-    sizes of docs/seq2seq.md's example."""
+    """What the examples read, as a new user has it after the Quick start: runs/, made by the Quick
+    start's `fastformer train` (stopped after its first step: the files are those of a whole run,
+    runs/latest linking to it); and seq2seq_checkpoint.pt, saved by the transcription of Aladdin
+    Persson's Transformer with the sizes of docs/seq2seq.md's example."""
     folder = tmp_path_factory.mktemp("examples")
-    config = Config.tutorial(n_layer=2, d_hidn=64, d_ff=256, d_head=16, n_enc_seq=64, n_dec_seq=64)
-    config.save(folder / "config.json")
+    quick_start = [sys.executable, "-m", "fastformer", "train", "--max-steps", "1"]
+    result = subprocess.run(
+        quick_start,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**_environment(), "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, f"the Quick start's train failed:\n{result.stderr[-4000:]}"
+    assert (folder / "runs" / "latest" / "model.pt").is_file()
     torch.manual_seed(0)
-    torch.save(tutorial.MovieClassification(config).state_dict(), folder / "tutorial_checkpoint.pt")
     seq2seq = aladdinpersson.Transformer(1000, 1000, 0, 0, embed_size=64, num_layers=2, heads=4)
     torch.save(seq2seq.state_dict(), folder / "seq2seq_checkpoint.pt")
     return folder
@@ -172,9 +181,26 @@ def test_fastformer_commands_parse(page, line, args, capsys):
         pytest.fail(f"{where}\n{capsys.readouterr().err}")
 
 
+READ_LAST = [
+    (page, line, args)
+    for page, line, args in COMMANDS
+    if args[:1] in (["evaluate"], ["predict"]) and "--run" in args and args[args.index("--run") + 1 :][:1] == ["last"]
+]
+
+
+@pytest.mark.parametrize("page, line, args", READ_LAST, ids=[f"{page_id(p)}:{line}" for p, line, _ in READ_LAST])
+def test_commands_that_read_the_last_run_run_on_the_quick_starts(page, line, args, example_dir, monkeypatch, capsys):
+    """The docs' `evaluate --run last` and `predict --run last` commands run as written on the run a
+    new user has after the Quick start."""
+    monkeypatch.chdir(example_dir)
+    status = main(args)
+    assert status == 0, f"{page_id(page)}:{line}: fastformer {' '.join(args)}\n{capsys.readouterr().err}"
+
+
 def test_the_docs_show_fastformer_commands():
     pages = {page for page, _, _ in COMMANDS}
     assert ROOT / "README.md" in pages and ROOT / "docs" / "training.md" in pages
+    assert {args[0] for _, _, args in READ_LAST} == {"evaluate", "predict"}
 
 
 def test_readme_links_point_at_files():

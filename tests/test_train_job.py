@@ -182,6 +182,38 @@ def test_evaluate_and_predict_commands(run_dir, files, capsys):
     assert lines[0].split()[0] == "positive" and lines[1].split()[0] == "negative"
 
 
+def test_runs_latest_links_the_run_train_started_last_and_run_last_reads_it(run_dir, files, tmp_path, monkeypatch,
+                                                                              capsys):
+    """`fastformer train` into runs/ links runs/latest to the run it starts or resumes (relative, so
+    the folder may move); `--run last` and job's run="last" read that run and say which; with no
+    runs/latest, one line and status 2; a run under another folder leaves the link alone, and a
+    directory named `last` in the working directory is itself."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--run", "last", "--device", "cpu", "the film was good"]) == 2
+    assert "no runs/latest" in capsys.readouterr().err
+    first, second = os.path.join("runs", "first"), os.path.join("runs", "second")
+    assert main(train_args(files, first, "--epochs", "1")) == 0
+    assert os.readlink(os.path.join("runs", "latest")) == "first"
+    assert main(train_args(files, second, "--epochs", "1")) == 0
+    assert os.readlink(os.path.join("runs", "latest")) == "second"
+    assert main(train_args(files, tmp_path / "elsewhere", "--epochs", "1")) == 0
+    assert os.readlink(os.path.join("runs", "latest")) == "second"
+    capsys.readouterr()
+    assert main(["evaluate", "--run", "last", "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[0] == f"--run last: {second}" and "accuracy" in captured.out
+    assert main(["train", "--resume", first, "--epochs", "2", "--device", "cpu"]) == 0
+    assert os.readlink(os.path.join("runs", "latest")) == "first"
+    capsys.readouterr()
+    results = job.predict(run="last", texts="the film was superb nice", device="cpu")
+    assert capsys.readouterr().out.splitlines()[0] == f"run {first} (runs/latest)"
+    assert results[0][0] == "positive"
+    assert sorted(os.listdir("runs")) == ["first", "latest", "second"]  # no temporary link left
+    shutil.copytree(run_dir, tmp_path / "last")  # a run directory named `last` here is itself
+    assert main(["predict", "--run", "last", "--device", "cpu", "the film was good"]) == 0
+    assert "--run last:" not in capsys.readouterr().err
+
+
 def test_resume_continues_to_more_epochs(run_dir, files, tmp_path):
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
