@@ -628,7 +628,7 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
         test = test or info.get("test")
         if test is None:
             raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
-        reviews = read_reviews(test, "test")
+        reviews = read_reviews(test, "test", progress=True)
         check_labels(reviews, config.n_output, f"test file {test}")
         dataset = MovieDataSet(vocab, reviews, max_len=config.n_enc_seq, name=f"test file {test}")
         loader = torch.utils.data.DataLoader(

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from fastformer.config import BYTES_TO_BUILD, TUTORIAL, Config, check_fits, host_memory
 from fastformer.data import rotten_tomatoes
-from fastformer.data.files import check_labels, file_sha256, infer_classes, read_reviews
+from fastformer.data.files import check_labels, infer_classes, read_reviews
 from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
 from fastformer.environment import interpreter_requested
 from fastformer.options import (
@@ -86,10 +86,9 @@ def check_inputs(options):
     resuming = options.resume is not None
     start = _resumed_run(options) if resuming else _new_run(options)
     run_options, epochs, run_dir, config, vocab, checkpoint, previous, using_demo = start
-    digests = {name: run_options[name] and file_sha256(run_options[name], f"{name} file") for name in DATA_FILES}
+    data, digests = read_data(run_options, config, resuming)
     if resuming:
         _check_same_data(options.resume, previous, run_options, digests)
-    data = read_data(run_options, config, resuming)
     if vocab is None:
         _check_vocab_to_train(run_options, config, data.train)
     _check_fits_host(options, config, vocab, data.n_classes)
@@ -219,12 +218,15 @@ def read_data(options, config, resuming):
     """The run's reviews from its `options` (RUN_OPTIONS), their labels checked against the classes:
     the config's (always under --resume), inferred with n_output "auto", else n_output or the
     tutorial's 2. Without a test file, 10% of the train reviews are held out. Sets n_output in
-    `options` and in `config` (None: the default config, built later)."""
+    `options` and in `config` (None: the default config, built later). Returns the Data and the
+    sha256 of each data file ({"train": ..., "test": ... or None}), from the pass that read it."""
     train, test = options["train"], options["test"]
     if test is not None and not resuming and test == train:
         raise ValueError("--test is the same file as --train")
-    train_reviews = read_reviews(train, "train")
-    test_reviews = read_reviews(test, "test") if test is not None else None
+    train_reviews = read_reviews(train, "train", progress=True)
+    test_reviews = read_reviews(test, "test", progress=True) if test is not None else None
+    # the files' sha256, from the same pass as their reviews
+    digests = {"train": train_reviews.sha256, "test": test_reviews and test_reviews.sha256}
     if config is not None and (resuming or options["n_output"] is None):
         n_classes = config.n_output
     elif options["n_output"] == "auto":
@@ -240,7 +242,7 @@ def read_data(options, config, resuming):
     if config is not None:
         config.n_output = n_classes
     options["n_output"] = n_classes
-    return Data(train_reviews, test_reviews, n_classes)
+    return Data(train_reviews, test_reviews, n_classes), digests
 
 
 def _check_labels(reviews, n_classes, source, hint):
@@ -256,13 +258,13 @@ def _split(reviews, fraction, seed):
     n_test = max(1, int(len(reviews) * fraction))
     if n_test >= len(reviews):
         raise ValueError(f"--train has {len(reviews)} reviews: too few to hold out a test split; pass --test")
-    return [reviews[i] for i in order[n_test:]], [reviews[i] for i in order[:n_test]]
+    return reviews.take(order[n_test:]), reviews.take(order[:n_test])
 
 
 def _check_vocab_to_train(options, config, reviews):
     """A vocab is trained on the train reviews' texts: they must be texts, and the vocab's ids must
     fit `config` (None: the default config, built to fit the vocab)."""
-    if any(not isinstance(r.doc, str) for r in reviews):
+    if reviews.pieces:
         raise ValueError(f"{options['train']} holds pieces of an existing vocab (JSONL); pass that vocab with --vocab")
     n_pieces = options["vocab_size"]
     if config is not None and n_pieces + N_SPECIAL > config.n_enc_vocab:

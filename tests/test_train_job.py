@@ -182,8 +182,9 @@ def test_evaluate_and_predict_commands(run_dir, files, capsys):
     assert lines[0].split()[0] == "positive" and lines[1].split()[0] == "negative"
 
 
-def test_runs_latest_links_the_run_train_started_last_and_run_last_reads_it(run_dir, files, tmp_path, monkeypatch,
-                                                                              capsys):
+def test_runs_latest_links_the_run_train_started_last_and_run_last_reads_it(
+    run_dir, files, tmp_path, monkeypatch, capsys
+):
     """`fastformer train` into runs/ links runs/latest to the run it starts or resumes (relative, so
     the folder may move); `--run last` and job's run="last" read that run and say which; with no
     runs/latest, one line and status 2; a run under another folder leaves the link alone, and a

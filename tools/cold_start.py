@@ -194,7 +194,7 @@ def _reviews(dataset, rotten_tomatoes):
                 "Rotten Tomatoes, 200 embedded snippets",
             )
     options = {"train": files["train"], "test": files["test"], "n_output": None, "seed": 0}
-    return read_data(options, None, resuming=False), source
+    return read_data(options, None, resuming=False)[0], source
 
 
 def _job_batches(dataset, pad_to_buckets, quick, rotten_tomatoes, scratch):

@@ -9,8 +9,15 @@ A label is a class number 0, 1, ...: an integer, which may be written with a zer
 as spreadsheets and pandas write integers); `0.9`, `1.5`, `yes`, `true` and an empty label are
 refused, never rounded. Every error is a ValueError or OSError of one line naming the file and,
 where there is one, the line and the value.
+
+A file is read as a stream, CHUNK bytes at a time, in one pass that also hashes it (its sha256,
+which a run pins), with a progress bar in bytes where the reading takes more than a few seconds.
+What it holds is kept compactly (`Reviews`): each text's UTF-8 bytes in one buffer and the labels
+and offsets in integer arrays, about the file's size in all, where Python objects per review would
+take ten times that; a `Review` is made when one is asked for.
 """
 
+import collections.abc
 import decimal
 import hashlib
 import itertools
@@ -18,12 +25,17 @@ import json
 import math
 import os
 import re
+from array import array
 from typing import NamedTuple
+
+from tqdm.auto import tqdm
 
 TSV_COLUMNS = ("id", "document", "label")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what the csv module, which read the TSV before, takes for a line end
 JSON_LINES = 'JSON Lines: one {"id", "doc", "label"} object per line'
 MAX_LABEL_DIGITS = 18  # a class number has fewer; a longer one is refused before it becomes a huge int
+CHUNK = 1 << 20  # bytes read at a time
+PROGRESS_DELAY = 2.0  # seconds a step runs before its progress bar shows
 
 
 class Review(NamedTuple):
@@ -54,9 +66,36 @@ def read_bytes(path, what):
         raise OSError(f"could not read {path}: {error.strerror or error}") from None
 
 
+def _chunks(path, what, progress=False):
+    """The bytes of the regular file `path`, CHUNK at a time, with a progress bar in bytes (shown
+    after PROGRESS_DELAY seconds) when `progress`; a one-line error naming the file."""
+    check_file(path, what)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            desc = f"Reading {os.path.basename(path)}"
+            with tqdm(
+                total=size,
+                unit="B",
+                unit_scale=True,
+                desc=desc,
+                disable=not progress,
+                delay=PROGRESS_DELAY,
+                leave=False,
+            ) as bar:
+                while chunk := f.read(CHUNK):
+                    bar.update(len(chunk))
+                    yield chunk
+    except OSError as error:
+        raise OSError(f"could not read {path}: {error.strerror or error}") from None
+
+
 def file_sha256(path, what):
-    """The sha256 of the bytes of the regular file `path`, as hex."""
-    return hashlib.sha256(read_bytes(path, what)).hexdigest()
+    """The sha256 of the bytes of the regular file `path`, as hex, read CHUNK at a time."""
+    digest = hashlib.sha256()
+    for chunk in _chunks(path, what):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def cut(text, limit=40):
@@ -112,47 +151,211 @@ def _label(value, path, line_no):
     return label
 
 
-def _decode(data, path):
-    """The text of a file's bytes: UTF-8, without a byte-order mark; a byte that is not UTF-8 raises
-    ValueError naming the file and line."""
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, skipped at a file's start (utf-8-sig)
+
+
+def _decode(data, path, line_no):
+    """The text of line `line_no`'s bytes: UTF-8; a byte that is not raises ValueError naming the
+    file, the line and the byte."""
     try:
-        return data.decode("utf-8-sig")
+        return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
         raise ValueError(
-            f"{path} line {line}: not UTF-8 (byte 0x{data[error.start]:02x}); save the file as UTF-8"
+            f"{path} line {line_no}: not UTF-8 (byte 0x{data[error.start]:02x}); save the file as UTF-8"
         ) from None
 
 
-def read_nsmc(path, what="data"):
+class _Lines:
+    """The lines of a file as it is read (_chunks), each (its number from 1, its bytes without the
+    break, the break): for a TSV a line ends at \r\n, \r or \n (LINE_BREAK, as bytes.splitlines
+    splits), for JSONL at \n alone; a byte-order mark at the start is skipped. Once every line is
+    read, `sha256` is the hex digest of the file's bytes."""
+
+    def __init__(self, path, what, jsonl, progress):
+        self.path, self.what, self.jsonl, self.progress = path, what, jsonl, progress
+        self.sha256 = None
+
+    def __iter__(self):
+        digest, carry, line_no, start = hashlib.sha256(), b"", 0, True
+        for chunk in _chunks(self.path, self.what, self.progress):
+            digest.update(chunk)
+            data = carry + chunk
+            if start:
+                if len(data) < len(BOM) and BOM.startswith(data):
+                    carry = data  # too short yet to tell
+                    continue
+                data, start = data.removeprefix(BOM), False
+            if not data:  # the chunk was the mark's end
+                carry = b""
+                continue
+            lines = data.split(b"\n") if self.jsonl else data.splitlines(keepends=True)
+            # the last piece may go on in the next chunk (a \r may be the first half of \r\n)
+            carry = lines.pop()
+            if not self.jsonl and carry.endswith(b"\n"):
+                lines.append(carry)
+                carry = b""
+            for line in lines:
+                line_no += 1
+                yield (line_no, line, b"\n") if self.jsonl else (line_no, *_cut_break(line))
+        if start:
+            carry = carry.removeprefix(BOM)
+        if carry:
+            yield (line_no + 1, carry, b"") if self.jsonl else (line_no + 1, *_cut_break(carry))
+        self.sha256 = digest.hexdigest()
+
+
+def _cut_break(line):
+    """(a line's bytes without its break, the break)."""
+    if line.endswith(b"\r\n"):
+        return line[:-2], b"\r\n"
+    if line.endswith((b"\r", b"\n")):
+        return line[:-1], line[-1:]
+    return line, b""
+
+
+class _Store:
+    """What a file's reviews hold, in a few buffers (see Reviews): the ids' and documents' UTF-8
+    bytes end to end with the offset where each ends, the labels and line numbers as arrays. A
+    JSONL document is its pieces, each ending at an offset of `piece_ends`; `doc_ends` then counts
+    pieces."""
+
+    def __init__(self, path, pieces):
+        self.path, self.pieces = path, pieces
+        self.ids, self.id_ends = bytearray(), array("q")
+        self.docs, self.doc_ends, self.piece_ends = bytearray(), array("q"), array("q")
+        self.labels, self.lines = array("q"), array("q")
+
+    def add(self, id_, doc, label, line_no):
+        """Keep one review: id_ as UTF-8 bytes; doc as UTF-8 bytes (TSV) or a list of str pieces."""
+        self.ids += id_
+        self.id_ends.append(len(self.ids))
+        if self.pieces:
+            for piece in doc:
+                self.docs += piece.encode("utf-8")
+                self.piece_ends.append(len(self.docs))
+            self.doc_ends.append(len(self.piece_ends))
+        else:
+            self.docs += doc
+            self.doc_ends.append(len(self.docs))
+        self.labels.append(label)
+        self.lines.append(line_no)
+
+    def doc(self, k):
+        """Review k's document: its text, or its pieces."""
+        start, end = self.doc_ends[k - 1] if k else 0, self.doc_ends[k]
+        if not self.pieces:
+            return self.docs[start:end].decode("utf-8")
+        bounds = [self.piece_ends[start - 1] if start else 0, *self.piece_ends[start:end]]
+        return [self.docs[a:b].decode("utf-8") for a, b in itertools.pairwise(bounds)]
+
+    def review(self, k):
+        id_ = self.ids[self.id_ends[k - 1] if k else 0 : self.id_ends[k]].decode("utf-8")
+        return Review(id_, self.doc(k), self.labels[k], self.lines[k])
+
+
+class Reviews(collections.abc.Sequence):
+    """A file's reviews, kept compactly (_Store: about the file's size, where a list of Review
+    would take ten times it): reviews[i] is a Review made when asked for, equal to the one a list
+    would hold; `labels` is an array of every label, `texts()` the documents, `take(indices)` a view
+    of some of them (no copy). `sha256`: the digest of the file's bytes. Equal to a list of the
+    same Reviews."""
+
+    def __init__(self, store, sha256=None, index=None):
+        self._store, self.sha256, self._index = store, sha256, index
+
+    @property
+    def pieces(self):
+        """Whether the documents are SentencePiece pieces (JSONL), not texts."""
+        return self._store.pieces
+
+    def __len__(self):
+        return len(self._store.labels) if self._index is None else len(self._index)
+
+    def _positions(self):
+        return range(len(self._store.labels)) if self._index is None else self._index
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(range(len(self))[i])
+        return self._store.review(self._positions()[i])
+
+    def __iter__(self):
+        return map(self._store.review, self._positions())
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, collections.abc.Sequence)
+            and len(self) == len(other)
+            and all(a == b for a, b in zip(self, other))
+        )
+
+    __hash__ = None
+
+    def __repr__(self):
+        return f"Reviews({len(self)} from {self._store.path})"
+
+    @property
+    def labels(self):
+        labels = self._store.labels
+        return labels if self._index is None else array("q", map(labels.__getitem__, self._index))
+
+    def texts(self):
+        """The documents, in order: texts (TSV), or lists of pieces (JSONL)."""
+        return map(self._store.doc, self._positions())
+
+    def take(self, indices):
+        """The reviews at `indices`, in their order, as a view of these."""
+        positions = self._positions()
+        return Reviews(self._store, self.sha256, array("q", (positions[i] for i in indices)))
+
+
+def read_nsmc(path, what="data", progress=False):
     """Reviews from an NSMC-format TSV file; rows whose document is empty are skipped."""
-    return _parse_nsmc(_decode(read_bytes(path, f"{what} file"), path), path)
+    return _read(path, what, False, progress)
 
 
-def _parse_nsmc(text, path):
-    lines = enumerate(LINE_BREAK.split(text), start=1)
-    header = next((line for _, line in lines if line.strip()), None)
+def read_jsonl(path, what="data", progress=False):
+    """Reviews from the tutorial's JSONL: {"id", "doc": [pieces], "label"} per line."""
+    return _read(path, what, True, progress)
+
+
+def _read(path, what, jsonl, progress):
+    lines = _Lines(path, f"{what} file", jsonl, progress)
+    store = _Store(path, jsonl)
+    (_add_jsonl if jsonl else _add_nsmc)(lines, store, path)
+    return Reviews(store, lines.sha256)
+
+
+def _add_nsmc(lines, store, path):
+    """Parse an NSMC TSV's lines into `store`."""
+    lines = iter(lines)
+    header = None
+    for line_no, raw, _ in lines:
+        text = _decode(raw, path, line_no)
+        if text.strip():
+            header = text
+            break
     if header is None or tuple(h.strip() for h in header.split("\t")) != TSV_COLUMNS:
         got = None if header is None else ", ".join(header.split("\t"))
         got = got if got is None else cut(got, 80)
         raise ValueError(f"{path}: expected a TSV header with columns {', '.join(TSV_COLUMNS)}, got {got}")
-    reviews = []
-    for line_no, line in lines:
-        if not line.strip():
-            continue
-        if "\0" in line:
-            raise ValueError(f"{path} line {line_no}: holds a NUL byte; a review file is text")
-        row = line.split("\t")
-        if len(row) != 3:
-            raise ValueError(
-                f"{path} line {line_no}: expected 3 tab-separated fields, got {len(row)}"
-                + (_LONE_CR if _lone_cr_beside(text, line_no) else "")
-            )
-        id_, document, label = row
-        if not document.strip():
-            continue
-        reviews.append(Review(id_, document, _label(label, path, line_no), line_no))
-    return reviews
+    before = b"\n"  # the break before the line
+    for line_no, raw, end in lines:
+        text = _decode(raw, path, line_no)
+        if text.strip():
+            if "\0" in text:
+                raise ValueError(f"{path} line {line_no}: holds a NUL byte; a review file is text")
+            row = text.split("\t")
+            if len(row) != 3:
+                lone_cr = b"\r" in (before, end)
+                raise ValueError(
+                    f"{path} line {line_no}: expected 3 tab-separated fields, got {len(row)}"
+                    + (_LONE_CR if lone_cr else "")
+                )
+            if row[1].strip():
+                id_, document, _ = raw.split(b"\t")  # a tab is one byte in UTF-8: the fields' own bytes
+                store.add(id_, document, _label(row[2], path, line_no), line_no)
+        before = end
 
 
 _LONE_CR = (
@@ -161,27 +364,16 @@ _LONE_CR = (
 )
 
 
-def _lone_cr_beside(text, line_no):
-    """Whether line `line_no` (from 1, as LINE_BREAK splits text) begins or ends at a carriage
-    return alone (for errors only: it splits the whole text again, keeping the breaks)."""
-    breaks = [*re.split(f"({LINE_BREAK.pattern})", text)[1::2], ""]
-    return "\r" in (breaks[line_no - 1], breaks[line_no - 2] if line_no > 1 else "")
-
-
-def read_jsonl(path, what="data"):
-    """Reviews from the tutorial's JSONL: {"id", "doc": [pieces], "label"} per line."""
-    return _parse_jsonl(_decode(read_bytes(path, f"{what} file"), path), path)
-
-
-def _parse_jsonl(text, path):
-    reviews = []
-    for line_no, line in enumerate(text.split("\n"), start=1):
+def _add_jsonl(lines, store, path):
+    """Parse a JSONL file's lines into `store`."""
+    for line_no, raw, _ in lines:
+        line = _decode(raw, path, line_no)
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            if _is_json(text):
+            if _is_json_file(path):
                 raise ValueError(f"{path}: one JSON value over several lines; fastformer reads {JSON_LINES}") from None
             raise ValueError(f"{path} line {line_no}: not JSON ({error.msg})") from None
         except (ValueError, RecursionError) as error:  # an integer of over 4300 digits; nesting too deep
@@ -193,19 +385,18 @@ def _parse_jsonl(text, path):
         doc = record["doc"]
         if not isinstance(doc, list) or not all(isinstance(p, str) for p in doc):
             raise ValueError(f"{path} line {line_no}: doc must be a list of SentencePiece pieces")
-        reviews.append(Review(str(record["id"]), doc, _label(record["label"], path, line_no), line_no))
-    return reviews
+        store.add(str(record["id"]).encode("utf-8"), doc, _label(record["label"], path, line_no), line_no)
 
 
-def read_reviews(path, what="data", n_classes=None):
-    """Read a TSV or JSONL file (told apart by the first character that is not white space) and
-    check it is usable:
-    not empty, and every label in 0..n_classes-1 when n_classes is given."""
-    text = _decode(read_bytes(path, f"{what} file"), path)
-    first = text[_LEADING_SPACE.match(text).end() :][:1]  # blank lines and spaces before it skipped
-    if first == "[" and _is_json(text):
+def read_reviews(path, what="data", n_classes=None, progress=False):
+    """Read a TSV or JSONL file (told apart by the first character that is not white space) as
+    Reviews, in one pass that also hashes it (Reviews.sha256), and check it is usable: not empty,
+    and every label in 0..n_classes-1 when n_classes is given. `progress`: a bar in bytes when the
+    reading takes more than a few seconds."""
+    first = _first_character(path, f"{what} file")
+    if first == "[" and _is_json_file(path):
         raise ValueError(f"{path}: a JSON array; fastformer reads {JSON_LINES}")
-    reviews = _parse_jsonl(text, path) if first == "{" else _parse_nsmc(text, path)
+    reviews = _read(path, what, first == "{", progress)
     if not reviews:
         raise ValueError(f"{what} file {path} has no reviews")
     if n_classes is not None:
@@ -213,13 +404,23 @@ def read_reviews(path, what="data", n_classes=None):
     return reviews
 
 
-_LEADING_SPACE = re.compile(r"\s*")
+def _first_character(path, what):
+    """The first character of a file that is not white space, after a byte-order mark ("" if none):
+    what tells a JSONL file from a TSV one."""
+    start = True
+    for chunk in _chunks(path, what):
+        if start:
+            chunk, start = chunk.removeprefix(BOM), False
+        stripped = chunk.lstrip()
+        if stripped:
+            return stripped[:1].decode("latin-1")
+    return ""
 
 
-def _is_json(text):
-    """Whether text is one JSON value (for errors only: it parses the whole text)."""
+def _is_json_file(path):
+    """Whether a file is one JSON value (for errors only: it reads and parses the whole file)."""
     try:
-        json.loads(text)
+        json.loads(read_bytes(path, "data file").decode("utf-8-sig"))
     except (ValueError, RecursionError):
         return False
     return True
@@ -229,13 +430,19 @@ def _where(review, source):
     return source if review.line is None else f"{source} line {review.line}"
 
 
+def _labels(reviews):
+    """Every review's label, in order: a Reviews' array, or each Review's."""
+    return reviews.labels if isinstance(reviews, Reviews) else [review.label for review in reviews]
+
+
 def check_labels(reviews, n_classes, source):
     """Raise ValueError naming the line (when known) and review of the first label outside
     0..n_classes-1."""
-    bad = next((r for r in reviews if not 0 <= r.label < n_classes), None)
+    bad = next((i for i, label in enumerate(_labels(reviews)) if not 0 <= label < n_classes), None)
     if bad is not None:
+        review = reviews[bad]
         raise ValueError(
-            f"{_where(bad, source)}: review {cut(bad.id)} has label {bad.label}, "
+            f"{_where(review, source)}: review {cut(review.id)} has label {review.label}, "
             f"outside the {n_classes} classes 0..{n_classes - 1}"
         )
 
@@ -243,12 +450,14 @@ def check_labels(reviews, n_classes, source):
 def infer_classes(reviews, source):
     """The number of classes K when the labels are 0..K-1 with every class present; otherwise
     ValueError naming a negative label's line, or the classes no review has."""
-    negative = next((r for r in reviews if r.label < 0), None)
+    labels = _labels(reviews)
+    negative = next((i for i, label in enumerate(labels) if label < 0), None)
     if negative is not None:
+        review = reviews[negative]
         raise ValueError(
-            f"{_where(negative, source)}: review {cut(negative.id)} has label {negative.label}; classes are 0, 1, ..."
+            f"{_where(review, source)}: review {cut(review.id)} has label {review.label}; classes are 0, 1, ..."
         )
-    present = {r.label for r in reviews}
+    present = set(labels)
     n_classes = max(present) + 1
     if len(present) < n_classes:
         absent = list(itertools.islice((c for c in range(n_classes) if c not in present), 3))

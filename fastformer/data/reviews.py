@@ -2,14 +2,16 @@
 the processes of a torchrun job. The files are read by fastformer.data.files, without torch.
 """
 
+import itertools
 import math
 import numbers
 import os
+from array import array
 
 import torch
 from tqdm.auto import tqdm
 
-from fastformer.data.files import cut, read_reviews
+from fastformer.data.files import PROGRESS_DELAY, cut, read_reviews
 from fastformer.data.vocab import BOS, UNK
 
 # The share of a JSONL file's pieces that may be missing from the vocab: its own text's pieces are
@@ -20,34 +22,45 @@ MAX_UNKNOWN = 0.2
 class MovieDataSet(torch.utils.data.Dataset):
     """The tutorial's dataset: (label, encoder ids, decoder input [BOS]) per review.
 
-    `source` is a file path (TSV or JSONL) or a list of Review (`name`: what errors call them). Texts
-    are encoded with the vocab, pieces looked up; sequences longer than `max_len` (the model's
-    n_enc_seq) are truncated. Pieces of which more than MAX_UNKNOWN are not in the vocab raise
+    `source` is a file path (TSV or JSONL), Reviews, or a list of Review (`name`: what errors call
+    them). Texts are encoded with the vocab, ENCODE_BATCH at a time, pieces looked up; sequences
+    longer than `max_len` (the model's n_enc_seq) are truncated. The ids are kept end to end in one
+    int32 array with the offset where each review's end (4 bytes a token, where a list of Python
+    ints takes 8 to 36). Pieces of which more than MAX_UNKNOWN are not in the vocab raise
     ValueError: they were made with another vocab, and the model would read [UNK] for them.
     """
 
     def __init__(self, vocab, source, max_len=None, progress=True, name=None):
         self.vocab = vocab
         is_file = isinstance(source, (str, os.PathLike))
-        reviews = read_reviews(source) if is_file else list(source)
+        reviews = read_reviews(source, progress=progress) if is_file else source
         name = name or (f"file {source}" if is_file else "the reviews")
         desc = f"Encoding {os.path.basename(source)}" if is_file else "Encoding"
-        self.labels, self.sentences = [], []
+        self.labels, self.ids, self.ends = array("q"), array("i"), array("q")
         n_pieces, unknown = 0, []  # pieces given (JSONL), and those the vocab does not hold
-        for review in tqdm(reviews, desc=desc, unit=" reviews", disable=not progress, leave=False):
-            if not isinstance(review.label, numbers.Integral) or isinstance(review.label, bool):
-                raise ValueError(
-                    f"review {review.id}: label must be an integer class number 0, 1, ..., got {review.label!r}"
-                )
-            if isinstance(review.doc, str):
-                ids = vocab.encode_as_ids(review.doc)
-            else:
-                ids = [vocab.piece_to_id(piece) for piece in review.doc]
-                n_pieces += len(ids)
-                unknown += [piece for piece, i in zip(review.doc, ids) if i == vocab.unk_id() and piece != UNK[1]]
-            self.labels.append(review.label)
-            # an empty review becomes one [PAD]: the batch keeps a column, the model sees no token
-            self.sentences.append((ids[:max_len] if max_len else ids) or [vocab.pad_id()])
+        bar = tqdm(
+            total=len(reviews), desc=desc, unit=" reviews", disable=not progress, leave=False, delay=PROGRESS_DELAY
+        )
+        with bar:
+            for batch in _batches(reviews, ENCODE_BATCH):
+                texts = [review.doc for review in batch if isinstance(review.doc, str)]
+                encoded = iter(vocab.encode(texts, out_type=int) if texts else ())
+                for review in batch:
+                    if not isinstance(review.label, numbers.Integral) or isinstance(review.label, bool):
+                        raise ValueError(
+                            f"review {review.id}: label must be an integer class number 0, 1, ..., got {review.label!r}"
+                        )
+                    if isinstance(review.doc, str):
+                        ids = next(encoded)
+                    else:
+                        ids = [vocab.piece_to_id(piece) for piece in review.doc]
+                        n_pieces += len(ids)
+                        unknown += [p for p, i in zip(review.doc, ids) if i == vocab.unk_id() and p != UNK[1]]
+                    self.labels.append(review.label)
+                    # an empty review becomes one [PAD]: the batch keeps a column, the model sees no token
+                    self.ids.extend((ids[:max_len] if max_len else ids) or [vocab.pad_id()])
+                    self.ends.append(len(self.ids))
+                bar.update(len(batch))
         self.bos = vocab.piece_to_id(BOS[1])
         if n_pieces and len(unknown) > MAX_UNKNOWN * n_pieces:
             examples = ", ".join(repr(piece) for piece in dict.fromkeys(unknown[:50]))
@@ -61,14 +74,25 @@ class MovieDataSet(torch.utils.data.Dataset):
         return len(self.labels)
 
     def __getitem__(self, item):
+        start, end = self.ends[item - 1] if item else 0, self.ends[item]
         return (
             torch.tensor(self.labels[item]),
-            torch.tensor(self.sentences[item], dtype=torch.long),
+            torch.frombuffer(memoryview(self.ids)[start:end], dtype=torch.int32).long(),
             torch.tensor([self.bos]),
         )
 
     def lengths(self):
-        return [len(s) for s in self.sentences]
+        return [end - start for start, end in zip((0, *self.ends[:-1]), self.ends)]
+
+
+ENCODE_BATCH = 4096  # reviews encoded by one call of the vocab
+
+
+def _batches(reviews, size):
+    """Lists of `size` reviews (the last shorter), in order."""
+    reviews = iter(reviews)
+    while batch := list(itertools.islice(reviews, size)):
+        yield batch
 
 
 BUCKET_MULTIPLE = 16  # bucket_length rounds the padded encoder length up to a multiple of this

@@ -1,9 +1,14 @@
 """The tutorial's SentencePiece vocab: BPE pieces plus seven special symbols at fixed ids."""
 
 import io
+import itertools
 import re
+import threading
+import time
 
-from fastformer.data.files import check_file
+from tqdm.auto import tqdm
+
+from fastformer.data.files import PROGRESS_DELAY, check_file
 
 # (id, piece) of the four control symbols, as the tutorial trains them; then three user symbols.
 PAD, UNK, BOS, EOS = (0, "[PAD]"), (1, "[UNK]"), (2, "[BOS]"), (3, "[EOS]")
@@ -19,38 +24,48 @@ def _spm():
     return sentencepiece
 
 
-def train_vocab(texts, model_file, n_pieces=8000):
+MAX_SENTENCES = 2_000_000  # reviews SentencePiece trains on at most: a uniform sample of a larger corpus
+
+
+def train_vocab(texts, model_file, n_pieces=8000, progress=False):
     """Train a BPE vocab the tutorial's way on an iterable of texts and write it to `model_file`.
 
     The vocab holds `n_pieces` learned pieces plus the 7 special symbols ([PAD] 0, [UNK] 1,
     [BOS] 2, [EOS] 3, [SEP], [CLS], [MASK]), as the tutorial's `--vocab_size={vocab_size + 7}`.
-    On a small corpus it holds fewer, as many as the corpus supports. Returns the loaded vocab.
+    On a small corpus it holds fewer, as many as the corpus supports. The texts are read once, as
+    SentencePiece takes them (none is kept here); of a corpus of more than MAX_SENTENCES texts it
+    trains on a uniform sample of that many. `progress`: a bar, shown after a few seconds, of the
+    texts read and then of the time the training has taken. Returns the loaded vocab.
     """
     if n_pieces < 1:
         raise ValueError(f"n_pieces must be positive, got {n_pieces}")
-    texts = [t for t in texts if t]
-    if not texts:
+    texts = (t for t in texts if t)
+    first = next(texts, None)
+    if first is None:
         raise ValueError("cannot train a vocab on an empty corpus")
     model = io.BytesIO()
     try:
-        _spm().SentencePieceTrainer.train(
-            sentence_iterator=iter(texts),
-            model_writer=model,
-            vocab_size=n_pieces + N_SPECIAL,
-            model_type="bpe",
-            max_sentence_length=999999,
-            pad_id=PAD[0],
-            pad_piece=PAD[1],
-            unk_id=UNK[0],
-            unk_piece=UNK[1],
-            bos_id=BOS[0],
-            bos_piece=BOS[1],
-            eos_id=EOS[0],
-            eos_piece=EOS[1],
-            user_defined_symbols=list(USER_SYMBOLS),
-            hard_vocab_limit=False,  # a small corpus gets a smaller vocab instead of an error
-            minloglevel=2,
-        )
+        with _Progress(progress) as shown:
+            _spm().SentencePieceTrainer.train(
+                sentence_iterator=shown.reading(itertools.chain([first], texts)),
+                model_writer=model,
+                vocab_size=n_pieces + N_SPECIAL,
+                model_type="bpe",
+                max_sentence_length=999999,
+                input_sentence_size=MAX_SENTENCES,
+                shuffle_input_sentence=True,
+                pad_id=PAD[0],
+                pad_piece=PAD[1],
+                unk_id=UNK[0],
+                unk_piece=UNK[1],
+                bos_id=BOS[0],
+                bos_piece=BOS[1],
+                eos_id=EOS[0],
+                eos_piece=EOS[1],
+                user_defined_symbols=list(USER_SYMBOLS),
+                hard_vocab_limit=False,  # a small corpus gets a smaller vocab instead of an error
+                minloglevel=2,
+            )
     except RuntimeError as error:
         # e.g. "... Vocabulary size is smaller than required_chars. 8 vs 42. ...": the corpus's
         # characters and the special symbols each need a piece
@@ -67,6 +82,46 @@ def train_vocab(texts, model_file, n_pieces=8000):
     except OSError as error:  # a full disk, a file size limit: name the file
         raise OSError(error.errno, error.strerror, model_file) from None
     return load_vocab(model_file)
+
+
+class _Progress:
+    """train_vocab's progress bar: the texts SentencePiece has read, then, while it trains (it lets
+    go of the GIL), the time the training has taken, refreshed every second by a thread. Shown
+    after PROGRESS_DELAY seconds, gone when the training ends."""
+
+    def __init__(self, enabled):
+        self.bar = tqdm(desc="Vocab: reading", unit=" texts", disable=not enabled, leave=False, delay=PROGRESS_DELAY)
+        self.done = threading.Event()
+        self.ticker = None
+
+    def reading(self, texts):
+        """texts, counted on the bar as they are read; once they are all read, the ticker starts."""
+        for text in texts:
+            self.bar.update()
+            yield text
+        self.bar.set_description(f"Vocab: training BPE on {self.bar.n:,} texts", refresh=False)
+        if not self.bar.disable:
+            self._refresh()
+            self.ticker = threading.Thread(target=self._tick, daemon=True)
+            self.ticker.start()
+
+    def _refresh(self):
+        """Redraw the bar, once its delay has passed (before, it shows nothing, as tqdm's own updates)."""
+        if time.time() - self.bar.start_t >= self.bar.delay:
+            self.bar.refresh()
+
+    def _tick(self):
+        while not self.done.wait(1.0):
+            self._refresh()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if self.ticker is not None:
+            self.ticker.join()
+        self.bar.close()
 
 
 def load_vocab(model_file):
