@@ -30,7 +30,7 @@ _EXPORTS = {
     "set_backend": "fastformer.backend",
     "use_backend": "fastformer.backend",
 }
-# Submodules that `import fastformer` used to load, still reachable as attributes.
+# Submodules reachable as attributes of the package (`fastformer.model`), imported on first use.
 _SUBMODULES = ("backend", "config", "masks", "model")
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -436,7 +436,7 @@ def _open_run_dir(options, start, config, vocab_file, trainer, session, env):
             mark_latest(run_dir)
         return run_info, f"{run_dir}{' (replacing a run that stopped before its first checkpoint)' if replaces else ''}"
     resumed = [*start.previous.get("resumed", []), {"from_epoch": trainer.epoch, "from_step": trainer.step, **session}]
-    # a run.json from before the digests were kept gets them now, for the next --resume
+    # a run.json without the digests gets them now, for the next --resume
     pins = pinned_digests(run_dir) if env.launch.rank == 0 else {}
     run_info = {"data_sha256": start.digests, **pins, **start.previous, "epochs": start.epochs, "resumed": resumed}
     if env.launch.rank == 0:

@@ -203,7 +203,7 @@ def _check_resume_only_options(options, previous):
 
 def _check_same_data(resume, previous, run_options, digests):
     """--resume continues on the data the run started with: each file's sha256 must be the one
-    run.json recorded (a run.json without them, from before they were recorded, is not checked)."""
+    run.json recorded (a run.json without them is not checked)."""
     recorded = previous.get("data_sha256") or {}
     for name in DATA_FILES:
         if name in recorded and recorded[name] != digests[name]:

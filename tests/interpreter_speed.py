@@ -9,7 +9,7 @@ It also calls `_patch_lang` at every call of a @triton.jit helper, in every prog
 alike in Triton 3.6 and 3.9. Only a helper's first call from a module can patch anything new
 (triton.language.standard's helpers see triton.language.core, which a kernel module may not);
 every later call from that module walks the same modules again and sets the same patches, and
-those walks took about 30% of the suite's interpreter time (cProfile, 2026-11-24).
+those walks took about 30% of the suite's interpreter time (cProfile).
 
 `install()` makes `_patch_lang` walk once per module and launch: a helper's call from a module
 whose functions have been patched for in this launch returns at once; every other call, and the

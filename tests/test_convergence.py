@@ -6,7 +6,7 @@ step. The comparison is tools.gpu_check's, which runs it at the tutorial's confi
 from tools.gpu_check import LOSS_ATOL, TINY, compare_curves, convergence_curves, convergence_setup
 
 # 30 steps of 2 reviews cut to 12 pieces, 5 passes over 12 sentences: the interpreter's time grows with
-# the batch and the steps (63 s on one core of this project's CPU machine, 2026-11-24). Fewer steps
+# the batch and the steps (63 s on one core of this project's CPU machine). Fewer steps
 # would be cheaper but weaker: the error grows with the steps (0.22 of the tolerance at 20, 0.38 at 30)
 BATCH, STEPS, REVIEWS = 2, 30, 12
 
