@@ -134,6 +134,16 @@ def test_the_vocab_reads_its_texts_once_as_a_stream(tmp_path):
     assert pieces[0] == pieces[1]
 
 
+def test_a_corpus_larger_than_the_sample_trains_on_the_same_sample_each_time(tmp_path, monkeypatch):
+    """Over MAX_SENTENCES texts the vocab trains on a sample of that many, the same one each time
+    (a run is reproducible)."""
+    monkeypatch.setattr(data_vocab, "MAX_SENTENCES", 150)  # SentencePiece takes no fewer than 101
+    texts = [f"{TEXTS[i % 3]} {'xyz' * (i % 7)} {i}" for i in range(400)]
+    vocabs = [train_vocab(texts, str(tmp_path / f"{i}.model"), n_pieces=100) for i in range(2)]
+    pieces = [[(v.id_to_piece(i), v.get_score(i)) for i in range(v.get_piece_size())] for v in vocabs]
+    assert pieces[0] == pieces[1]
+
+
 def test_corpus_memory_instrument_runs(tmp_path):
     """tools.corpus_memory on a small generated file: a report with every stage (not its figures)."""
     out = tmp_path / "corpus_memory.json"
