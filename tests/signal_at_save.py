@@ -14,8 +14,9 @@ import torch
 from fastformer.cli import main
 
 signum, at_call = getattr(signal, sys.argv[1]), int(sys.argv[2])
-if signum == signal.SIGINT:  # Ctrl-C as in a terminal, even where the tests run as a background job
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+# the signal as a terminal delivers it, even where the tests run as a background job (which ignores
+# SIGINT) or under nohup (which ignores SIGHUP, and fastformer then leaves it ignored)
+signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
 real_save = torch.save
 calls = 0
 
