@@ -15,8 +15,10 @@ from fastformer.cli import main
 
 signum, at_call = getattr(signal, sys.argv[1]), int(sys.argv[2])
 # the signal as a terminal delivers it, even where the tests run as a background job (which ignores
-# SIGINT) or under nohup (which ignores SIGHUP, and fastformer then leaves it ignored)
-signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+# SIGINT) or under nohup (which ignores SIGHUP, and fastformer then leaves it ignored); SIGKILL has
+# no disposition to set
+if signum != signal.SIGKILL:
+    signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
 real_save = torch.save
 calls = 0
 

@@ -176,31 +176,37 @@ class _Lines:
         self.sha256 = None
 
     def __iter__(self):
-        digest, carry, line_no, start = hashlib.sha256(), b"", 0, True
+        digest, line_no, start = hashlib.sha256(), 0, True
+        pending = []  # the bytes read of a line not ended yet, kept in pieces: a long line is joined once
         for chunk in _chunks(self.path, self.what, self.progress):
             digest.update(chunk)
-            data = carry + chunk
-            if start:
-                if len(data) < len(BOM) and BOM.startswith(data):
-                    carry = data  # too short yet to tell
-                    continue
-                data, start = data.removeprefix(BOM), False
-            if not data:  # the chunk was the mark's end
-                carry = b""
+            if start and sum(map(len, pending)) + len(chunk) < len(BOM):
+                pending.append(chunk)  # too short yet to tell a byte-order mark
                 continue
+            if not start and not (b"\n" in chunk or (not self.jsonl and b"\r" in chunk)):
+                pending.append(chunk)  # no line ends in it
+                continue
+            data = b"".join((*pending, chunk))
+            pending.clear()
+            if start:
+                data, start = data.removeprefix(BOM), False
             lines = data.split(b"\n") if self.jsonl else data.splitlines(keepends=True)
             # the last piece may go on in the next chunk (a \r may be the first half of \r\n)
-            carry = lines.pop()
-            if not self.jsonl and carry.endswith(b"\n"):
-                lines.append(carry)
-                carry = b""
+            tail = lines.pop() if lines else b""
+            if not self.jsonl and tail.endswith(b"\n"):
+                lines.append(tail)
+                tail = b""
+            if tail:
+                pending.append(tail)
             for line in lines:
                 line_no += 1
                 yield (line_no, line, b"\n") if self.jsonl else (line_no, *_cut_break(line))
+        last = b"".join(pending)  # the file's end: what is left, which may still hold a lone \r
         if start:
-            carry = carry.removeprefix(BOM)
-        if carry:
-            yield (line_no + 1, carry, b"") if self.jsonl else (line_no + 1, *_cut_break(carry))
+            last = last.removeprefix(BOM)
+        for line in last.split(b"\n") if self.jsonl else last.splitlines(keepends=True):
+            line_no += 1
+            yield (line_no, line, b"") if self.jsonl else (line_no, *_cut_break(line))
         self.sha256 = digest.hexdigest()
 
 
