@@ -86,16 +86,7 @@ def example_dir(tmp_path_factory):
     runs/latest linking to it); and seq2seq_checkpoint.pt, saved by the transcription of Aladdin
     Persson's Transformer with the sizes of docs/seq2seq.md's example."""
     folder = tmp_path_factory.mktemp("examples")
-    quick_start = [sys.executable, "-m", "fastformer", "train", "--max-steps", "1"]
-    result = subprocess.run(
-        quick_start,
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**_environment(), "PYTHONPATH": str(ROOT)},
-    )
+    result = _python(["-m", "fastformer", "train", "--max-steps", "1"], folder)
     assert result.returncode == 0, f"the Quick start's train failed:\n{result.stderr[-4000:]}"
     assert (folder / "runs" / "latest" / "model.pt").is_file()
     torch.manual_seed(0)
@@ -116,6 +107,19 @@ def _environment():
     return {key: value for key, value in os.environ.items() if key not in ("FASTFORMER_BACKEND", "PYTHONPATH")}
 
 
+def _python(args, cwd):
+    """`python ARGS` in a fresh process in `cwd`, this checkout first on its path; its output kept."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**_environment(), "PYTHONPATH": str(ROOT)},
+    )
+
+
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=page_id)
 def test_python_examples_run(page, example_dir, tmp_path):
     blocks = [b for b in read_blocks(page) if b.lang == "python" and b.skip is None]
@@ -127,15 +131,7 @@ def test_python_examples_run(page, example_dir, tmp_path):
     for fixture in example_dir.iterdir():
         (work / fixture.name).symlink_to(fixture)
     (tmp_path / "blocks.json").write_text(json.dumps(to_run), encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(tmp_path / "blocks.json")],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**_environment(), "PYTHONPATH": str(ROOT)},
-    )
+    result = _python(["-c", RUNNER, str(tmp_path / "blocks.json")], work)
     assert result.returncode == 0, f"an example of {page_id(page)} failed:\n{result.stderr[-4000:]}"
 
 
