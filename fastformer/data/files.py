@@ -152,6 +152,8 @@ def _label(value, path, line_no):
 
 
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, skipped at a file's start (utf-8-sig)
+# how JSON's text is kept as UTF-8 bytes: a lone surrogate ("\ud800" is JSON) goes and comes back as it was
+SURROGATES = "surrogatepass"
 
 
 def _decode(data, path, line_no):
@@ -237,7 +239,7 @@ class _Store:
         self.id_ends.append(len(self.ids))
         if self.pieces:
             for piece in doc:
-                self.docs += piece.encode("utf-8")
+                self.docs += piece.encode("utf-8", SURROGATES)
                 self.piece_ends.append(len(self.docs))
             self.doc_ends.append(len(self.piece_ends))
         else:
@@ -252,10 +254,10 @@ class _Store:
         if not self.pieces:
             return self.docs[start:end].decode("utf-8")
         bounds = [self.piece_ends[start - 1] if start else 0, *self.piece_ends[start:end]]
-        return [self.docs[a:b].decode("utf-8") for a, b in itertools.pairwise(bounds)]
+        return [self.docs[a:b].decode("utf-8", SURROGATES) for a, b in itertools.pairwise(bounds)]
 
     def review(self, k):
-        id_ = self.ids[self.id_ends[k - 1] if k else 0 : self.id_ends[k]].decode("utf-8")
+        id_ = self.ids[self.id_ends[k - 1] if k else 0 : self.id_ends[k]].decode("utf-8", SURROGATES)
         return Review(id_, self.doc(k), self.labels[k], self.lines[k])
 
 
@@ -391,7 +393,7 @@ def _add_jsonl(lines, store, path):
         doc = record["doc"]
         if not isinstance(doc, list) or not all(isinstance(p, str) for p in doc):
             raise ValueError(f"{path} line {line_no}: doc must be a list of SentencePiece pieces")
-        store.add(str(record["id"]).encode("utf-8"), doc, _label(record["label"], path, line_no), line_no)
+        store.add(str(record["id"]).encode("utf-8", SURROGATES), doc, _label(record["label"], path, line_no), line_no)
 
 
 def read_reviews(path, what="data", n_classes=None, progress=False):
