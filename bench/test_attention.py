@@ -4,8 +4,8 @@ FLOPs: 4 * B * H * L * L * D forward, causal half, backward 2.5x forward."""
 
 import pytest
 
-from bench import cases
 from bench.conftest import DEVICE, run_case
+from tools.benchmarks import cases
 
 CASES = cases.attention_cases(DEVICE)
 

@@ -5,8 +5,8 @@ the reference in fp32 and under bf16 autocast, and torch.compile of the referenc
 
 import pytest
 
-from bench import cases
 from bench.conftest import DEVICE, run_case
+from tools.benchmarks import cases
 
 CASES = cases.model_cases(DEVICE)
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import fastformer
-from bench import cases, report
-from bench.common import Skip, attention_flops, ffn_flops
 from fastformer.data.reviews import bucket_length
+from tools.benchmarks import cases, report
+from tools.benchmarks.common import Skip, attention_flops, ffn_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_KEYS = {"bench", "provider", "params", "ms", "tflops", "tokens_per_s", "peak_mem_mb"}
@@ -129,7 +129,7 @@ def test_a_wrong_kernel_fails_its_benchmark(monkeypatch):
 
 def test_targets_are_judged_from_ratios_in_one_run():
     def record(provider, ms, mem):
-        # as bench.cases records them: reference_fp32 is the one provider without autocast
+        # as tools.benchmarks.cases records them: reference_fp32 is the one provider without autocast
         amp = provider != "reference_fp32"
         return {
             "bench": "model_train",

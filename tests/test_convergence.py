@@ -3,7 +3,7 @@ small MovieClassification trained for 30 steps on real review sentences (tests/d
 backend (Triton's interpreter on a CPU) and on the reference gives loss curves that agree at every
 step. The comparison is tools.gpu_check's, which runs it at the tutorial's config on a GPU."""
 
-from tools.gpu_check import LOSS_ATOL, TINY, compare_curves, convergence_curves, convergence_setup
+from tools.convergence import LOSS_ATOL, TINY, compare_curves, convergence_curves, convergence_setup
 
 # 30 steps of 2 reviews cut to 12 pieces, 5 passes over 12 sentences: the interpreter's time grows with
 # the batch and the steps (63 s on one core of this project's CPU machine). Fewer steps

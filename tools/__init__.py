@@ -1,4 +1,5 @@
-"""The project's tools, apart from the benchmarks (bench/):
+"""The project's tools, and the benchmarks' library (tools.benchmarks: the cases, their timing and
+the report, which bench/'s pytest suites and `python -m bench.report` run too):
 
     python -m tools.gpu_check      everything a GPU can tell in one command: tests, compile, determinism,
                                    benchmarks, the model's throughput and convergence (docs/benchmarks.md)
@@ -8,9 +9,11 @@
     python -m tools.cold_start     what a first and a second GPU run compile and time (docs/cold-start.md)
     python -m tools.host_overhead  the host time of an op call and of a train step (docs/host-path.md)
     python -m tools.sass           the kernels' hot loops read from their sm_90a SASS (docs/kernels.md)
+    python -m tools.corpus_memory  the memory reading and encoding a large review file takes (docs/training.md)
 
 Their outputs that are committed live in tools/results/. The tests use tools.sm90 and
-tools.launches; nothing in fastformer or kernels imports this package.
+tools.launches; nothing in fastformer or kernels imports this package, and nothing here imports
+bench.
 """
 
 import json

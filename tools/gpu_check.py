@@ -91,7 +91,6 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
 
 import argparse
 import datetime
-import itertools
 import json
 import os
 import platform
@@ -100,7 +99,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -116,14 +114,21 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import fastformer  # after TRITON_INTERPRET, on purpose
-from bench import cases as suite
-from bench import report as bench_report
-from bench.cases import MODEL_VARIANTS, model_variant_case
-from bench.common import environment, gemm_tflops, synchronize, time_ms
 from fastformer import kernels
 from fastformer.compat.aladdinpersson import Transformer as AladdinTransformer
-from fastformer.data import MovieDataSet, movie_collate_fn, read_reviews, train_vocab
-from fastformer.training import autocast, loss_curve, sequence_cross_entropy
+from fastformer.training import autocast, sequence_cross_entropy
+from tools.benchmarks import cases as suite
+from tools.benchmarks import report as bench_report
+from tools.benchmarks.cases import MODEL_VARIANTS, model_variant_case
+from tools.benchmarks.common import environment, gemm_tflops, synchronize, time_ms
+from tools.convergence import (
+    CONVERGENCE_LR,
+    LOSS_ATOL,
+    TINY,
+    compare_curves,
+    convergence_curves,
+    convergence_setup,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEMA = "fastformer.gpu_check/1"
@@ -161,18 +166,6 @@ REDUCED_TESTS = (
 COMPILED_PROVIDERS = ("compile", "flex", "fastformer_compile")
 CPU_TARGETS = "not judged: a CPU run (the targets are GPU targets; CPU ratios say nothing of them)"
 BENCH_ORDER = ("model_train", "ffn_fwd_bwd", "attention_fwd", "attention_fwd_bwd")
-# smoke_suite's tiny MovieClassification
-TINY = dict(
-    n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12
-)
-# The convergence comparison: 200 real review sentences (tests/data/README.md), a vocab trained on
-# them, and the atol of its rule by autocast ("off", fp32: tests/test_convergence.py measured
-# |fastformer - fp64| up to 1.3e-6 against 2 x 1.2e-6 + atol; "bf16": on an H100, 0.18 against
-# 2 x 0.114 + atol, bench/results/gpu/h100-2026-11-26).
-CONVERGENCE_REVIEWS = os.path.join(ROOT, "tests", "data", "rotten_tomatoes_200.tsv")
-CONVERGENCE_PIECES = 300
-CONVERGENCE_LR = 2e-3
-LOSS_ATOL = {"off": 1e-6, "bf16": 1e-3}
 
 
 @dataclass(frozen=True)
@@ -1048,7 +1041,7 @@ def stage_model(run):
 
 
 def _model_cases(run):
-    """MovieClassification train step and inference on review batches (bench.cases.model_case),
+    """MovieClassification train step and inference on review batches (tools.benchmarks.cases.model_case),
     each credited its model FLOPs (model_flops) so the report computes TFLOP/s and MFU."""
     config = fastformer.Config.tutorial(**run.plan.config)
     amp = None if run.cuda else False  # None: each provider's own (fastformer bf16, reference_fp32 fp32, ...)
@@ -1069,59 +1062,6 @@ def _model_cases(run):
             case.flops = model_flops(config, *lengths, kind)
             cases.append(case)
     return cases
-
-
-def convergence_setup(overrides, batch, steps, reviews):
-    """(config, batches) of the convergence comparison: Config.tutorial with `overrides`, dropout 0
-    and the vocab of a BPE model trained on CONVERGENCE_REVIEWS; `steps` batches of `batch` reviews
-    from the file's first `reviews` in a fixed shuffled order, cycled."""
-    texts = read_reviews(CONVERGENCE_REVIEWS)
-    with tempfile.TemporaryDirectory(prefix="fastformer-") as folder:
-        vocab = train_vocab([r.doc for r in texts], os.path.join(folder, "vocab.model"), n_pieces=CONVERGENCE_PIECES)
-    n_vocab = vocab.get_piece_size()
-    config = fastformer.Config.tutorial(**dict(overrides, n_enc_vocab=n_vocab, n_dec_vocab=n_vocab, dropout=0.0))
-    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(0)).tolist()[:reviews]
-    dataset = MovieDataSet(vocab, [texts[i] for i in order], max_len=config.n_enc_seq, progress=False)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch, collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad)
-    )
-    return config, list(itertools.islice(itertools.cycle(list(loader)), steps))
-
-
-def convergence_curves(config, batches, device, amp, lr=CONVERGENCE_LR):
-    """The loss of every step of MovieClassification trained from one seed with AdamW on `batches`:
-    "fastformer" (the Triton kernels) and "reference" (PyTorch) under `amp`, "reference_fp64"
-    (PyTorch in fp64, no autocast; the loss itself is taken in fp32, as fastformer.training does)."""
-    curves = {}
-    for name, backend_name, dtype, run_amp in (
-        ("fastformer", "triton", torch.float32, amp),
-        ("reference", "reference", torch.float32, amp),
-        ("reference_fp64", "reference", torch.float64, "off"),
-    ):
-        torch.manual_seed(0)
-        model = fastformer.MovieClassification(config).to(device, dtype)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-        with fastformer.use_backend(backend_name):
-            curves[name] = loss_curve(model, batches, optimizer, device=device, amp=run_amp)
-    return curves
-
-
-def compare_curves(curves, atol):
-    """The tests' rule on loss curves: at every step |fastformer - reference_fp64| <= 2 * (the
-    largest |reference - reference_fp64| over the steps) + atol. Returns the figures and `agree`."""
-    fp64 = curves["reference_fp64"]
-    ours = [abs(a - b) for a, b in zip(curves["fastformer"], fp64)]
-    torch_error = max(abs(a - b) for a, b in zip(curves["reference"], fp64))
-    tolerance = 2 * torch_error + atol
-    worst = max(range(len(ours)), key=ours.__getitem__)
-    return {
-        "max_loss_diff": ours[worst],
-        "reference_max_loss_diff": torch_error,
-        "loss_atol": atol,
-        "loss_tolerance": tolerance,
-        "worst_step": worst + 1,
-        "agree": ours[worst] <= tolerance,
-    }
 
 
 def _convergence(run):

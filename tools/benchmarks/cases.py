@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
-from bench.common import Case, Skip, assert_close_to, attention_flops, ffn_flops
 from fastformer import kernels
 from fastformer.graphs import GraphedSteps, make_capturable
 from fastformer.training import autocast
+from tools.benchmarks.common import Case, Skip, assert_close_to, attention_flops, ffn_flops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the tolerance of a benchmark's check against fp32, per dtype: loose enough for rounding, far
