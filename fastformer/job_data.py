@@ -5,7 +5,6 @@ import itertools
 
 import torch
 
-from fastformer.data.files import Reviews
 from fastformer.data.reviews import LengthBucketSampler, MovieDataSet, ShardedBatchSampler, movie_collate_fn
 from fastformer.data.vocab import N_SPECIAL, load_vocab, train_vocab
 from fastformer.run_dir import write_file
@@ -24,8 +23,7 @@ def _shared_vocab(launch, reviews, model_file, n_pieces):
     """train_vocab on the reviews' texts into `model_file`; in a torchrun job rank 0 trains it and
     sends the file to the other processes. Returns the loaded vocab."""
     if launch.rank == 0:
-        texts = reviews.texts() if isinstance(reviews, Reviews) else (r.doc for r in reviews)
-        train_vocab(texts, model_file, n_pieces=n_pieces, progress=True)
+        train_vocab(reviews.texts(), model_file, n_pieces=n_pieces, progress=True)
     if launch.distributed:
         model = [None]
         if launch.rank == 0:

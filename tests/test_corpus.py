@@ -3,6 +3,7 @@ kept compactly (Reviews, MovieDataSet's flat ids), with progress bars; tools.cor
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from array import array
@@ -15,9 +16,10 @@ from fastformer.data import MovieDataSet, Review, read_reviews, train_vocab
 from fastformer.data import files as data_files
 from fastformer.data import reviews as data_reviews
 from fastformer.data import vocab as data_vocab
-from fastformer.data.files import LINE_BREAK, TSV_COLUMNS, Reviews, file_sha256
+from fastformer.data.files import TSV_COLUMNS, Reviews, file_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
+LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the csv module's line ends, which a TSV's rows end at
 TEXTS = ["the movie was great fun", "a boring plot and awful acting", "i loved the ending"] * 30
 
 

@@ -24,14 +24,12 @@ import itertools
 import json
 import math
 import os
-import re
 from array import array
 from typing import NamedTuple
 
 from tqdm.auto import tqdm
 
 TSV_COLUMNS = ("id", "document", "label")
-LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what the csv module, which read the TSV before, takes for a line end
 JSON_LINES = 'JSON Lines: one {"id", "doc", "label"} object per line'
 MAX_LABEL_DIGITS = 18  # a class number has fewer; a longer one is refused before it becomes a huge int
 CHUNK = 1 << 20  # bytes read at a time
@@ -169,9 +167,9 @@ def _decode(data, path, line_no):
 
 class _Lines:
     """The lines of a file as it is read (_chunks), each (its number from 1, its bytes without the
-    break, the break): for a TSV a line ends at \r\n, \r or \n (LINE_BREAK, as bytes.splitlines
-    splits), for JSONL at \n alone; a byte-order mark at the start is skipped. Once every line is
-    read, `sha256` is the hex digest of the file's bytes."""
+    break, the break): for a TSV a line ends at \r\n, \r or \n (as bytes.splitlines splits, and
+    as the csv module's rules end one), for JSONL at \n alone; a byte-order mark at the start is
+    skipped. Once every line is read, `sha256` is the hex digest of the file's bytes."""
 
     def __init__(self, path, what, jsonl, progress):
         self.path, self.what, self.jsonl, self.progress = path, what, jsonl, progress
