@@ -1,8 +1,9 @@
-"""Dropout inside kernels: Philox keyed by one seed per call. Element (row, col) of a (rows, cols)
-view is decided by output col % 4 of Philox4x32 with PHILOX_ROUNDS rounds on the counter
-(col // 4, row, 0, 0): one call, four keep decisions, 32-bit counters and no per-element multiply.
-A backward regenerates the forward's mask from the seed alone, and a test can ask for it
-(`dropout_mask`).
+"""Dropout inside kernels: Philox keyed by one seed per call, four keep decisions per call,
+32-bit counters and no per-element multiply. In a (rows, cols) view (add + LayerNorm), element
+(row, col) is decided by output col % 4 of Philox4x32 with PHILOX_ROUNDS rounds on the counter
+(col // 4, row, 0, 0) (dropout_keep); attention's probabilities are decided in 2 x 2 squares that
+suit its tiles (attention_keep). A backward regenerates the forward's mask from the seed alone, and
+a test can ask for either (`dropout_mask`, `attention_mask`).
 
 Seven rounds, not the ten of Philox's default: the rounds are most of what dropout costs the
 attention kernels' hot loops (about 49 instructions a round per warp and key block of the
@@ -99,6 +100,38 @@ def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def attention_keep(
+    seed, bh, start_m, start_n, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_FIRST: tl.constexpr
+):
+    """The attention kernels' keep-mask of queries start_m + arange(BLOCK_M) and keys start_n +
+    arange(BLOCK_N) of the (batch, head) bh: (BLOCK_M, BLOCK_N), or (BLOCK_N, BLOCK_M) with
+    KEYS_FIRST (the dK/dV pass's tiles). Starts and blocks are multiples of 16.
+
+    One Philox call decides the square {m, m + 8} x {n, n + 8} for m % 16 < 8 and n % 16 < 8: word
+    2 * (m // 8 % 2) + (n // 8 % 2) of the call on the counter (pair(n), pair(m), bh, 0), where
+    pair(i) = i // 16 * 8 + i % 8. Why that square: Hopper's MMA accumulator gives each thread rows
+    i and i + 8 of a 16-row slab and columns 8 apart, whichever of queries and keys are its rows, so
+    the four words of a call land in the thread that drew them in the forward, the dQ pass and the
+    transposed dK/dV pass alike, and the mask is placed by register moves, where four consecutive
+    columns (dropout_keep) spread over two threads and went through shared memory."""
+    tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0, "attention_keep decides 16 x 16 squares")
+    pm = start_m // 2 + tl.arange(0, BLOCK_M // 2)
+    pn = start_n // 2 + tl.arange(0, BLOCK_N // 2)
+    c0 = (pn[None, :] + 0 * pm[:, None]).to(tl.uint32)
+    c1 = (pm[:, None] + 0 * pn[None, :]).to(tl.uint32)
+    zero = c0 * 0
+    r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero, n_rounds=PHILOX_ROUNDS)
+    threshold = (tl.cast(dropout_p, tl.float32) * 4294967296.0).to(tl.uint32)  # exact: a power-of-two scale
+    # (pair(m), pair(n), n // 8 % 2, m // 8 % 2), then split into (m // 16, m % 8, n // 16, n % 8, ...)
+    keep = tl.join(tl.join(r0 >= threshold, r1 >= threshold), tl.join(r2 >= threshold, r3 >= threshold))
+    keep = tl.reshape(keep, (BLOCK_M // 16, 8, BLOCK_N // 16, 8, 2, 2))
+    if KEYS_FIRST:  # (n // 16, n // 8 % 2, n % 8, m // 16, m // 8 % 2, m % 8)
+        return tl.reshape(tl.permute(keep, (2, 4, 3, 0, 5, 1)), (BLOCK_N, BLOCK_M))
+    else:
+        return tl.reshape(tl.permute(keep, (0, 5, 1, 2, 4, 3)), (BLOCK_M, BLOCK_N))
+
+
+@triton.jit
 def _dropout_mask_kernel(KEEP, SEED, n_rows, n_cols, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The keep-mask of one (BLOCK_M, BLOCK_N) tile of a (n_rows, n_cols) view, as the kernels draw it
     (dropout_keep). Grid: cdiv(n_rows, BLOCK_M) * cdiv(n_cols, BLOCK_N) programs on one axis.
@@ -124,6 +157,45 @@ def _dropout_mask_kernel(KEEP, SEED, n_rows, n_cols, dropout_p, BLOCK_M: tl.cons
         keep.to(tl.uint8),
         mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols),
     )
+
+
+@triton.jit
+def _attention_mask_kernel(KEEP, SEED, Lq, Lk, dropout_p, BLOCK: tl.constexpr):
+    """The keep-mask of one (BLOCK, BLOCK) tile of one (batch, head), as the attention kernels draw
+    it (attention_keep). Grid: (batch * heads, cdiv(Lq, BLOCK), cdiv(Lk, BLOCK)).
+
+    Args:
+        KEEP: (batch * heads, Lq, Lk) uint8, contiguous: the output, 1 = kept, 0 = dropped.
+        SEED: (1,) int64, the dropout seed.
+        Lq, Lk: queries and keys.
+        dropout_p: probability of dropping an element, in [0, 1).
+        BLOCK: queries and keys per program, a multiple of 16.
+    """
+    dropout_p = tl.cast(dropout_p, tl.float32)  # Inductor passes a Python float as fp64
+    bh = tl.program_id(0)
+    start_m, start_n = tl.program_id(1) * BLOCK, tl.program_id(2) * BLOCK
+    keep = attention_keep(tl.load(SEED), bh, start_m, start_n, dropout_p, BLOCK, BLOCK, False)
+    rows = start_m + tl.arange(0, BLOCK)
+    cols = start_n + tl.arange(0, BLOCK)
+    tl.store(
+        KEEP + bh.to(tl.int64) * Lq * Lk + rows[:, None] * Lk + cols[None, :],
+        keep.to(tl.uint8),
+        mask=(rows[:, None] < Lq) & (cols[None, :] < Lk),
+    )
+
+
+def attention_mask(n_bh, Lq, Lk, dropout_p, device):
+    """The (n_bh, Lq, Lk) bool keep-mask the attention kernels draw over n_bh (batch, head) slices
+    when called right after the same torch.manual_seed. For tests; materializes the whole mask."""
+    check_dropout_p(dropout_p)
+    check_dropout_rows("attention", n_bh * Lq)
+    seed = draw_seed(device)
+    keep = torch.empty(n_bh, Lq, Lk, dtype=torch.uint8, device=device)
+    require_launchable("attention_dropout_mask", keep)
+    block = 16 if INTERPRET else 64
+    grid = (n_bh, cdiv(Lq, block), cdiv(Lk, block))
+    launch(_attention_mask_kernel)[grid](keep, seed, Lq, Lk, dropout_p, BLOCK=block)
+    return keep.bool()
 
 
 def dropout_mask(n_rows, n_cols, dropout_p, device):

@@ -31,10 +31,11 @@ and the PyTorch reference.
 
 Why the kernels are shaped so for sm_90a (what the sm_90a compile check, python -m tools.sm90_report,
 shows for each choice, per Triton version, is in docs/kernels.md):
-- Dropout draws four keep decisions per Philox call (kernels._dropout.dropout_keep): one per call
-  costs so many registers that the forward's tiles spill. The price is that the four words reach
-  the tile interleaved through shared memory, where ptxas serializes wgmma (note C7515) in the
-  backward's passes with dropout; which costs more on a GPU is for the benchmarks to say.
+- Dropout draws four keep decisions per Philox call (one per call costs so many registers that
+  the forward's tiles spill), for a 2 x 2 square of scores, queries {m, m + 8} x keys {n, n + 8}
+  (kernels._dropout.attention_keep): Hopper's MMA accumulator holds such a square in one thread,
+  with queries or with keys as its rows, so each pass places the words by register moves. Four
+  consecutive keys, as add + LayerNorm draws them, span two threads and went through shared memory.
 - The softmax scale is folded into the exponent (`exp2(qk * qk_scale - m)`, one FFMA per score),
   and dropout's 1 / (1 - p) is applied once (to the forward's output rows, to dV after its loop)
   or as a product, never as a division per element: python -m tools.sass reads what each costs.
@@ -65,12 +66,12 @@ import torch.nn.functional as F
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, switches
 from ._dropout import (
+    attention_keep,
+    attention_mask,
     check_dropout_p,
     check_dropout_rows,
     check_seed,
     draw_seed,
-    dropout_keep,
-    dropout_mask,
     load_seed,
     planned_seed,
 )
@@ -283,7 +284,7 @@ def _query_key_range(
 
 @triton.jit
 def _masked_rows_value(
-    v_bh, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
+    v_bh, stride_vn, start_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -294,7 +295,8 @@ def _masked_rows_value(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         p = tl.where(offs_n[None, :] < Lk, 1.0 / Lk, 0.0) + tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if HAS_DROPOUT:
-            p = tl.where(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N), p / (1.0 - dropout_p), 0.0)
+            keep = attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
+            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, D, ROW_ALIGN)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     return acc
@@ -303,11 +305,11 @@ def _masked_rows_value(
 @triton.jit
 def _fwd_step(
     acc, l_i, m_i, start_n, pad,
-    q, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+    q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
     seed, bh, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """The forward's online softmax over the key block start_n..: returns acc, l_i and m_i updated.
     MASKED: the block may hold masked scores (`pad`: its padding flags); otherwise it is an interior
@@ -332,7 +334,7 @@ def _fwd_step(
     p = tl.exp2(qk * qk_scale - m_safe[:, None])  # one FFMA per score
     l_i = l_i * alpha + tl.sum(p, 1)
     if HAS_DROPOUT:  # the kept probabilities; 1 / (1 - p) scales the output once, after the loop
-        p = tl.where(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N), p, 0.0)
+        p = tl.where(attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False), p, 0.0)
     if MASKED:
         v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
     else:
@@ -346,17 +348,17 @@ def _fwd_step(
 @triton.jit
 def _dq_step(
     dq, start_n, pad,
-    q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk,
+    q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk,
     mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """The dQ pass over the key block start_n..: returns dq with the block's part added. MASKED as
     in _fwd_step."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m tools.sm90_report)
-        keep = dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
+        keep = attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
     if MASKED:
         k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
@@ -388,7 +390,7 @@ def _dkdv_step(
     query of the block is in bounds and sees every key of the key block."""
     offs_m = m + tl.arange(0, BLOCK_M)
     if HAS_DROPOUT:
-        keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))  # (BLOCK_N, BLOCK_M)
+        keep = attention_keep(seed, bh, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)  # (BLOCK_N, BLOCK_M)
     if MASKED:
         q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
         do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
@@ -447,7 +449,7 @@ def _fits_lengths(meta, launch, tiles):
 def _fwd_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m tools.sm90_report;
     the figures are in docs/kernels.md). Dropout draws four keep decisions per Philox call
-    (kernels._dropout.dropout_keep) and still costs registers: with it, key blocks of at most 64.
+    (kernels._dropout.attention_keep) and still costs registers: with it, key blocks of at most 64.
     The 128 x 128 tile at head dim 64 is at the register limit: with two kinds of mask it spills
     (padding and causal, on 3.6), so it takes one kind of mask at most. At head dim 128 (72 to 128)
     the 128 x 128 tile spills and overflows shared memory, 64 x 64 spills (in 3 stages; with
@@ -523,7 +525,7 @@ def _attn_fwd_kernel(
         HAS_PAD: PAD is read: keys flagged True are masked, and key blocks past the batch's last real key skipped.
         IS_CAUSAL: key j > query i is masked (top-left aligned), and key blocks above the diagonal skipped.
         HAS_MASK: MASK is read: the general, slower path.
-        HAS_DROPOUT: SEED and dropout_p are read: probabilities dropped with Philox (dropout_keep).
+        HAS_DROPOUT: SEED and dropout_p are read: probabilities dropped with Philox (attention_keep).
         DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
         HEAD_DIM: D, a constexpr so that the mask of the columns past D is known when compiling.
         ROW_ALIGN: every (batch, head, row) stride of Q, K and V is a multiple of it (_row_align: the
@@ -556,9 +558,10 @@ def _attn_fwd_kernel(
     for start_n in range(0, clean_end, BLOCK_N):
         acc, l_i, m_i = _fwd_step(
             acc, l_i, m_i, start_n, 0,
-            q, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+            q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
             seed, bh, qk_scale, dropout_p,
-            False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N,
+            False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+            BLOCK_D, BLOCK_M, BLOCK_N,
         )
     # the edge: masked per element (a loop counted from 0: Triton 3.9 pipelines no loop that starts
     # at a value a reduction gave, here the padding scan's)
@@ -568,9 +571,10 @@ def _attn_fwd_kernel(
         _, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
         acc, l_i, m_i = _fwd_step(
             acc, l_i, m_i, start_n, pad,
-            q, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+            q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
             seed, bh, qk_scale, dropout_p,
-            True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N,
+            True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+            BLOCK_D, BLOCK_M, BLOCK_N,
         )
 
     masked_row = l_i == 0.0
@@ -582,7 +586,7 @@ def _attn_fwd_kernel(
     if HAS_PAD or HAS_MASK:
         if tl.max((masked_row & (offs_m < Lq)).to(tl.int32), 0) > 0:
             uniform = _masked_rows_value(
-                v_bh, stride_vn, offs_m, offs_d, seed, bh, Lq, Lk, HEAD_DIM, dropout_p,
+                v_bh, stride_vn, start_m, offs_d, seed, bh, Lq, Lk, HEAD_DIM, dropout_p,
                 HAS_DROPOUT, DOT_PRECISION, ROW_ALIGN, BLOCK_M, BLOCK_N, BLOCK_D,
             )
             out = tl.where(masked_row[:, None], uniform, out)
@@ -727,9 +731,10 @@ def _attn_bwd_kernel(
         for start_n in range(0, clean_end, BLOCK_N):
             dq = _dq_step(
                 dq, start_n, 0,
-                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk,
+                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk,
                 mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
-                False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N,
+                False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+                BLOCK_D, BLOCK_M, BLOCK_N,
             )
         # the edge: masked per element (counted from 0, as the forward's)
         pad_next = _key_padding(pad_b, stride_pn, clean_end + tl.arange(0, BLOCK_N), Lk, HAS_PAD)
@@ -738,9 +743,10 @@ def _attn_bwd_kernel(
             _, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
             dq = _dq_step(
                 dq, start_n, pad,
-                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, offs_m, offs_d, Lq, Lk,
+                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk,
                 mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
-                True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N,
+                True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+                BLOCK_D, BLOCK_M, BLOCK_N,
             )
         dq_bh = _interleaved(DQ, b, h, Lq, HEAD_DIM, stride_gm)
         _store_rows(dq_bh, offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq * sm_scale)
@@ -822,7 +828,7 @@ def _attn_bwd_kernel(
                     # (BLOCK_N, BLOCK_M)
                     pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
                     if HAS_DROPOUT:  # scaled with the rest of dV, below
-                        keep = tl.trans(dropout_keep(seed, bh * Lq + offs_m, start_n, dropout_p, BLOCK_N))
+                        keep = attention_keep(seed, bh, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)
                         pt = tl.where(keep, pt, 0.0)
                     do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
                     dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -875,7 +881,8 @@ def _attn_probs_kernel(
     bh = pid // (n_m_blocks * n_n_blocks)
     tile = pid % (n_m_blocks * n_n_blocks)
     start_n = (tile % n_n_blocks) * BLOCK_N
-    offs_m = (tile // n_n_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_m = (tile // n_n_blocks) * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     b = (bh // H).to(tl.int64)
     h = (bh % H).to(tl.int64)
@@ -895,7 +902,7 @@ def _attn_probs_kernel(
     p = tl.where(valid, tl.exp2(s - lse[:, None]), 0.0)
     p = tl.where((lse == float("inf"))[:, None], 1.0 / Lk, p)  # all keys masked: uniform
     if HAS_DROPOUT:
-        keep = dropout_keep(load_seed(SEED, HAS_DROPOUT), bh * Lq + offs_m, start_n, dropout_p, BLOCK_N)
+        keep = attention_keep(load_seed(SEED, HAS_DROPOUT), bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
         p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
     tl.store(
         P + bh.to(tl.int64) * Lq * Lk + offs_m[:, None] * Lk + offs_n[None, :],
@@ -1492,7 +1499,7 @@ def check_attention_args(
 def attention_dropout_mask(B, H, Lq, Lk, dropout_p, device):
     """Testing hook: the (B, H, Lq, Lk) bool keep-mask that `attention` uses for dropout on these
     shapes when called right after the same `torch.manual_seed`. For small shapes."""
-    return dropout_mask(B * H * Lq, Lk, dropout_p, device).view(B, H, Lq, Lk)
+    return attention_mask(B * H, Lq, Lk, dropout_p, device).view(B, H, Lq, Lk)
 
 
 MAX_HEAD_DIM = 128

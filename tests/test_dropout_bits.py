@@ -1,9 +1,12 @@
 """The kernels' dropout bits are the documented function of the seed, four decisions per Philox call.
 
-Element (row, col) is kept when word col % 4 of Philox4x32 with PHILOX_ROUNDS (7) rounds on the
-counter (col // 4, row, 0, 0), keyed by the seed's low and high 32 bits, is >= fp32(p) * 2**32. A
-NumPy Philox here checks the kernels bit for bit, so a wrong interleave or a shifted counter fails;
-being the same function, it also gives the statistics of a million decisions at NumPy's speed.
+add + LayerNorm: element (row, col) is kept when word col % 4 of Philox4x32 with PHILOX_ROUNDS (7)
+rounds on the counter (col // 4, row, 0, 0), keyed by the seed's low and high 32 bits, is
+>= fp32(p) * 2**32. Attention: probability (bh, m, n) takes word 2 * (m // 8 % 2) + n // 8 % 2 of
+the call on (pair(n), pair(m), bh, 0), pair(i) = i // 16 * 8 + i % 8: a call decides the square
+{m, m + 8} x {n, n + 8}. A NumPy Philox here checks the kernels bit for bit, so a wrong interleave
+or a shifted counter fails; being the same function, it also gives the statistics of a million
+decisions at NumPy's speed.
 """
 
 import numpy as np
@@ -47,6 +50,20 @@ def expected_keep(seed, n_rows, n_cols, p):
     return torch.from_numpy(picked >= threshold)
 
 
+def _pair(i):
+    return i // np.uint64(16) * np.uint64(8) + i % np.uint64(8)
+
+
+def expected_attention_keep(seed, n_bh, Lq, Lk, p):
+    """(n_bh, Lq, Lk): attention's keep decisions (the module docstring)."""
+    bh, m, n = np.meshgrid(*(np.arange(k, dtype=np.uint64) for k in (n_bh, Lq, Lk)), indexing="ij")
+    words = philox4x32(seed, _pair(n), _pair(m), bh, np.zeros_like(bh))
+    eight, two = np.uint64(8), np.uint64(2)
+    word = (np.uint64(2) * (m // eight % two) + n // eight % two).astype(np.int64)
+    threshold = np.uint64(int(np.float32(p) * np.float32(2**32)))
+    return torch.from_numpy(np.choose(word, words) >= threshold)
+
+
 def _seed_after(manual_seed, device):
     torch.manual_seed(manual_seed)
     return int(_dropout.draw_seed(device).item())
@@ -59,6 +76,15 @@ def test_kernel_bits_are_the_documented_philox_words(device, n_rows, n_cols):
     torch.manual_seed(11)
     keep = _dropout.dropout_mask(n_rows, n_cols, p, device).cpu()
     assert torch.equal(keep, expected_keep(seed, n_rows, n_cols, p))
+
+
+@pytest.mark.parametrize("n_bh, Lq, Lk", [(1, 1, 1), (3, 40, 24), (2, 17, 70)])  # not block multiples
+def test_attention_bits_are_the_documented_philox_words(device, n_bh, Lq, Lk):
+    p = 0.3
+    seed = _seed_after(5, device)
+    torch.manual_seed(5)
+    keep = _dropout.attention_mask(n_bh, Lq, Lk, p, device).cpu()
+    assert torch.equal(keep, expected_attention_keep(seed, n_bh, Lq, Lk, p))
 
 
 def test_each_of_the_four_words_keeps_at_the_rate(device):
@@ -76,35 +102,60 @@ def test_each_of_the_four_words_keeps_at_the_rate(device):
     assert abs(agree - expected) <= 4 * sigma
 
 
+def _within(observed, rate, count, what):
+    sigma = (rate * (1 - rate) / count) ** 0.5
+    assert abs(observed - rate) <= 5 * sigma, f"{what}: {observed:.5f} vs {rate:.5f} (sigma {sigma:.1e})"
+
+
+def _check_independent(keep, pairs, calls, p):
+    """The keep rate, each kind of neighbour kept together at the rate of independent draws, and at
+    p = 0.5 the 16 patterns of a call's four decisions (`calls`: (n_calls, 4)) equally often
+    (chi-square, 15 degrees of freedom, below its 1-in-10,000 tail)."""
+    q = 1 - p
+    _within(keep.mean(), q, keep.size, "keep rate")
+    for what, (a, b) in pairs.items():
+        _within((a & b).mean(), q * q, a.size, what)
+    if p == 0.5:
+        patterns = (calls * np.array([1, 2, 4, 8])).sum(-1)
+        counts = np.bincount(patterns, minlength=16)
+        expected = patterns.size / 16
+        chi2 = ((counts - expected) ** 2 / expected).sum()
+        assert chi2 < 44.3, f"chi-square {chi2:.1f} over the 16 patterns of a call: {counts}"
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_neighbouring_decisions_are_independent(p):
-    """Over 1024 x 1024 decisions of the kernels' function (checked bit for bit above): the keep
-    rate, and for each kind of neighbour (the next word of the same Philox call, the first word of
-    the next call, the next row) the rate at which both are kept, each within 5 sigma of what
-    independent draws give; and the 16 patterns of a call's four decisions at p = 0.5 equally often
-    (chi-square, 15 degrees of freedom, below its 1-in-10,000 tail)."""
+    """Over 1024 x 1024 decisions of add + LayerNorm's function (checked bit for bit above), each
+    within 5 sigma of what independent draws give: the keep rate, and for each kind of neighbour
+    (the next word of the same Philox call, the first word of the next call, the next row) the rate
+    at which both are kept; the patterns of a call's four decisions."""
     n = 1024
     keep = expected_keep(0x5EED_1234_ABCD, n, n, p).numpy()
-    q = 1 - p
-
-    def within(observed, rate, count, what):
-        sigma = (rate * (1 - rate) / count) ** 0.5
-        assert abs(observed - rate) <= 5 * sigma, f"{what}: {observed:.5f} vs {rate:.5f} (sigma {sigma:.1e})"
-
-    within(keep.mean(), q, keep.size, "keep rate")
     pairs = {
         "next word, same call": (keep[:, 0::4], keep[:, 1::4]),
         "last word, next call": (keep[:, 3:-1:4], keep[:, 4::4]),
         "next row": (keep[:-1], keep[1:]),
     }
-    for what, (a, b) in pairs.items():
-        within((a & b).mean(), q * q, a.size, what)
-    if p == 0.5:
-        patterns = (keep.reshape(n, n // 4, 4) * np.array([1, 2, 4, 8])).sum(-1).ravel()
-        counts = np.bincount(patterns, minlength=16)
-        expected = patterns.size / 16
-        chi2 = ((counts - expected) ** 2 / expected).sum()
-        assert chi2 < 44.3, f"chi-square {chi2:.1f} over the 16 patterns of a call: {counts}"
+    _check_independent(keep, pairs, keep.reshape(-1, 4), p)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_neighbouring_attention_decisions_are_independent(p):
+    """The same over attention's function, 4 x 512 x 512 decisions: the words of a call (the next
+    key, query and both, 8 apart), the next key and the next query (another call), the next head."""
+    keep = expected_attention_keep(0x5EED_1234_ABCD, 4, 512, 512, p).numpy()
+    # (bh, m // 16, m // 8 % 2, m % 8, n // 16, n // 8 % 2, n % 8): a call's words differ in axes 2 and 5
+    squares = keep.reshape(4, 32, 2, 8, 32, 2, 8)
+    pairs = {
+        "key + 8, same call": (squares[:, :, :, :, :, 0], squares[:, :, :, :, :, 1]),
+        "query + 8, same call": (squares[:, :, 0], squares[:, :, 1]),
+        "both + 8, same call": (squares[:, :, 0, :, :, 0], squares[:, :, 1, :, :, 1]),
+        "next key, next call": (keep[:, :, :-1], keep[:, :, 1:]),
+        "next query, next call": (keep[:, :-1], keep[:, 1:]),
+        "next head": (keep[:-1], keep[1:]),
+    }
+    calls = squares.transpose(0, 1, 3, 4, 6, 2, 5).reshape(-1, 4)
+    _check_independent(keep, pairs, calls, p)
 
 
 def test_rows_beyond_a_32_bit_counter_are_refused():
