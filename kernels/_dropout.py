@@ -79,6 +79,28 @@ def load_seed(SEED, HAS_DROPOUT: tl.constexpr):
 
 
 @triton.jit
+def philox(seed, c0, c1, c2, c3):
+    """tl.philox(seed, c0, c1, c2, c3, n_rounds=PHILOX_ROUNDS) on uint32 counters, bit for bit.
+    Each round's two products are widening 32 x 32 -> 64-bit multiplies, one IMAD.WIDE.U32 each
+    on sm_90a; tl.philox's separate high and low halves (umulhi, mul) took ptxas 1.7 instructions
+    a product in the attention kernels' loops (python -m tools.sass, docs/kernels.md). Not in
+    add + LayerNorm's backward, whose loop it made longer (461 -> 496 instructions)."""
+    seed = seed.to(tl.uint64)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    for _ in tl.static_range(PHILOX_ROUNDS):
+        a = c0.to(tl.uint64) * 0xD2511F53
+        b = c2.to(tl.uint64) * 0xCD9E8D57
+        c0 = (b >> 32).to(tl.uint32) ^ c1 ^ k0
+        c2 = (a >> 32).to(tl.uint32) ^ c3 ^ k1
+        c1 = b.to(tl.uint32)
+        c3 = a.to(tl.uint32)
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0, c1, c2, c3
+
+
+@triton.jit
 def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
     """(len(rows), BLOCK_N) keep-mask of the columns col_start + arange(BLOCK_N) (col_start and
     BLOCK_N multiples of 4) in the given rows, each kept with probability 1 - dropout_p.
@@ -120,7 +142,7 @@ def attention_keep(
     c0 = (pn[None, :] + 0 * pm[:, None]).to(tl.uint32)
     c1 = (pm[:, None] + 0 * pn[None, :]).to(tl.uint32)
     zero = c0 * 0
-    r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero, n_rounds=PHILOX_ROUNDS)
+    r0, r1, r2, r3 = philox(seed, c0, c1, zero + bh.to(tl.uint32), zero)
     threshold = (tl.cast(dropout_p, tl.float32) * 4294967296.0).to(tl.uint32)  # exact: a power-of-two scale
     # (pair(m), pair(n), n // 8 % 2, m // 8 % 2), then split into (m // 16, m % 8, n // 16, n % 8, ...)
     keep = tl.join(tl.join(r0 >= threshold, r1 >= threshold), tl.join(r2 >= threshold, r3 >= threshold))

@@ -349,13 +349,15 @@ def _fwd_step(
 def _dq_step(
     dq, start_n, pad,
     q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk,
-    mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
+    mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """The dQ pass over the key block start_n..: returns dq with the block's part added. MASKED as
-    in _fwd_step."""
+    in _fwd_step. With dropout, delta is the rows' delta times 1 - p, and dq comes out 1 - p times
+    the gradient: dS = P (keep dP / (1 - p) - delta) = P (keep dP - (1 - p) delta) / (1 - p), so
+    the pass scales dq once, after its loop, not dP per element."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m tools.sm90_report)
         keep = attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
@@ -372,7 +374,7 @@ def _dq_step(
         p = tl.where(valid, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
     if HAS_DROPOUT:
-        dp = tl.where(keep, dp * inv_keep, 0.0)
+        dp = tl.where(keep, dp, 0.0)
     ds = p * (dp - delta[:, None])
     return tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
@@ -380,14 +382,15 @@ def _dq_step(
 @triton.jit
 def _dkdv_step(
     dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
-    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p, inv_keep,
+    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """The dK/dV pass over the query block m..: returns dk and dv with the block's part added.
     MASKED: the tile may hold masked scores (`pad`: the key block's padding flags); otherwise every
-    query of the block is in bounds and sees every key of the key block."""
+    query of the block is in bounds and sees every key of the key block. With dropout, dk and dv
+    come out 1 - p times their gradients (as dq in _dq_step): scaled once, after the loop."""
     offs_m = m + tl.arange(0, BLOCK_M)
     if HAS_DROPOUT:
         keep = attention_keep(seed, bh, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)  # (BLOCK_N, BLOCK_M)
@@ -410,12 +413,13 @@ def _dkdv_step(
         )
         pt = tl.where(valid, pt, 0.0)
     dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-    pt_dropped = pt
-    if HAS_DROPOUT:
-        pt_dropped = tl.where(keep, pt, 0.0)
-        dpt = tl.where(keep, dpt * inv_keep, 0.0)
-    dv = tl.dot(pt_dropped.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-    dst = pt * (dpt - delta[None, :])
+    if HAS_DROPOUT:  # dS^T = P^T (keep dP^T - (1 - p) delta): the kept P^T times dP^T, one select
+        pt_kept = tl.where(keep, pt, 0.0)
+        dst = pt_kept * dpt - pt * (delta * (1.0 - dropout_p))[None, :]
+    else:
+        pt_kept = pt
+        dst = pt * (dpt - delta[None, :])
+    dv = tl.dot(pt_kept.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     return dk, dv
 
@@ -596,7 +600,8 @@ def _attn_fwd_kernel(
 
 def _dkdv_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills (python -m tools.sm90_report; the figures are in
-    docs/kernels.md). 64 x 128 at head dims up to 64 without padding, dropout or a dense mask only.
+    docs/kernels.md). 64 x 128 at head dims up to 64 without padding, dropout or a dense mask only;
+    64 x 64 with dropout not with padding or a causal mask (it spills 4 to 28 B on Triton 3.9).
     At head dim 128, 64 x 64 spills (with padding and a causal mask: the kernel
     scans the padding itself), so only 32 query rows a block.
 
@@ -610,8 +615,8 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
     if tile == (64, 128):  # with key padding it spills (12 to 36 B at D64), with dropout more
         return launch["BLOCK_D"] <= 64 and not (launch["HAS_PAD"] or launch["HAS_DROPOUT"] or launch["HAS_MASK"])
-    if tile == (64, 64) and launch["HAS_DROPOUT"] and launch["IS_CAUSAL"]:
-        return False  # spills 20 to 28 B with key padding on Triton 3.9
+    if tile == (64, 64) and launch["HAS_DROPOUT"] and (launch["IS_CAUSAL"] or launch["HAS_PAD"]):
+        return False  # spills 4 to 28 B with key padding on Triton 3.9
     if launch["BLOCK_D"] == 128:
         if launch["HAS_DROPOUT"]:
             return tile == (32, 64) and num_stages == 2
@@ -623,7 +628,9 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
 def _dq_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m tools.sm90_report;
     the figures are in docs/kernels.md). With dropout, key blocks of at most 64: the 64 x 128 tile
-    spills on Triton 3.6 at head dims 16 to 64 and is at the register limit on 3.9. At head dim 128
+    spills on Triton 3.6 at head dims 16 to 64 and is at the register limit on 3.9, and 64 x 64
+    spills with padding on 3.9 in 2 stages as in 3 (48 B: Philox's widening products hold register
+    pairs), so 128 x 64, or 64 x 32 where the queries are too few. At head dim 128
     (72 to 128): the 64 x 128 tile in 3 stages overflows shared memory with a dense mask (on 3.6)
     and with padding spills in 2 stages, so it runs in 2 stages without padding only; with dropout
     the 128 x 64 tile is at the register limit (with padding alone it spills on Triton 3.6), so
@@ -634,7 +641,7 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     if dropout and meta["BLOCK_N"] > 64:
         return False
     if dropout and launch["BLOCK_D"] <= 64 and (meta["BLOCK_M"], meta["BLOCK_N"]) == (64, 64):
-        return num_stages == 2  # in 3 it spills 48 B with key padding on Triton 3.9
+        return False  # spills 48 B with key padding on Triton 3.9, in 2 stages as in 3
     if launch["BLOCK_D"] == 128:
         if meta["BLOCK_N"] == 128:
             return num_stages == 2 and not launch["HAS_PAD"]
@@ -726,13 +733,16 @@ def _attn_bwd_kernel(
         )
 
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        inv_keep = 1.0 / (1.0 - dropout_p)  # the dropout's scale: a product per element, not a division
+        dq_scale = sm_scale
+        if HAS_DROPOUT:  # dropout's 1 / (1 - p) once, after the loop (_dq_step)
+            delta = delta * (1.0 - dropout_p)
+            dq_scale = sm_scale / (1.0 - dropout_p)
         # the interior: key blocks that no mask touches
         for start_n in range(0, clean_end, BLOCK_N):
             dq = _dq_step(
                 dq, start_n, 0,
                 q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk,
-                mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
+                mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p,
                 False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                 BLOCK_D, BLOCK_M, BLOCK_N,
             )
@@ -744,12 +754,12 @@ def _attn_bwd_kernel(
             dq = _dq_step(
                 dq, start_n, pad,
                 q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk,
-                mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p, inv_keep,
+                mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p,
                 True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                 BLOCK_D, BLOCK_M, BLOCK_N,
             )
         dq_bh = _interleaved(DQ, b, h, Lq, HEAD_DIM, stride_gm)
-        _store_rows(dq_bh, offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq * sm_scale)
+        _store_rows(dq_bh, offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq * dq_scale)
     else:
         # dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
         # the dQ pass wrote.
@@ -772,7 +782,6 @@ def _attn_bwd_kernel(
         # and the row vectors (lse, delta) broadcast along columns.
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # of the kept probabilities: 1 / (1 - p) after the loop
-        inv_keep = 1.0 / (1.0 - dropout_p)
         # The query blocks loop in three runs, masked, clean, masked (one masked run where the
         # forward has no interior run, _query_key_range). The clean run is every whole query block
         # (in bounds) that sees every key of this block, when those are all in bounds and before the
@@ -795,7 +804,7 @@ def _attn_bwd_kernel(
         for m in range(start_m, clean_start, BLOCK_M):
             dk, dv = _dkdv_step(
                 dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
-                Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p, inv_keep,
+                Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
                 True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                 BLOCK_D, BLOCK_M, BLOCK_N,
             )
@@ -804,7 +813,7 @@ def _attn_bwd_kernel(
                 m = clean_start + i * BLOCK_M
                 dk, dv = _dkdv_step(
                     dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
-                    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p, inv_keep,
+                    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
                     False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                     BLOCK_D, BLOCK_M, BLOCK_N,
                 )
@@ -812,7 +821,7 @@ def _attn_bwd_kernel(
                 m = clean_stop + i * BLOCK_M
                 dk, dv = _dkdv_step(
                     dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
-                    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p, inv_keep,
+                    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
                     True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                     BLOCK_D, BLOCK_M, BLOCK_N,
                 )
@@ -834,9 +843,11 @@ def _attn_bwd_kernel(
                     dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
         dk_bh = _interleaved(DK, b, h, Lk, HEAD_DIM, stride_gm)
-        _store_rows(dk_bh, offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dk * sm_scale)
-        if HAS_DROPOUT:
-            dv = dv * inv_keep
+        dk_scale = sm_scale
+        if HAS_DROPOUT:  # dropout's 1 / (1 - p), once (_dkdv_step)
+            dk_scale = sm_scale / (1.0 - dropout_p)
+            dv = dv * (1.0 / (1.0 - dropout_p))
+        _store_rows(dk_bh, offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dk * dk_scale)
         _store_rows(_interleaved(DV, b, h, Lk, HEAD_DIM, stride_gm), offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dv)
 
 
