@@ -36,9 +36,8 @@ import warnings
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
-from fastformer.training import autocast
+from fastformer.training import autocast, train_step
 
 WARMUP_STEPS = 3
 
@@ -134,14 +133,9 @@ class GraphedSteps:
         return self._graphs[key].replay(batch)
 
     def _train_body(self, labels, enc_inputs, dec_inputs):
-        self.optimizer.zero_grad(set_to_none=True)
         with torch.enable_grad():
-            with autocast(self.device, self.amp, cache=False):
-                logits = self.model(enc_inputs, dec_inputs)[0]
-            loss = F.cross_entropy(logits.float(), labels)
-            loss.backward()
-        self.optimizer.step()
-        return loss.detach(), logits.detach()
+            batch = (labels, enc_inputs, dec_inputs)
+            return train_step(self.model, batch, self.optimizer, device=self.device, amp=self.amp, cache=False)
 
     def _eval_body(self, enc_inputs, dec_inputs):
         with torch.no_grad(), autocast(self.device, self.amp, cache=False):

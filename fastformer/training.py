@@ -112,13 +112,14 @@ def _summed(*values):
     return packed.tolist()
 
 
-def train_step(model, batch, optimizer, scheduler=None, *, device, amp="off", scaler=None):
+def train_step(model, batch, optimizer, scheduler=None, *, device, amp="off", scaler=None, cache=True):
     """One optimizer step of the tutorial's train_epoch on batch = (labels, enc_inputs, dec_inputs):
     cross-entropy on logits[0], backward (through the GradScaler when given), step. Returns the
-    loss and the logits, detached, without a host sync."""
+    loss and the logits, detached, without a host sync. `cache`: autocast's cast cache (off in a
+    CUDA graph's capture, fastformer.graphs, which captures this step)."""
     labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in batch)
     optimizer.zero_grad(set_to_none=True)
-    with autocast(device, amp):
+    with autocast(device, amp, cache):
         logits = model(enc_inputs, dec_inputs)[0]
     loss = F.cross_entropy(logits.float(), labels)
     if scaler is not None:

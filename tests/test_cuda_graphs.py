@@ -107,6 +107,38 @@ def test_graphed_steps_need_a_cuda_model():
         GraphedSteps(model, optimizer)
 
 
+def test_the_captured_train_step_is_the_train_step(monkeypatch):
+    """What GraphedSteps captures for training is fastformer.training.train_step itself, with
+    autocast's cast cache off and grad enabled (a replay may be asked for under no_grad): checked on
+    a CPU by calling the body a capture records."""
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return train_step(*args, **kwargs)
+
+    monkeypatch.setattr(fastformer.graphs, "train_step", spy)
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randint(0, 3, (4,), generator=g), torch.randint(1, 50, (4, 16), generator=g), torch.full((4, 1), 2))
+
+    def fresh():
+        torch.manual_seed(0)
+        model = fastformer.MovieClassification(small_config(dropout=0.0))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    model, optimizer = fresh()
+    graphs = object.__new__(GraphedSteps)  # its constructor wants a CUDA model
+    graphs.model, graphs.optimizer, graphs.device, graphs.amp = model, optimizer, CPU, "bf16"
+    with torch.no_grad():
+        loss, logits = graphs._train_body(*batch)
+    eager_model, eager_optimizer = fresh()
+    eager_loss, eager_logits = train_step(eager_model, batch, eager_optimizer, device=CPU, amp="bf16")
+    assert calls == [dict(device=CPU, amp="bf16", cache=False)]
+    assert torch.equal(loss, eager_loss) and torch.equal(logits, eager_logits)
+    for (name, a), b in zip(model.state_dict().items(), eager_model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
 def test_make_capturable_switches_forms_and_keeps_every_value():
     """Eager -> capturable -> eager leaves an AdamW that steps exactly as one never switched (lr 0.5
     is exact in fp32, the capturable form's lr dtype)."""
