@@ -135,14 +135,23 @@ def attention_keep(
     i and i + 8 of a 16-row slab and columns 8 apart, whichever of queries and keys are its rows, so
     the four words of a call land in the thread that drew them in the forward, the dQ pass and the
     transposed dK/dV pass alike, and the mask is placed by register moves, where four consecutive
-    columns (dropout_keep) spread over two threads and went through shared memory."""
+    columns (dropout_keep) spread over two threads and went through shared memory.
+
+    The words are the same either way; how they are computed is not. philox's widening products
+    hold register pairs: in the 128-query forward and dQ tiles and the 32-query dK/dV tiles they
+    save instructions (the model's call: forward 2.79 -> 2.44 /kF, dQ 1.77 -> 1.54, dK/dV 1.69 ->
+    1.59), in the 64 x 64 tiles they add some (forward 736 -> 752 instructions at L64) or spill
+    (dQ and dK/dV with key padding on Triton 3.9), so those take tl.philox (python -m tools.sass)."""
     tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0, "attention_keep decides 16 x 16 squares")
     pm = start_m // 2 + tl.arange(0, BLOCK_M // 2)
     pn = start_n // 2 + tl.arange(0, BLOCK_N // 2)
     c0 = (pn[None, :] + 0 * pm[:, None]).to(tl.uint32)
     c1 = (pm[:, None] + 0 * pn[None, :]).to(tl.uint32)
     zero = c0 * 0
-    r0, r1, r2, r3 = philox(seed, c0, c1, zero + bh.to(tl.uint32), zero)
+    if (BLOCK_M >= 128) if not KEYS_FIRST else (BLOCK_M <= 32):  # see the docstring's last paragraph
+        r0, r1, r2, r3 = philox(seed, c0, c1, zero + bh.to(tl.uint32), zero)
+    else:
+        r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero, n_rounds=PHILOX_ROUNDS)
     threshold = (tl.cast(dropout_p, tl.float32) * 4294967296.0).to(tl.uint32)  # exact: a power-of-two scale
     # (pair(m), pair(n), n // 8 % 2, m // 8 % 2), then split into (m // 16, m % 8, n // 16, n % 8, ...)
     keep = tl.join(tl.join(r0 >= threshold, r1 >= threshold), tl.join(r2 >= threshold, r3 >= threshold))

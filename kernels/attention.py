@@ -600,8 +600,7 @@ def _attn_fwd_kernel(
 
 def _dkdv_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills (python -m tools.sm90_report; the figures are in
-    docs/kernels.md). 64 x 128 at head dims up to 64 without padding, dropout or a dense mask only;
-    64 x 64 with dropout not with padding or a causal mask (it spills 4 to 28 B on Triton 3.9).
+    docs/kernels.md). 64 x 128 at head dims up to 64 without padding, dropout or a dense mask only.
     At head dim 128, 64 x 64 spills (with padding and a causal mask: the kernel
     scans the padding itself), so only 32 query rows a block.
 
@@ -615,8 +614,8 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
     if tile == (64, 128):  # with key padding it spills (12 to 36 B at D64), with dropout more
         return launch["BLOCK_D"] <= 64 and not (launch["HAS_PAD"] or launch["HAS_DROPOUT"] or launch["HAS_MASK"])
-    if tile == (64, 64) and launch["HAS_DROPOUT"] and (launch["IS_CAUSAL"] or launch["HAS_PAD"]):
-        return False  # spills 4 to 28 B with key padding on Triton 3.9
+    if tile == (64, 64) and launch["HAS_DROPOUT"] and launch["IS_CAUSAL"]:
+        return False  # spills 20 to 28 B with key padding on Triton 3.9
     if launch["BLOCK_D"] == 128:
         if launch["HAS_DROPOUT"]:
             return tile == (32, 64) and num_stages == 2
@@ -628,9 +627,7 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
 def _dq_fits(meta, num_warps, num_stages, launch):
     """What compiles for sm_90a without spills on Triton 3.9 and 3.6 (python -m tools.sm90_report;
     the figures are in docs/kernels.md). With dropout, key blocks of at most 64: the 64 x 128 tile
-    spills on Triton 3.6 at head dims 16 to 64 and is at the register limit on 3.9, and 64 x 64
-    spills with padding on 3.9 in 2 stages as in 3 (48 B: Philox's widening products hold register
-    pairs), so 128 x 64, or 64 x 32 where the queries are too few. At head dim 128
+    spills on Triton 3.6 at head dims 16 to 64 and is at the register limit on 3.9. At head dim 128
     (72 to 128): the 64 x 128 tile in 3 stages overflows shared memory with a dense mask (on 3.6)
     and with padding spills in 2 stages, so it runs in 2 stages without padding only; with dropout
     the 128 x 64 tile is at the register limit (with padding alone it spills on Triton 3.6), so
@@ -641,7 +638,7 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     if dropout and meta["BLOCK_N"] > 64:
         return False
     if dropout and launch["BLOCK_D"] <= 64 and (meta["BLOCK_M"], meta["BLOCK_N"]) == (64, 64):
-        return False  # spills 48 B with key padding on Triton 3.9, in 2 stages as in 3
+        return num_stages == 2  # in 3 it spills 48 B with key padding on Triton 3.9
     if launch["BLOCK_D"] == 128:
         if meta["BLOCK_N"] == 128:
             return num_stages == 2 and not launch["HAS_PAD"]

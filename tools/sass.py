@@ -179,8 +179,9 @@ def nvdisasm_path():
 def shapes():
     """name -> (what it is, a tools.sm90 Case). Attention in fp16 at the tutorial's head dim: a long
     unmasked and a long causal sequence (B4 H32 L4096), the model's training call (key padding and
-    dropout 0.1 on views of a fused QKV projection, B128 H4 L256), D128; the model's FFN product and
-    add + LayerNorm under autocast."""
+    dropout 0.1 on views of a fused QKV projection, B128 H4 L256, and at the tutorial's lengths, B32
+    H4 L64, where the rules pick 64 x 64 tiles), D128; the model's FFN product and add + LayerNorm
+    under autocast."""
     from tools import sm90_cases as cases
 
     long = {"B": 4, "H": 32, "L": 4096}
@@ -197,6 +198,10 @@ def shapes():
         "attention/model": (
             "attention, the model's training call: key padding + dropout 0.1, D64, B128 H4 L256",
             cases.attention_case("fp16", 64, "pad", True, layout="self", **model),
+        ),
+        "attention/model/L64": (
+            "attention, the model's call at the tutorial's lengths: key padding + dropout 0.1, D64, B32 H4 L64",
+            cases.attention_case("fp16", 64, "pad", True, layout="self", B=32, H=4, L=64),
         ),
         "attention/none/D128": (
             "attention, no mask, D128, B4 H16 L4096",
