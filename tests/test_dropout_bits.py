@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fastformer.kernels import _dropout
+from fastformer.kernels._runtime import launch, tl, triton
 
 MASK32 = np.uint64(0xFFFFFFFF)
 
@@ -67,6 +68,34 @@ def expected_attention_keep(seed, n_bh, Lq, Lk, p):
 def _seed_after(manual_seed, device):
     torch.manual_seed(manual_seed)
     return int(_dropout.draw_seed(device).item())
+
+
+@triton.jit
+def _philox_words_kernel(COUNTERS, WORDS, SEED, N: tl.constexpr, WIDE: tl.constexpr):
+    """The four words of Philox on N counters (4, N) int64 holding 32-bit values, by the widening
+    kernels._dropout.philox or by tl.philox: WORDS (4, N) int64."""
+    offs = tl.arange(0, N)
+    c0, c1, c2, c3 = (tl.load(COUNTERS + i * N + offs).to(tl.uint32) for i in range(4))
+    seed = tl.load(SEED)
+    if WIDE:
+        r0, r1, r2, r3 = _dropout.philox(seed, c0, c1, c2, c3)
+    else:
+        r0, r1, r2, r3 = tl.philox(seed, c0, c1, c2, c3, n_rounds=_dropout.PHILOX_ROUNDS)
+    for i, r in ((0, r0), (1, r1), (2, r2), (3, r3)):
+        tl.store(WORDS + i * N + offs, r.to(tl.int64))
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["widening", "tl.philox"])
+def test_both_philox_forms_are_the_documented_function(device, wide):
+    """attention_keep computes its words by one form or the other, depending on the tile: both are
+    Philox4x32-7 bit for bit, on counters that fill all 32 bits."""
+    g = torch.Generator().manual_seed(3)
+    counters = torch.randint(0, 2**32, (4, 64), generator=g, dtype=torch.int64)
+    seed = 0x1234_5678_9ABC_DEF0
+    words = torch.empty_like(counters, device=device)
+    launch(_philox_words_kernel)[(1,)](counters.to(device), words, torch.tensor([seed], device=device), N=64, WIDE=wide)
+    expected = philox4x32(seed, *(c.numpy().astype(np.uint64) for c in counters))
+    assert np.array_equal(words.cpu().numpy().astype(np.uint64), np.stack(expected))
 
 
 @pytest.mark.parametrize("n_rows, n_cols", [(3, 4), (17, 70), (64, 130)])  # 70, 130: not block multiples
