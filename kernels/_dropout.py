@@ -223,10 +223,16 @@ def attention_mask(n_bh, Lq, Lk, dropout_p, device):
     seed = draw_seed(device)
     keep = torch.empty(n_bh, Lq, Lk, dtype=torch.uint8, device=device)
     require_launchable("attention_dropout_mask", keep)
+    return _attention_mask(keep, seed, dropout_p).bool()
+
+
+def _attention_mask(keep, seed, dropout_p):
+    """Launcher: fills the (n_bh, Lq, Lk) uint8 `keep` with attention's keep-mask of `seed`."""
+    n_bh, Lq, Lk = keep.shape
     block = 16 if INTERPRET else 64
     grid = (n_bh, cdiv(Lq, block), cdiv(Lk, block))
     launch(_attention_mask_kernel)[grid](keep, seed, Lq, Lk, dropout_p, BLOCK=block)
-    return keep.bool()
+    return keep
 
 
 def dropout_mask(n_rows, n_cols, dropout_p, device):

@@ -140,7 +140,9 @@ def dropout_mask_case():
     dropout = _module("fastformer.kernels._dropout")
 
     def run():
-        dropout._dropout_mask(torch.empty(256, 256, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), 0.1)
+        seed = torch.zeros(1, dtype=torch.int64)
+        dropout._dropout_mask(torch.empty(256, 256, dtype=torch.uint8), seed, 0.1)
+        dropout._attention_mask(torch.empty(2, 100, 100, dtype=torch.uint8), seed, 0.1)
 
     return Case("dropout_mask", run, "")
 
