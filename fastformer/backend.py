@@ -17,13 +17,12 @@ imported (Triton's interpreter; this is how the tests check the kernels without 
 Modules reach attention, the FFN and add + LayerNorm only through the functions below.
 """
 
-import os
 from contextlib import contextmanager
 
 import torch
 
 from fastformer import kernels
-from fastformer.kernels._runtime import warn_once
+from fastformer.kernels._runtime import EnvSetting, warn_once
 from fastformer.options import BACKEND_ENV
 
 BACKENDS = ("auto", "triton", "reference")
@@ -38,11 +37,13 @@ def _validate(name, what):
     return name
 
 
+# read on every op call: parsed once per value the variable takes
+_env_backend = EnvSetting(ENV_VAR, lambda value: _validate("auto" if value is None else value, f"${ENV_VAR}"))
+
+
 def get_backend():
     """The backend in force: set_backend's or use_backend's choice, else $FASTFORMER_BACKEND, else "auto"."""
-    if _backend is not None:
-        return _backend
-    return _validate(os.environ.get(ENV_VAR, "auto"), f"${ENV_VAR}")
+    return _env_backend() if _backend is None else _backend
 
 
 def set_backend(name):

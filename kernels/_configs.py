@@ -20,11 +20,10 @@ Under the interpreter there is one config, `interpreter_meta` with 4 warps and 1
 Where the candidate lists and their order come from: docs/cold-start.md.
 """
 import contextlib
-import os
 
 import torch
 
-from ._runtime import HAS_TRITON, INTERPRET, PreparedLaunch, launch, triton
+from ._runtime import HAS_TRITON, INTERPRET, EnvSetting, PreparedLaunch, launch, triton
 
 ENV_VAR = "FASTFORMER_AUTOTUNE"
 _autotune = None  # set_autotune's choice; None: the environment's
@@ -52,15 +51,19 @@ def autotuning(enabled=True):
         _autotune = previous
 
 
+def _parse_autotune(value):
+    if value not in (None, "", "0", "1"):
+        raise ValueError(f"{ENV_VAR} must be 1 (autotune kernel configs) or 0 (pick them by rule), got {value!r}")
+    return value == "1"
+
+
+_env_autotune = EnvSetting(ENV_VAR, _parse_autotune)
+
+
 def autotune_enabled():
     """Whether launches autotune: set_autotune's choice, else FASTFORMER_AUTOTUNE ("1": yes;
     unset, "" or "0": no)."""
-    if _autotune is not None:
-        return _autotune
-    value = os.environ.get(ENV_VAR, "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{ENV_VAR} must be 1 (autotune kernel configs) or 0 (pick them by rule), got {value!r}")
-    return value == "1"
+    return _env_autotune() if _autotune is None else _autotune
 
 
 def switches(t):
@@ -69,7 +72,7 @@ def switches(t):
     allow_tf32 written out: this runs on every planned call.)"""
     device_type = "cuda" if t.is_cuda else t.device.type
     return (
-        autotune_enabled() if _autotune is None else _autotune,
+        _env_autotune() if _autotune is None else _autotune,
         torch._C._get_cublas_allow_tf32(),
         torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None,
     )

@@ -73,6 +73,32 @@ def next_power_of_2(n):
     return n + 1
 
 
+class EnvSetting:
+    """An environment variable an op reads on every call, parsed once per value it takes:
+    `EnvSetting(name, parse)()` is parse(os.environ.get(name)), read live (a value set through
+    os.environ, as pytest's monkeypatch sets it, counts from the next call). os.environ decodes
+    the value on every get (half a microsecond); here a call is a lookup in the encoded mapping
+    os.environ keeps, and parse runs again only when that mapping holds another object for the
+    name. A value parse rejects (raises) is parsed, and rejected, on every call."""
+
+    _encoded = getattr(os.environ, "_data", None)  # CPython's os._Environ: encoded name -> encoded value
+
+    def __init__(self, name, parse):
+        self.name, self.parse = name, parse
+        self.key = os.environ.encodekey(name) if self._encoded is not None else None
+        self.raw = object()  # not yet read (None is a reading: the name unset)
+        self.value = None
+
+    def __call__(self):
+        if self._encoded is None:  # another os.environ than CPython's: read it each time
+            return self.parse(os.environ.get(self.name))
+        raw = self._encoded.get(self.key)
+        if raw is not self.raw:  # the object kept alive in self.raw cannot share an id with another
+            self.value = self.parse(os.environ.get(self.name))
+            self.raw = raw
+        return self.value
+
+
 def warn_once(key, message):
     """Warn about `key` once per process (fallbacks must be loud but not spam every layer)."""
     if key not in _warned:

@@ -40,6 +40,35 @@ def test_environment_variable(monkeypatch):
         fastformer.get_backend()
 
 
+def test_an_env_setting_is_read_live_and_parsed_once_per_value(monkeypatch):
+    """EnvSetting (how the backend and autotune switches read the environment on every op call)
+    sees each change made through os.environ at its next call, parses a value once however
+    often it is read, and rejects a bad value on every read."""
+    parsed = []
+
+    def parse(value):
+        parsed.append(value)
+        if value == "bad":
+            raise ValueError("bad value")
+        return value
+
+    setting = kernels._runtime.EnvSetting("FASTFORMER_TEST_SETTING", parse)
+    monkeypatch.delenv("FASTFORMER_TEST_SETTING", raising=False)
+    assert [setting(), setting()] == [None, None]
+    monkeypatch.setenv("FASTFORMER_TEST_SETTING", "a")
+    assert [setting(), setting()] == ["a", "a"]
+    monkeypatch.setenv("FASTFORMER_TEST_SETTING", "b")
+    os.environ["FASTFORMER_TEST_SETTING"] = "b"  # the same value set again: a new object, parsed again
+    assert setting() == "b"
+    monkeypatch.setenv("FASTFORMER_TEST_SETTING", "bad")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="bad value"):
+            setting()
+    monkeypatch.delenv("FASTFORMER_TEST_SETTING")
+    assert setting() is None
+    assert parsed == [None, "a", "b", "bad", "bad", None]
+
+
 @pytest.mark.parametrize("value", ["1", "true", "True", "ON", "yes", "Y", "0", "false", "no", "off", "", " 1", "2"])
 def test_triton_interpret_is_read_as_triton_reads_it(value, monkeypatch):
     """fastformer reads TRITON_INTERPRET before importing Triton (the CLI's checks) and after (the
