@@ -171,18 +171,10 @@ def autograd_apply(function):
     """`function.apply` (a torch.autograd.Function with no setup_context and no defaulted
     arguments) without the Python torch wraps around the C apply on every call: binding defaults
     for setup_context and asking functorch about each argument, a couple of microseconds. For
-    eager() calls only (no functorch transform active); a tensor still wrapped by a transform
-    that has finished (a dead wrapper) takes `function.apply`, which unwraps it."""
-    c_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-
-    def apply(*args):
-        for arg in args:
-            if isinstance(arg, Tensor) and wrapped(arg):
-                return function.apply(*args)
-        return c_apply(*args)
-
-    return apply
+    planned calls only: eager() (no functorch transform active), and no tensor argument still
+    wrapped by a transform that has finished (a dead wrapper, which `signature` keys as
+    unplannable: the ordinary path's `function.apply` unwraps it)."""
+    return torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
 
 
 def call_op(op, impl, *args):
@@ -332,10 +324,21 @@ def signature(*args):
     """The facts an op's checks and launch arguments read of its arguments: a tensor's type, shape,
     strides, dtype and device (not its values or address: a PreparedLaunch checks alignment
     itself), and another argument's type and value (True and 1 differ). Unhashable if an argument
-    is (a list): the op then takes its ordinary path, whose checks say what is wrong."""
+    is (a list), or is a tensor a finished functorch transform left wrapped (a dead wrapper, which
+    has no storage to launch on): the op then takes its ordinary path, whose checks say what is
+    wrong, and whose autograd.Function.apply unwraps a dead wrapper."""
     return tuple(
-        [(type(a), a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else (type(a), a) for a in args]
+        [
+            ((type(a), a.shape, a.stride(), a.dtype, a.device) if not _wrapped(a) else _UNPLANNED)
+            if isinstance(a, Tensor)
+            else (type(a), a)
+            for a in args
+        ]
     )
+
+
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_UNPLANNED = []  # an unhashable fact: a key holding it has no plan
 
 
 def needs_grad(*tensors):

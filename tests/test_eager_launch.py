@@ -195,6 +195,40 @@ def test_a_kept_plan_that_differs_from_the_one_made_fails_under_the_check(monkey
         runtime.kept(cache, "key", lambda: next(made))
 
 
+def _dead_wrapper(t):
+    """t's values in a tensor torch.func.grad wrapped and left wrapped when it finished (a dead
+    wrapper: no storage of its own), as a closure that keeps a transform's intermediate hands it on."""
+    leaked = []
+
+    def f(x):
+        leaked.append(x * 1)
+        return x.sum()
+
+    torch.func.grad(f)(t.detach())
+    assert torch._C._functorch.is_functorch_wrapped_tensor(leaked[0])
+    return leaked[0]
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_a_dead_functorch_wrapper_takes_the_ops_ordinary_path(grad):
+    """A tensor left wrapped by a finished torch.func transform has no storage for a kernel: a
+    planned call (its signature already kept, from a plain tensor's call) must not launch on it,
+    with or without an autograd node to record; the ordinary path unwraps it and gives what the
+    plain tensor gives."""
+    g = torch.Generator().manual_seed(0)
+    h, r, w, b = (torch.randn(*shape, generator=g) for shape in ((2, 5, 16), (2, 5, 16), (16,), (16,)))
+    qkv = torch.randn(2, 5, 3 * 2 * 16, generator=g)
+    calls = {
+        "add_layer_norm": lambda x: kernels.add_layer_norm(x, r, w, b, 1e-6),
+        "self_attention": lambda x: kernels.self_attention(x, 2),
+    }
+    for name, x in (("add_layer_norm", h), ("self_attention", qkv)):
+        dead = _dead_wrapper(x)  # requires grad, as the transform's tensors did
+        with torch.set_grad_enabled(grad):
+            expected = calls[name](x.requires_grad_(grad))  # keeps the plan of the signature
+            assert torch.equal(calls[name](dead), expected), name
+
+
 def _leaves(g, *shapes, dtype=torch.float32):
     return [torch.randn(*shape, generator=g, dtype=dtype).requires_grad_() for shape in shapes]
 
