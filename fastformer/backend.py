@@ -17,7 +17,9 @@ imported (Triton's interpreter; this is how the tests check the kernels without 
 Modules reach attention, the FFN and add + LayerNorm only through the functions below.
 """
 
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 
@@ -127,3 +129,28 @@ def feed_forward(x, w1, b1, w2, b2, activation="gelu"):
 def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None, seed=None, lowp_dtype=None):
     op = kernels.add_layer_norm if uses_triton(x, matmul=False) else kernels.add_layer_norm_reference
     return op(x, residual, weight, bias, eps, dropout_p, x_bias=x_bias, seed=seed, lowp_dtype=lowp_dtype)
+
+
+class Ops(NamedTuple):
+    """The ops of one planned Encoder or Decoder forward, picked once for all its layers (`ops`):
+    each is the function the backend function of its name would call."""
+
+    kernels: bool  # attention and the feed-forward run the Triton kernels
+    attention: Callable
+    self_attention: Callable
+    feed_forward: Callable
+    add_layer_norm: Callable
+
+
+def ops(tensor):
+    """The Ops of a forward whose products run in `tensor`'s precision (its dtype, or autocast's):
+    what attention, self_attention, feed_forward and add_layer_norm would each pick for the
+    tensors such a forward hands them, picked with one look at the backend (fastformer.plan)."""
+    matmul, norm = _matmul_uses_triton(tensor), uses_triton(tensor, matmul=False)
+    return Ops(
+        matmul,
+        kernels.attention if matmul else kernels.attention_reference,
+        kernels.self_attention if matmul else kernels.self_attention_reference,
+        kernels.feed_forward if matmul else kernels.feed_forward_reference,
+        kernels.add_layer_norm if norm else kernels.add_layer_norm_reference,
+    )

@@ -35,12 +35,11 @@ from fastformer.plan import ForwardPlan, Pending, active_p
 ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
 
 
-def wants_probs(config, tensor):
-    """Whether attention modules return probabilities (see the module docstring)."""
+def wants_probs(config, kernels):
+    """Whether attention modules return probabilities (see the module docstring); `kernels`: whether
+    the attention runs the Triton kernels."""
     flag = config.get("output_attentions")
-    if flag is None:
-        return not backend.uses_triton(tensor)
-    return bool(flag)
+    return not kernels if flag is None else bool(flag)
 
 
 def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"):
@@ -125,7 +124,7 @@ class ScaledDotProductAttention(nn.Module):
         bool (bs, [n_head,] n_q_seq, n_k_seq) with True = masked, or an AttentionMask; seed: the
         kernel's dropout seed (see fastformer.plan), or None to draw one.
         Returns context (bs, n_head, n_q_seq, d_head) and probabilities or None."""
-        return_probs = wants_probs(self.config, Q)
+        return_probs = wants_probs(self.config, backend.uses_triton(Q))
         if not fusable(self.dropout, DROPOUT_ROLES):  # the kernel would drop out without calling it
             return self.unfused(Q, K, V, attn_mask, return_probs)
         out = backend.attention(
@@ -140,21 +139,6 @@ class ScaledDotProductAttention(nn.Module):
         )
         # (bs, n_head, n_q_seq, d_head), (bs, n_head, n_q_seq, n_k_seq) or None
         return out if return_probs else (out, None)
-
-    def of_projection(self, qkv, n_head, attn_mask, *, seq_len=None, seed=None):
-        """Self-attention's context (bs, n_seq, n_head * d_head), its heads side by side, from qkv
-        (bs, n_seq, 3 * n_head * d_head), the fused W_Q, W_K and W_V projection, or both as rows
-        (bs * n_seq, ...) with seq_len n_seq; no probabilities. What forward does on qkv's heads,
-        without the reshapes around it (kernels.self_attention)."""
-        return backend.self_attention(
-            qkv,
-            n_head,
-            seq_len=seq_len,
-            **AttentionMask.of(attn_mask).as_kwargs(),
-            dropout_p=active_p(self.dropout),
-            softmax_scale=self.scale,
-            seed=seed,
-        )
 
     def unfused(self, Q, K, V, attn_mask, return_probs):
         """The tutorial's attention, its dropout module called on the probabilities."""
@@ -196,11 +180,18 @@ class MultiHeadAttention(nn.Module):
             q_s, k_s, v_s = self.project(Q, K, V)
             output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, self.linear.weight, self.linear.bias)
             return self.dropout(output), attn_prob
-        if plan.keys_values is None and not wants_probs(self.config, Q.low):  # self-attention: one product, one op
+        if plan.keys_values is None and not wants_probs(self.config, plan.ops.kernels):
+            # self-attention without probabilities: one product, one op on it, no head reshapes
             # (bs * n_seq, 3 * n_head * d_head) -> (bs * n_seq, n_head * d_head)
             qkv = F.linear(Q.low, plan.in_weight, plan.in_bias)
-            context = self.scaled_dot_attn.of_projection(
-                qkv, self.config.n_head, attn_mask, seq_len=plan.seq_len, seed=plan.attn_seed
+            context = plan.ops.self_attention(
+                qkv,
+                self.config.n_head,
+                seq_len=plan.seq_len,
+                **AttentionMask.of(attn_mask).as_kwargs(),
+                dropout_p=active_p(self.scaled_dot_attn.dropout),
+                softmax_scale=self.scaled_dot_attn.scale,
+                seed=plan.attn_seed,
             )
             output = F.linear(context, plan.out_weight)
             return Pending(output, self.linear.bias, active_p(self.dropout), plan.out_seed), None
@@ -297,7 +288,7 @@ class PoswiseFeedForwardNet(nn.Module):
             # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
             w1, w2 = self.conv1.weight.squeeze(-1), self.conv2.weight.squeeze(-1)
             return self.dropout(self.transform(inputs, w1, self.conv1.bias, w2, self.conv2.bias))
-        output = self.transform(inputs.low, plan.w1, plan.b1, plan.w2)
+        output = self.transform(inputs.low, plan.w1, plan.b1, plan.w2, op=plan.ops.feed_forward)
         return Pending(output, self.conv2.bias, active_p(self.dropout), plan.out_seed)
 
     def unfused(self, inputs):
@@ -309,11 +300,11 @@ class PoswiseFeedForwardNet(nn.Module):
         output = self.conv2(output).transpose(1, 2)
         return self.dropout(output)
 
-    def transform(self, inputs, w1, b1, w2, b2=None):
-        """conv2(act(conv1(inputs))) with these weights (nn.Linear layout), without the output
-        dropout; b2 None leaves conv2's bias to add + LayerNorm."""
+    def transform(self, inputs, w1, b1, w2, b2=None, op=backend.feed_forward):
+        """conv2(act(conv1(inputs))) with these weights (nn.Linear layout) by `op` (a plan's pick,
+        backend.Ops), without the output dropout; b2 None leaves conv2's bias to add + LayerNorm."""
         # the ops take one dtype: the cast autocast gives a product's input, when the weights are cast
-        return backend.feed_forward(inputs.to(w1.dtype), w1, b1, w2, b2, self.activation)
+        return op(inputs.to(w1.dtype), w1, b1, w2, b2, activation=self.activation)
 
 
 class EncoderLayer(nn.Module):

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from fastformer import backend, fusion
+from fastformer import backend, fusion, kernels
 from fastformer.kernels._dropout import draw_seeds
 
 
@@ -69,6 +69,7 @@ class AttentionPlan:
     projected for all the decoder's layers at once), the output linear's weight (its bias goes to
     add + LayerNorm), and the seeds of the attention's dropout and of the output's."""
 
+    ops: backend.Ops
     in_weight: torch.Tensor  # (n * n_head * d_head, d_hidn)
     in_bias: torch.Tensor  # (n * n_head * d_head,)
     out_weight: torch.Tensor  # (d_hidn, n_head * d_head)
@@ -83,6 +84,7 @@ class FeedForwardPlan:
     """What a PoswiseFeedForwardNet of a layer runs with: conv1's weight and bias and conv2's weight
     as nn.Linear's (conv2's bias goes to add + LayerNorm), and the output dropout's seed."""
 
+    ops: backend.Ops
     w1: torch.Tensor  # (d_ff, d_hidn)
     b1: torch.Tensor  # (d_ff,)
     w2: torch.Tensor  # (d_hidn, d_ff)
@@ -94,6 +96,7 @@ class LayerPlan:
     """One EncoderLayer's or DecoderLayer's part of a ForwardPlan, a field per sublayer (named as
     the layer's children), and the autocast dtype add + LayerNorm writes its copy in (or None)."""
 
+    ops: backend.Ops
     dtype: torch.dtype | None
     self_attn: AttentionPlan
     pos_ffn: FeedForwardPlan
@@ -103,7 +106,7 @@ class LayerPlan:
         """layer_norm(residual + dropout(sublayer + its bias)) through the fused op, with its copy
         in the autocast dtype. sublayer: Pending; residual: Hidden. Returns a Hidden."""
         x, bias, dropout_p, seed = sublayer
-        out = backend.add_layer_norm(
+        out = self.ops.add_layer_norm(
             x,
             residual.x,
             layer_norm.weight,
@@ -164,13 +167,14 @@ def feed_forward_groups(ffn):
     ]
 
 
-def dropout_seeds(dropouts, n_layer, like):
+def dropout_seeds(dropouts, n_layer, ops, device):
     """Per layer, the int64 seeds of its nn.Dropouts (`dropouts`: every layer's, layer by layer) as
-    one-element views, all from one draw; None when no dropout is active or the kernels do not run
-    on `like` (the reference draws its own)."""
-    if not any(active_p(m) > 0.0 for m in dropouts) or not backend.uses_triton(like, matmul=False):
+    one-element views, all from one draw on `device`; None when no dropout is active or `ops`
+    (backend.Ops) add + LayerNorm by the reference, which draws its own (so do the attention and
+    feed-forward references)."""
+    if not any(active_p(m) > 0.0 for m in dropouts) or ops.add_layer_norm is not kernels.add_layer_norm:
         return None
-    seeds = draw_seeds(len(dropouts), like.device).split(1)  # every view in one call, not one index each
+    seeds = draw_seeds(len(dropouts), device).split(1)  # every view in one call, not one index each
     per_layer = len(seeds) // n_layer
     return [seeds[i * per_layer : (i + 1) * per_layer] for i in range(n_layer)]
 
@@ -291,7 +295,8 @@ class ForwardPlan:
         found = layout(layers, decoder)
         weights, dtype = found.weights(inputs)
         weights = iter(weights)
-        seeds = dropout_seeds(found.dropouts, len(layers), inputs)
+        ops = backend.ops(inputs)  # every layer's products run in inputs' precision (or autocast's)
+        seeds = dropout_seeds(found.dropouts, len(layers), ops, inputs.device)
         keys_values = [None] * len(layers)
         if decoder:
             heads = layers[0].dec_enc_attn.heads_of(enc_outputs, *take(weights, 2), 2 * len(layers))
@@ -299,10 +304,10 @@ class ForwardPlan:
         self.layers = []
         for i in range(len(layers)):
             seed = layer_seeds(seeds, i)
-            self_attn = AttentionPlan(*take(weights, 3), *take(seed, 2), seq_len=seq_len)
-            cross = AttentionPlan(*take(weights, 3), *take(seed, 2), keys_values[i], seq_len) if decoder else None
-            pos_ffn = FeedForwardPlan(*take(weights, 3), next(seed))
-            self.layers.append(LayerPlan(dtype, self_attn, pos_ffn, cross))
+            self_attn = AttentionPlan(ops, *take(weights, 3), *take(seed, 2), seq_len=seq_len)
+            cross = AttentionPlan(ops, *take(weights, 3), *take(seed, 2), keys_values[i], seq_len) if decoder else None
+            pos_ffn = FeedForwardPlan(ops, *take(weights, 3), next(seed))
+            self.layers.append(LayerPlan(ops, dtype, self_attn, pos_ffn, cross))
 
     def hidden(self, inputs):
         """The first layer's Hidden: inputs (bs, n_seq, d_hidn) as rows."""
