@@ -24,10 +24,9 @@ from typing import NamedTuple
 import torch
 
 from fastformer import kernels
+from fastformer.environment import BACKEND_ENV, BACKENDS
 from fastformer.kernels._runtime import EnvSetting, warn_once
-from fastformer.options import BACKEND_ENV
 
-BACKENDS = ("auto", "triton", "reference")
 ENV_VAR = BACKEND_ENV
 
 _backend = None  # None: read ENV_VAR, default "auto"

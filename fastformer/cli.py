@@ -1,8 +1,8 @@
 """The `fastformer` command: each subcommand parses its arguments and calls its job in
-fastformer.job (`train` with one fastformer.options.TrainOptions built from them).
+fastformer.train.job (`train` with one fastformer.train.options.TrainOptions built from them).
 
 Imports nothing heavy at the top, so `fastformer --help` and `--version` answer at once. Each
-command checks its options and files first, without torch (fastformer.job_inputs for `train`), so
+command checks its options and files first, without torch (fastformer.train.inputs for `train`), so
 that a mistake is reported in a fraction of a second; torch and Triton load after. Errors are one
 line on stderr: exit 2 for bad input (nothing is written), 1 when training stops on a NaN or
 infinite loss, 130 on Ctrl-C, and 128 + the signal's number when SIGTERM, SIGHUP, SIGQUIT or SIGUSR1
@@ -65,7 +65,7 @@ def _torch():
     """Import torch and run the block on cpu_threads() threads, then restore the count."""
     import torch
 
-    from fastformer.runtime import cpu_threads
+    from fastformer.train.runtime import cpu_threads
 
     threads = torch.get_num_threads()
     torch.set_num_threads(cpu_threads())
@@ -82,23 +82,23 @@ def _job_options(args, *names):
 
 
 def _demo(args):
-    from fastformer.options import check_demo_options
+    from fastformer.train.options import check_demo_options
 
     check_demo_options(args.device, args.backend_name, args.batch_size, args.seq_len, args.seed)
     with _torch():
-        from fastformer import job
+        from fastformer.train import job
 
         job.demo(**_job_options(args, "device", "backend_name", "batch_size", "seq_len", "seed"))
     return 0
 
 
 def _train(args):
-    from fastformer.job_inputs import check_inputs, run_dir_held
-    from fastformer.options import TrainOptions
+    from fastformer.train.inputs import check_inputs, run_dir_held
+    from fastformer.train.options import TrainOptions
 
     inputs = check_inputs(TrainOptions.from_args(args))
     with run_dir_held(inputs), _torch():
-        from fastformer import job
+        from fastformer.train import job
 
         job.train_inputs(inputs)
     return 0
@@ -120,8 +120,8 @@ def _data(args):
 
 def _evaluate(args):
     from fastformer.data.files import check_file
-    from fastformer.options import check_run_options
-    from fastformer.run_dir import check_run_dir
+    from fastformer.train.options import check_run_options
+    from fastformer.train.rundir import check_run_dir
 
     check_run_options(args.device, args.backend_name, args.amp, args.batch_size)
     args.run = _run_dir(args.run)
@@ -129,30 +129,30 @@ def _evaluate(args):
     if args.test is not None:
         check_file(args.test, "test file")
     with _torch():
-        from fastformer import job
+        from fastformer.train import job
 
         job.evaluate_run(**_job_options(args, "run", "test", "batch_size", "device", "backend_name", "amp"))
     return 0
 
 
 def _predict(args):
-    from fastformer.options import check_run_options, check_texts
-    from fastformer.run_dir import check_run_dir
+    from fastformer.train.options import check_run_options, check_texts
+    from fastformer.train.rundir import check_run_dir
 
     check_texts(args.texts)
     check_run_options(args.device, args.backend_name, args.amp)
     args.run = _run_dir(args.run)
     check_run_dir(args.run)
     with _torch():
-        from fastformer import job
+        from fastformer.train import job
 
         job.predict(**_job_options(args, "run", "texts", "device", "backend_name", "amp"))
     return 0
 
 
 def _run_dir(run):
-    """--run's directory: `last` resolved (fastformer.run_dir.resolve_run), and said on stderr."""
-    from fastformer.run_dir import resolve_run
+    """--run's directory: `last` resolved (fastformer.train.rundir.resolve_run), and said on stderr."""
+    from fastformer.train.rundir import resolve_run
 
     found = resolve_run(run)
     if found != run:
@@ -370,7 +370,7 @@ def main(argv=None):
     received = []
     try:
         if getattr(args, "backend_name", "") is None:  # no --backend: the environment's, else auto
-            from fastformer.options import default_backend
+            from fastformer.train.options import default_backend
 
             args.backend_name = default_backend()
         with warnings.catch_warnings(), _stop_signals() as received:
@@ -382,7 +382,7 @@ def main(argv=None):
     except (ValueError, TypeError, RuntimeError, OSError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
-    except FloatingPointError as error:  # a NaN or infinite loss (fastformer.training.NonFiniteLossError)
+    except FloatingPointError as error:  # a NaN or infinite loss (fastformer.train.loop.NonFiniteLossError)
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as interrupt:

@@ -2,6 +2,9 @@
 
 import os
 
+BACKENDS = ("auto", "triton", "reference")  # fastformer.backend's choices
+BACKEND_ENV = "FASTFORMER_BACKEND"  # the backend when none is chosen in Python or on the command line
+
 # How Triton reads a boolean variable (its getenv_bool, Triton 3.6 to 3.9): these values, in any
 # case, are true, and every other value (unset, empty, " 1", "2") false
 TRUE_VALUES = ("1", "true", "on", "yes", "y")

@@ -566,7 +566,7 @@ def compile_only():
     kernels' outputs are left as allocated (torch.empty), so what the ops return is garbage of the
     right shapes, dtypes and strides. A launch on a key the autotuner has not tuned compiles every
     config it would time, and times none. Under a triton.AsyncCompileMode the compiles are
-    submitted to its executor and the launches do not wait for them (fastformer.warmup)."""
+    submitted to its executor and the launches do not wait for them (fastformer.train.warmup)."""
     token = _compile_only.set(True)
     try:
         yield

@@ -71,8 +71,8 @@ def test_padding_to_the_bucket_changes_logits_and_gradients_by_rounding_only(bac
 
 def test_the_jobs_loaders_pad_to_buckets_when_asked(tmp_path):
     from fastformer.data import Review, train_vocab
-    from fastformer.job_data import loaders as job_loaders
-    from fastformer.runtime import Launch
+    from fastformer.train.loaders import loaders as job_loaders
+    from fastformer.train.runtime import Launch
 
     words = ["the", "film", "was", "good", "bad", "long", "short", "dull", "great", "fine", "and", "but", "not", "very"]
     g = torch.Generator().manual_seed(0)

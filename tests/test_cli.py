@@ -8,7 +8,7 @@ import torch
 
 import fastformer
 from fastformer.cli import build_parser, main
-from fastformer.options import TrainOptions
+from fastformer.train.options import TrainOptions
 
 
 def test_version(capsys):
@@ -40,7 +40,7 @@ def test_demo_runs_on_its_backend_and_leaves_the_process_on_the_previous_one(cap
 def test_the_backend_not_given_is_the_environments(monkeypatch, capsys):
     """FASTFORMER_BACKEND, which sets the backend of fastformer's modules, is also every command's
     --backend default; --backend overrides it, and a bad value is one line and exit 2."""
-    from fastformer import job
+    from fastformer.train import job
 
     seen = []
     monkeypatch.setattr(job, "demo", lambda **options: seen.append(options["backend_name"]))

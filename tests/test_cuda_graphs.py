@@ -1,4 +1,4 @@
-"""fastformer.graphs and `fastformer train --cuda-graphs`: the option checks and the optimizer's
+"""fastformer.train.graphs and `fastformer train --cuda-graphs`: the option checks and the optimizer's
 two forms on a CPU; on a GPU (`cuda`), replayed steps against eager steps, bit for bit."""
 
 import json
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import fastformer
-from fastformer import job, runtime
 from fastformer.cli import main
-from fastformer.graphs import GraphedSteps, make_capturable
-from fastformer.training import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
+from fastformer.train import job, runtime
+from fastformer.train.graphs import GraphedSteps, make_capturable
+from fastformer.train.loop import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
 from tests.helpers import small_config, tiny_job_files, train_args
 
 CUDA = torch.device("cuda")
@@ -108,7 +108,7 @@ def test_graphed_steps_need_a_cuda_model():
 
 
 def test_the_captured_train_step_is_the_train_step(monkeypatch):
-    """What GraphedSteps captures for training is fastformer.training.train_step itself, with
+    """What GraphedSteps captures for training is fastformer.train.loop.train_step itself, with
     autocast's cast cache off and grad enabled (a replay may be asked for under no_grad): checked on
     a CPU by calling the body a capture records."""
     calls = []
@@ -117,7 +117,7 @@ def test_the_captured_train_step_is_the_train_step(monkeypatch):
         calls.append(kwargs)
         return train_step(*args, **kwargs)
 
-    monkeypatch.setattr(fastformer.graphs, "train_step", spy)
+    monkeypatch.setattr(fastformer.train.graphs, "train_step", spy)
     g = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 3, (4,), generator=g), torch.randint(1, 50, (4, 16), generator=g), torch.full((4, 1), 2))
 

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from fastformer import runtime
 from fastformer.cli import main
 from fastformer.data import LengthBucketSampler, ShardedBatchSampler, read_reviews, train_vocab
+from fastformer.train import runtime
 from tests.helpers import TINY, write_reviews
 
 BATCH, LR = 8, 3e-3

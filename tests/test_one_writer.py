@@ -14,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastformer import job
 from fastformer.cli import main
 from fastformer.data import read_reviews, train_vocab
-from fastformer.run_dir import LOCK, is_run_dir
+from fastformer.train import job
+from fastformer.train.rundir import LOCK, is_run_dir
 from tests.helpers import TINY, tiny_job_files, train_args
 
 ROOT = Path(__file__).resolve().parent.parent
 # A process that takes a run directory's writer lock, says so, and holds it until its stdin closes.
 HOLDER = """
 import sys
-from fastformer.run_dir import writing
+from fastformer.train.rundir import writing
 with writing(sys.argv[1], sys.argv[2]):
     print("held", flush=True)
     sys.stdin.read()

@@ -1,6 +1,7 @@
 """`fastformer train`, `evaluate` and `predict` end to end on a tiny separable set, on CPU."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -10,11 +11,12 @@ from decimal import Decimal
 import pytest
 import torch
 
-from fastformer import Config, MovieClassification, job, kernels, runtime
+from fastformer import Config, MovieClassification, kernels
 from fastformer.cli import main
 from fastformer.data import load_vocab
-from fastformer.options import TrainOptions
-from fastformer.training import predict_proba
+from fastformer.train import job, runtime
+from fastformer.train.loop import predict_proba
+from fastformer.train.options import RUN_OPTIONS, TrainOptions, default_batch_size
 from tests import tutorial
 from tests.helpers import TINY, tiny_job_files, train_args, write_reviews
 
@@ -52,10 +54,33 @@ def test_train_learns_and_writes_a_complete_run_directory(run_dir):
     assert Config.load(run_dir / "config.json") == Config(TINY)
 
 
+def test_one_frozen_run_goes_to_every_step_and_run_json_records_its_options(files, tmp_path, monkeypatch):
+    """train settles one Run before any work (fastformer.train.run.settle) and its steps take it by
+    name: frozen, so that no step changes what another reads; run.json records its RunOptions, the
+    batch size the device settled included (the CPU's default, none given), and a resume settles
+    the same options from run.json."""
+    runs = []
+    train_run = job._train
+    monkeypatch.setattr(job, "_train", lambda run: runs.append(run) or train_run(run))
+    out = tmp_path / "run"
+    args = train_args(files, out, "--max-steps", "1")
+    args.remove("--batch-size")
+    args.remove("16")
+    assert main(args) == 0
+    run = runs[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.amp = "fp16"
+    recorded = json.loads((out / "run.json").read_text())
+    assert {name: recorded[name] for name in RUN_OPTIONS} == dataclasses.asdict(run.options)
+    assert run.options.batch_size == default_batch_size("cpu") and run.options.lr == 3e-3
+    assert main(["train", "--resume", str(out), "--max-steps", "2"]) == 0
+    assert runs[1].options == run.options and runs[1].checkpoint is not None
+
+
 def test_metrics_record_the_rate_of_each_epochs_first_and_last_step(run_dir):
     """metrics.json's `lr` is the rate of the epoch's first step (0.0 at the run's first: warm-up
     starts there) and `lr_end` that of its last: 3 epochs of 15 steps, lr 3e-3, warm-up 4 steps."""
-    from fastformer.training import linear_warmup_decay
+    from fastformer.train.loop import linear_warmup_decay
 
     epochs = json.loads((run_dir / "metrics.json").read_text())["epochs"]
     rates = [rate for e in epochs for rate in (e["lr"], e["lr_end"])]

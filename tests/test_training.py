@@ -1,4 +1,4 @@
-"""fastformer.training: the schedules' values, the padding-masked loss, and the loops."""
+"""fastformer.train.loop: the schedules' values, the padding-masked loss, and the loops."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fastformer.training import (
+from fastformer.train.loop import (
     inverse_sqrt_scheduler,
     inverse_sqrt_warmup,
     linear_warmup_decay,

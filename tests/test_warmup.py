@@ -1,4 +1,4 @@
-"""fastformer.warmup: the compiles of a job's shapes paid before its first step, in parallel, with the
+"""fastformer.train.warmup: the compiles of a job's shapes paid before its first step, in parallel, with the
 model left as it was. The compiling half runs as on a GPU, under tools.sm90's dry-run sm_90a
 driver in a subprocess without TRITON_INTERPRET; under the interpreter the warm-up does nothing."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fastformer
-from fastformer import warmup
+from fastformer.train import warmup
 from tests.helpers import small_config
 
 pytest.importorskip("triton")
@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     import triton.compiler
     import fastformer
     from tools import sm90
-    from fastformer import warmup
+    from fastformer.train import warmup
     from tests.helpers import small_config
 
     compiles = []  # the thread of each compile

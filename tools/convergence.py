@@ -11,7 +11,7 @@ import torch
 
 import fastformer
 from fastformer.data import MovieDataSet, movie_collate_fn, read_reviews, train_vocab
-from fastformer.training import loss_curve
+from fastformer.train.loop import loss_curve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the tiny MovieClassification of the GPU check's smoke plan and of the CPU convergence test
@@ -48,7 +48,7 @@ def convergence_setup(overrides, batch, steps, reviews):
 def convergence_curves(config, batches, device, amp, lr=CONVERGENCE_LR):
     """The loss of every step of MovieClassification trained from one seed with AdamW on `batches`:
     "fastformer" (the Triton kernels) and "reference" (PyTorch) under `amp`, "reference_fp64"
-    (PyTorch in fp64, no autocast; the loss itself is taken in fp32, as fastformer.training does)."""
+    (PyTorch in fp64, no autocast; the loss itself is taken in fp32, as fastformer.train.loop does)."""
     curves = {}
     for name, backend_name, dtype, run_amp in (
         ("fastformer", "triton", torch.float32, amp),

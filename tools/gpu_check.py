@@ -26,7 +26,7 @@ installs nothing and needs no network. The stages run in this order, whatever or
                reference in fp32, under bf16 autocast, and compiled: tokens/s on real tokens, peak
                memory, MFU against the env stage's GEMM ceiling. Beside them, fastformer's ways of
                running a step (MODEL_VARIANTS): eager (the fastformer row), replayed from CUDA graphs
-               (fastformer.graphs, `fastformer train --cuda-graphs`) and torch.compile(model,
+               (fastformer.train.graphs, `fastformer train --cuda-graphs`) and torch.compile(model,
                fullgraph=True) over the Triton kernels (`--compile`). Then convergence: the same config
                (dropout 0) trained from one seed for a few dozen steps on real reviews
                (tests/data/rotten_tomatoes_200.tsv) on the Triton kernels and on the reference,
@@ -116,7 +116,7 @@ if not torch.cuda.is_available():
 import fastformer  # after TRITON_INTERPRET, on purpose
 from fastformer import kernels
 from fastformer.compat.aladdinpersson import Transformer as AladdinTransformer
-from fastformer.training import autocast, sequence_cross_entropy
+from fastformer.train.loop import autocast, sequence_cross_entropy
 from tools.benchmarks import cases as suite
 from tools.benchmarks import report as bench_report
 from tools.benchmarks.cases import MODEL_VARIANTS, model_variant_case

@@ -418,7 +418,7 @@ def _loss(logits, labels):
 
 
 def _run_step(step, model, batch, optimizer, counter, dtype):
-    """One train step (as fastformer.training.train_step) or inference step, its phases marked."""
+    """One train step (as fastformer.train.loop.train_step) or inference step, its phases marked."""
     enc, dec, labels = batch
     autocast = torch.autocast(counter.device.type, dtype=dtype, enabled=dtype is not None)
     counter.phase, counter.autocast = "forward", dtype is not None

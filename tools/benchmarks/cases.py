@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 import fastformer
 from fastformer import kernels
-from fastformer.graphs import GraphedSteps, make_capturable
-from fastformer.training import autocast
+from fastformer.train.graphs import GraphedSteps, make_capturable
+from fastformer.train.loop import autocast
 from tools.benchmarks.common import Case, Skip, assert_close_to, attention_flops, ffn_flops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -387,7 +387,7 @@ def model_case(kind, scenario, provider, device, B=128, config=None, amp=None):
 def model_variant_case(kind, variant, device, B, config, amp):
     """model_case's fastformer case (Triton backend, bf16 autocast when `amp`; the same
     batch, params and check), its step run another way: "fastformer_graphs" replays the train step
-    or the inference forward from a CUDA graph (fastformer.graphs.GraphedSteps, with the capturable
+    or the inference forward from a CUDA graph (fastformer.train.graphs.GraphedSteps, with the capturable
     AdamW it needs), "fastformer_compile" runs the model through torch.compile(model,
     fullgraph=True), as `fastformer train --compile` does. The batch is padded to its longest
     review, which for the stage's batch of 128 is a bucket length already (128 tokens, a multiple

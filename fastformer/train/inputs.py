@@ -2,7 +2,7 @@
 the config and vocab given, the data and its classes, and the run directory a new run will make or
 the run --resume continues, with the data it started on. A bad input is one line (ValueError or
 OSError) before the vocab is trained and before anything is written; what only torch can tell (the
-device, the GPU's memory, the checkpoint's tensors) fastformer.job checks right after, before any
+device, the GPU's memory, the checkpoint's tensors) fastformer.train.job checks right after, before any
 work.
 """
 
@@ -19,7 +19,7 @@ from fastformer.data import rotten_tomatoes
 from fastformer.data.files import check_labels, infer_classes, read_reviews
 from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
 from fastformer.environment import interpreter_requested
-from fastformer.options import (
+from fastformer.train.options import (
     DEFAULTS,
     RUN_OPTIONS,
     TrainOptions,
@@ -28,7 +28,7 @@ from fastformer.options import (
     new_run_options,
     resumed_options,
 )
-from fastformer.run_dir import (
+from fastformer.train.rundir import (
     check_not_written,
     check_out,
     check_pinned,
@@ -58,7 +58,7 @@ class Data(NamedTuple):
 
 
 class TrainInputs(NamedTuple):
-    """What check_inputs found: everything fastformer.job.train needs that is not torch's."""
+    """What check_inputs found: everything fastformer.train.job.train needs that is not torch's."""
 
     options: TrainOptions  # as given, with --dataset's files as train and test
     run_options: dict  # the values of RUN_OPTIONS; batch_size None until the device is known
@@ -280,7 +280,7 @@ def _check_vocab_to_train(options, config, reviews):
 def _check_fits_host(options, config, vocab, n_classes):
     """The model is built on the host before it moves to its device: its fp32 weights must fit this
     machine's memory. A default config is checked with the smaller (CPU) sizes and a vocab yet to
-    be trained without its pieces; fastformer.job checks the rest once the device is known."""
+    be trained without its pieces; fastformer.train.job checks the rest once the device is known."""
     if config is None:
         device_type = None if options.device is None else options.device.split(":")[0]
         config = default_config(device_type, vocab.get_piece_size() if vocab else N_SPECIAL, n_classes)

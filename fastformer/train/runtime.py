@@ -11,7 +11,7 @@ progress; the metrics are summed over the processes. A checkpoint keeps every pr
 (rng_state), and --resume needs the same N.
 
 How each step runs (check_step_options): eagerly by default; with --cuda-graphs, as replays of
-CUDA graphs captured once per batch shape (fastformer.graphs), the loaders padding the encoder ids
+CUDA graphs captured once per batch shape (fastformer.train.graphs), the loaders padding the encoder ids
 to bucket lengths (fastformer.data.reviews.bucket_length) so that there are few shapes; with
 --compile, through torch.compile(model, fullgraph=True). These, and --pad-to-buckets, change the
 speed and the rounding, not the math: a run may resume with other values of them.
@@ -23,10 +23,11 @@ from typing import NamedTuple
 
 import torch
 
-from fastformer import backend, options
+from fastformer import backend
 from fastformer.config import host_memory
 from fastformer.data.reviews import BUCKET_MULTIPLE
-from fastformer.training import autocast
+from fastformer.train import options
+from fastformer.train.loop import autocast
 
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -166,7 +167,7 @@ def check_step_options(device, amp, kernels, launch, *, cuda_graphs, compile, pa
     """Raise ValueError naming the option for a combination of --cuda-graphs, --compile and
     --pad-to-buckets that cannot run on this device, autocast ("bf16", "fp16", "off"), kernels
     ("triton" or "reference") and launch; return whether to pad to buckets (default: with
-    --cuda-graphs, which needs it, and not otherwise). fastformer.options.check_step_options, with
+    --cuda-graphs, which needs it, and not otherwise). fastformer.train.options.check_step_options, with
     everything known."""
     return options.check_step_options(
         device,

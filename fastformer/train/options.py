@@ -1,4 +1,4 @@
-"""The options of `fastformer train`: TrainOptions (the keyword arguments of fastformer.job.train,
+"""The options of `fastformer train`: TrainOptions (the keyword arguments of fastformer.train.job.train,
 which the command builds from its arguments in one place), their checks, and the options a run
 takes from them: DEFAULTS for a new run, the run's own under --resume. Also the checks of the other
 commands' options. Nothing here imports torch: the command checks its options before it does.
@@ -19,27 +19,34 @@ import time
 from fastformer.config import TUTORIAL, host_memory, size_text
 from fastformer.data import demo
 from fastformer.data.vocab import N_SPECIAL
-from fastformer.run_dir import RUNS
+from fastformer.environment import BACKEND_ENV, BACKENDS
+from fastformer.train.rundir import RUNS
 
 DEFAULTS = {"epochs": 5, "lr": 5e-4, "warmup": 0.1, "weight_decay": 0.01, "seed": 0, "vocab_size": 8000, "bucket": True}
-# The options that make a run what it is: --resume refuses a value other than the run's for any.
-RUN_OPTIONS = (
-    "train",
-    "test",
-    "vocab",
-    "vocab_size",
-    "config",
-    "n_output",
-    "batch_size",
-    "lr",
-    "warmup",
-    "weight_decay",
-    "seed",
-    "bucket",
-)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """The options that make a run what it is, resolved (new_run_options, resumed_options; the
+    batch size once the device is known): run.json records them, and --resume refuses a value
+    other than the run's for any. A new one is a field here beside its TrainOptions field."""
+
+    train: str  # the train reviews' file, absolute (the demo set's without --train)
+    test: str | None  # the test reviews' file; None: a split of train's
+    vocab: str | None  # a SentencePiece model given; None: trained on the train reviews
+    vocab_size: int | None  # the pieces of the vocab trained (None with a vocab given)
+    config: str | None  # a config.json given; None: the default config
+    n_output: int | str | None  # the classes: a number, "auto" (from the labels), None (the config's)
+    batch_size: int | None  # None until the device is known (default_batch_size)
+    lr: float
+    warmup: float  # the fraction of the run's steps the rate warms up over
+    weight_decay: float
+    seed: int
+    bucket: bool  # batches of reviews of similar length
+
+
+RUN_OPTIONS = tuple(field.name for field in dataclasses.fields(RunOptions))
 PATH_OPTIONS = ("train", "test", "vocab", "config")
-BACKENDS = ("auto", "triton", "reference")
-BACKEND_ENV = "FASTFORMER_BACKEND"  # the backend when none is chosen (fastformer.backend reads it too)
 AMPS = ("auto", "bf16", "fp16", "off")
 DATASETS = ("demo", "rotten-tomatoes")  # --dataset: the embedded set, or what `fastformer data` prepared
 DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")  # the devices the job runs on
@@ -85,7 +92,7 @@ def check_choice(option, value, choices):
 
 def check_device(name):
     """Raise ValueError unless `name` (None: the default) names a device the job runs on: cpu,
-    cuda or cuda:N. Whether the machine has it is fastformer.runtime.resolve_device's to say."""
+    cuda or cuda:N. Whether the machine has it is fastformer.train.runtime.resolve_device's to say."""
     if name is not None and not DEVICE.fullmatch(str(name)):
         raise ValueError(f"--device {name}: fastformer runs on cpu, cuda or cuda:N")
 
@@ -162,7 +169,7 @@ def check_precompile(precompile, pad_to_buckets, compile):
 
 @dataclasses.dataclass
 class TrainOptions:
-    """What `fastformer train` and fastformer.job.train take, field for option (--backend is
+    """What `fastformer train` and fastformer.train.job.train take, field for option (--backend is
     backend_name). None means not given: a new run takes DEFAULTS (or a default that depends on
     the device), a resumed one the run's value."""
 

@@ -1,4 +1,4 @@
-"""The data of `fastformer train` once its inputs are checked (fastformer.job_inputs reads the
+"""The data of `fastformer train` once its inputs are checked (fastformer.train.inputs reads the
 reviews): the vocab trained on them, and the loaders."""
 
 import itertools
@@ -7,14 +7,13 @@ import torch
 
 from fastformer.data.reviews import LengthBucketSampler, MovieDataSet, ShardedBatchSampler, movie_collate_fn
 from fastformer.data.vocab import N_SPECIAL, load_vocab, train_vocab
-from fastformer.run_dir import write_file
+from fastformer.train.rundir import write_file
 
 
-def train_run_vocab(options, reviews, launch, model_file, log):
-    """The run's BPE vocab of options["vocab_size"] pieces (besides the special ones), trained on
-    the train reviews into `model_file` (fastformer.job_inputs checked that it fits the config).
-    Returns it loaded."""
-    n_pieces = options["vocab_size"]
+def train_run_vocab(n_pieces, reviews, launch, model_file, log):
+    """The run's BPE vocab of n_pieces pieces (besides the special ones), trained on the train
+    reviews into `model_file` (fastformer.train.inputs checked that it fits the config). Returns it
+    loaded."""
     log(f"Training a BPE vocab of up to {n_pieces} + {N_SPECIAL} pieces on {len(reviews)} reviews")
     return _shared_vocab(launch, reviews, model_file, n_pieces)
 

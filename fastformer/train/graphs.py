@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import torch
 
-from fastformer.training import autocast, train_step
+from fastformer.train.loop import autocast, train_step
 
 WARMUP_STEPS = 3
 
@@ -88,7 +88,7 @@ class GraphedSteps:
         loss, logits = graphs.train_step((labels, enc_inputs, dec_inputs))  # then scheduler.step()
         logits = graphs.logits(enc_inputs, dec_inputs)                      # after model.eval()
 
-    `train_step` is fastformer.training.train_step (without a scaler) and `logits` is
+    `train_step` is fastformer.train.loop.train_step (without a scaler) and `logits` is
     model(enc_inputs, dec_inputs)[0] under the same autocast: the same kernels on the same inputs.
     `captured` counts the graphs captured so far.
     """
@@ -106,7 +106,7 @@ class GraphedSteps:
         ):
             raise ValueError(
                 "the optimizer is not capturable with a tensor lr (a float lr would be captured as a "
-                "constant): pass it through fastformer.graphs.make_capturable first"
+                "constant): pass it through fastformer.train.graphs.make_capturable first"
             )
         self.model, self.optimizer, self.amp, self.warmup_steps = model, optimizer, amp, warmup_steps
         self.pool = torch.cuda.graph_pool_handle()

@@ -4,18 +4,20 @@ MovieClassification, cross-entropy, per-epoch evaluation, in one call), `evaluat
 and `demo`.
 
 train runs in steps, a function each:
-1. the inputs, checked without torch (fastformer.job_inputs.check_inputs): the options, the config
+1. the inputs, checked without torch (fastformer.train.inputs.check_inputs): the options, the config
    and vocab given, the data and its classes, and the new run's directory or the run --resume
    continues (the command does this before it imports torch);
-2. where and how it runs (train_inputs): the device and backend, checked to be there, the model's
-   memory on the device, autocast, torchrun, CUDA graphs or torch.compile (fastformer.runtime);
+2. where and how it runs, settled into one frozen Run that every later step takes by name
+   (fastformer.train.run.settle): the device and backend, checked to be there, the model's memory
+   on the device, autocast, torchrun, CUDA graphs or torch.compile (fastformer.train.runtime), the
+   run's options with the device's batch size, and the checkpoint --resume continues from;
 3. the vocab, trained (the long part) only now that every input has been checked;
 4. the model, the loaders, the optimizer and the schedule, restored from the checkpoint under
    --resume (_trainer);
-5. the run directory (fastformer.run_dir), created or its run.json extended by rank 0 once every
+5. the run directory (fastformer.train.rundir), created or its run.json extended by rank 0 once every
    process has checked its inputs (_open_run_dir);
 6. with --pad-to-buckets, the Triton kernels of every batch shape compiled before the first step
-   (fastformer.warmup; --precompile);
+   (fastformer.train.warmup; --precompile);
 7. the epochs, each ending in a checkpoint, and a checkpoint where --max-steps stops the run
    inside an epoch (_train_epochs).
 So a bad file or option leaves nothing behind.
@@ -29,36 +31,39 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 
 from fastformer import backend, kernels
-from fastformer.config import BYTES_TO_TRAIN, Config, check_fits
+from fastformer.config import Config
 from fastformer.data.files import check_labels, cut, read_reviews
 from fastformer.data.reviews import MovieDataSet, movie_collate_fn
-from fastformer.data.vocab import N_SPECIAL, known_pieces
-from fastformer.graphs import GraphedSteps, make_capturable
-from fastformer.job_data import loaders, train_run_vocab
-from fastformer.job_inputs import check_inputs, default_config, run_dir_held, size_names
+from fastformer.data.vocab import known_pieces
 from fastformer.model import MovieClassification
-from fastformer.options import (
+from fastformer.train.graphs import GraphedSteps, make_capturable
+from fastformer.train.inputs import check_inputs, default_config, run_dir_held
+from fastformer.train.loaders import loaders, train_run_vocab
+from fastformer.train.loop import (
+    NonFiniteLossError,
+    autocast,
+    evaluate,
+    linear_warmup_decay_scheduler,
+    predict_proba,
+    train_epoch,
+)
+from fastformer.train.options import (
     TrainOptions,
     check_backend,
     check_demo_options,
-    check_precompile,
-    check_resumable,
     check_run_options,
     check_texts,
-    check_world_size,
-    default_batch_size,
 )
-from fastformer.run_dir import (
+from fastformer.train.run import check_fits_device, settle
+from fastformer.train.rundir import (
     LOCK,
     RUNS,
     create_run_dir,
     last_checkpoint_message,
-    load_checkpoint,
     load_run,
     load_state_dict,
     mark_latest,
@@ -69,32 +74,19 @@ from fastformer.run_dir import (
     still_training,
     write_json,
 )
-from fastformer.runtime import (
-    Launch,
+from fastformer.train.runtime import (
     barrier,
-    check_step_options,
-    device_memory,
     kernels_in_use,
     process_group,
-    quiet,
     replicated,
     resolve_amp,
     resolve_device,
     rng_state,
     set_rng_state,
     step_mode,
-    torchrun_launch,
 )
-from fastformer.training import (
-    NonFiniteLossError,
-    autocast,
-    evaluate,
-    linear_warmup_decay_scheduler,
-    predict_proba,
-    train_epoch,
-)
+from fastformer.train.warmup import bucket_shapes, warm_up
 from fastformer.version import __version__
-from fastformer.warmup import bucket_shapes, warm_up
 
 LABEL_NAMES = {2: ["negative", "positive"]}
 
@@ -130,9 +122,9 @@ def train(options=None, *, log=print, **kwargs):
     `resume` continues a run directory up to `epochs` in total, from the step where it stopped,
     exactly as if it had not stopped; it refuses options that differ from the run's, and data files
     that differ from those it started on. Options left None take the run's values on resume, else
-    DEFAULTS. Launched by torchrun, it trains with DistributedDataParallel (see fastformer.runtime);
+    DEFAULTS. Launched by torchrun, it trains with DistributedDataParallel (see fastformer.train.runtime);
     otherwise it starts no process group. `cuda_graphs` replays each step from a CUDA graph
-    (fastformer.graphs; CUDA only, bf16 or no autocast), `compile` runs the model through
+    (fastformer.train.graphs; CUDA only, bf16 or no autocast), `compile` runs the model through
     torch.compile(model, fullgraph=True), and `pad_to_buckets` pads batches to bucket lengths
     (default: on with cuda_graphs, which needs it); check_step_options says which combinations
     run. `precompile` compiles the kernels of the bucket shapes before the first step (default: on
@@ -140,7 +132,7 @@ def train(options=None, *, log=print, **kwargs):
     picking one (kernels.autotuning). None of them changes what the run trains beyond rounding, so
     a resumed run may change them.
 
-    A run directory has one writer: the call holds its lock (fastformer.run_dir.writing) from
+    A run directory has one writer: the call holds its lock (fastformer.train.rundir.writing) from
     before the vocab is trained until it returns, and a run being written by another process is
     refused. Errors in the inputs raise ValueError/OSError before the vocab is trained and before
     anything is written. A NaN or infinite loss raises NonFiniteLossError and Ctrl-C KeyboardInterrupt, both
@@ -154,36 +146,13 @@ def train(options=None, *, log=print, **kwargs):
 
 
 def train_inputs(inputs, *, log=print):
-    """train() from its inputs as fastformer.job_inputs.check_inputs returned them: where and how the
-    job runs, checked before any work, then the run."""
-    options = inputs.options
-    launch = torchrun_launch()
-    device = resolve_device(options.device, launch.local_rank)
-    check_backend(options.backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
-    amp = resolve_amp(options.amp, device)
-    with backend.use_backend(options.backend_name):
-        pad_to_buckets = check_step_options(
-            device,
-            amp,
-            kernels_in_use(device, amp),
-            launch,
-            cuda_graphs=options.cuda_graphs,
-            compile=options.compile,
-            pad_to_buckets=options.pad_to_buckets,
-        )
-        if inputs.previous is not None:
-            check_world_size(options.resume, inputs.previous, launch)
-        vocab = inputs.vocab
-        _check_fits_device(inputs, inputs.config, vocab.get_piece_size() if vocab else N_SPECIAL, device)
-        steps = {
-            "cuda_graphs": options.cuda_graphs,
-            "compile": options.compile,
-            "pad_to_buckets": pad_to_buckets,
-            "precompile": check_precompile(options.precompile, pad_to_buckets, options.compile),
-        }
-        autotune = kernels.autotuning(True) if options.autotune else contextlib.nullcontext()
-        with process_group(launch, device), autotune:
-            return _train(inputs, _Env(device, amp, launch, steps, log if launch.rank == 0 else quiet))
+    """train() from its inputs as fastformer.train.inputs.check_inputs returned them: where and how the
+    job runs, settled and checked before any work (fastformer.train.run.settle), then the run."""
+    with backend.use_backend(inputs.options.backend_name):
+        run = settle(inputs, log)
+        autotune = kernels.autotuning(True) if inputs.options.autotune else contextlib.nullcontext()
+        with process_group(run.launch, run.device), autotune:
+            return _train(run)
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES)  # where TMPDIR elsewhere helps
@@ -208,38 +177,6 @@ def _in_scratch(error):
     return ""
 
 
-def _check_fits_device(inputs, config, n_vocab, device):
-    """The model's weights, gradients and AdamW state must fit the device's memory (`config` None:
-    the default config, with a vocab of `n_vocab` pieces)."""
-    if config is None:
-        config = default_config(device.type, n_vocab, inputs.data.n_classes)
-    where = f"the memory of {device}" if device.type == "cuda" else "this machine's memory"
-    check_fits(config, device_memory(device), where, BYTES_TO_TRAIN, size_names(inputs.options))
-
-
-class _Env(NamedTuple):
-    """How this process runs the job, settled by train_inputs() before any work."""
-
-    device: torch.device
-    amp: str  # "bf16", "fp16" or "off"
-    launch: Launch
-    steps: dict  # cuda_graphs, compile and pad_to_buckets, checked together
-    log: Callable  # `log` on rank 0, quiet on the others
-
-
-class _Start(NamedTuple):
-    """Where a run starts, once its inputs are checked and its checkpoint is read."""
-
-    options: dict  # the values of RUN_OPTIONS
-    epochs: int  # in total
-    run_dir: str
-    checkpoint: tuple | None  # load_checkpoint's (model state, its file, trainer state)
-    checkpoint_dir: str | None  # where it was read from
-    previous: dict | None  # the run.json of the run resumed; None for a new run
-    using_demo: bool
-    digests: dict  # the sha256 of the data files
-
-
 @dataclasses.dataclass
 class _Trainer:
     """The model, what trains it, and where the training stands."""
@@ -261,71 +198,55 @@ class _Trainer:
     history: list = dataclasses.field(default_factory=list)  # a metrics dict per epoch done (or begun)
 
 
-def _train(inputs, env):
+def _train(run):
     """The steps of train() after its inputs, under the backend and process group train_inputs set up."""
-    options, data = inputs.options, inputs.data
-    run_options = dict(inputs.run_options)
-    run_options["batch_size"] = run_options["batch_size"] or default_batch_size(env.device.type)
-    checkpoint = load_checkpoint(inputs.checkpoint) if inputs.checkpoint is not None else None
-    if options.resume is not None:
-        check_resumable(options.resume, checkpoint, inputs.epochs, options.max_steps)
-    start = _Start(
-        run_options,
-        inputs.epochs,
-        inputs.run_dir,
-        checkpoint,
-        inputs.checkpoint,
-        inputs.previous,
-        inputs.using_demo,
-        inputs.digests,
-    )
+    inputs, data = run.inputs, run.inputs.data
     # rank 0's weights are every process's (DDP broadcasts them)
-    torch.manual_seed(run_options["seed"] + env.launch.rank)
+    torch.manual_seed(run.options.seed + run.launch.rank)
     scratch = _scratch_dir()
     try:
-        vocab_file = run_options["vocab"] or os.path.join(scratch, "vocab.model")
+        vocab_file = run.options.vocab or os.path.join(scratch, "vocab.model")
         vocab = inputs.vocab
         if vocab is None:
             try:
                 scratch_vocab = os.path.join(scratch, "vocab.model")
-                vocab = train_run_vocab(run_options, data.train, env.launch, scratch_vocab, env.log)
+                vocab = train_run_vocab(run.options.vocab_size, data.train, run.launch, scratch_vocab, run.log)
             except OSError as error:
                 raise OSError(f"{error}{_in_scratch(error)}") from None
         config = inputs.config
         if config is None:
-            _check_fits_device(inputs, None, vocab.get_piece_size(), env.device)
-            config = default_config(env.device.type, vocab.get_piece_size(), data.n_classes)
-        trainer = _trainer(config, vocab, data, start, env)
-        session = _session(options, start, env)
-        run_info, where = _open_run_dir(options, start, config, vocab_file, trainer, session, env)
+            check_fits_device(inputs, None, vocab.get_piece_size(), run.device)
+            config = default_config(run.device.type, vocab.get_piece_size(), data.n_classes)
+        trainer = _trainer(run, config, vocab)
+        session = _session(run)
+        run_info, where = _open_run_dir(run, config, vocab_file, trainer, session)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    _log_header(env, data, vocab, trainer.model, session, run_info, where)
-    if env.steps["precompile"]:
-        _precompile(trainer, start.options["batch_size"], env)
-    history = _train_epochs(trainer, start, env, options.max_steps)
+    _log_header(run, vocab, trainer.model, session, run_info, where)
+    if run.precompile:
+        _precompile(trainer, run)
+    history = _train_epochs(trainer, run)
     metrics = {"epochs": history, "test_accuracy": history[-1]["test_accuracy"]}
     stopped = ""
-    if trainer.epoch < start.epochs:
-        stopped = f"; stopped by --max-steps {options.max_steps} {_position(trainer)}"
-    env.log(
-        f"test accuracy {metrics['test_accuracy']:.4f} on {len(data.test)} reviews{stopped}; "
-        f"run saved in {start.run_dir}"
+    if trainer.epoch < run.epochs:
+        stopped = f"; stopped by --max-steps {run.max_steps} {_position(trainer)}"
+    run.log(
+        f"test accuracy {metrics['test_accuracy']:.4f} on {len(data.test)} reviews{stopped}; run saved in {run.run_dir}"
     )
     if stopped:
-        env.log(f"`fastformer train --resume {start.run_dir}` continues it")
+        run.log(f"`fastformer train --resume {run.run_dir}` continues it")
     return metrics
 
 
-def _precompile(trainer, batch_size, env):
-    """Compile the Triton kernels of the job's batch shapes before the first step (fastformer.warmup):
+def _precompile(trainer, run):
+    """Compile the Triton kernels of the job's batch shapes before the first step (fastformer.train.warmup):
     a shape per bucket that the train and test reviews' lengths reach. Nothing where the kernels
     are not in use."""
     lengths = trainer.train_loader.dataset.lengths() + trainer.test_loader.dataset.lengths()
-    shapes = bucket_shapes(trainer.model.config, batch_size, lengths)
-    done = warm_up(trainer.model, shapes, device=env.device, amp=env.amp, progress=env.launch.rank == 0)
+    shapes = bucket_shapes(trainer.model.config, run.options.batch_size, lengths)
+    done = warm_up(trainer.model, shapes, device=run.device, amp=run.amp, progress=run.launch.rank == 0)
     if done["shapes"]:
-        env.log(f"compiled the kernels of {done['shapes']} batch shapes in {done['seconds']:.0f} s")
+        run.log(f"compiled the kernels of {done['shapes']} batch shapes in {done['seconds']:.0f} s")
 
 
 def _position(trainer):
@@ -335,52 +256,52 @@ def _position(trainer):
     return f"after epoch {trainer.epoch}"
 
 
-def _trainer(config, vocab, data, start, env):
+def _trainer(run, config, vocab):
     """The model on the device, the loaders, AdamW (weight decay on the weight matrices only) and
     the warm-up and decay schedule over the run's epochs, restored from the checkpoint under
     --resume; and the model as the steps call it."""
-    options, steps = start.options, env.steps
+    options, data = run.options, run.inputs.data
     train_loader, test_loader, set_epoch = loaders(
         config,
         vocab,
         data.train,
         data.test,
-        options["batch_size"],
-        options["bucket"],
-        options["seed"],
-        env.launch,
-        steps["pad_to_buckets"],
+        options.batch_size,
+        options.bucket,
+        options.seed,
+        run.launch,
+        run.pad_to_buckets,
     )
-    model = MovieClassification(config).to(env.device)
+    model = MovieClassification(config).to(run.device)
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": options["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=options["lr"],
+        [{"params": decay, "weight_decay": options.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=options.lr,
     )
     # The schedule spans the run's epochs; --max-steps only says where this invocation stops, so that
     # a run stopped there and resumed trains as one that was not.
-    total_steps = start.epochs * len(train_loader)
-    scheduler = linear_warmup_decay_scheduler(optimizer, int(options["warmup"] * total_steps), total_steps)
-    scaler = torch.amp.GradScaler(env.device.type) if env.amp == "fp16" else None
+    total_steps = run.epochs * len(train_loader)
+    scheduler = linear_warmup_decay_scheduler(optimizer, int(options.warmup * total_steps), total_steps)
+    scaler = torch.amp.GradScaler(run.device.type) if run.amp == "fp16" else None
     trainer = _Trainer(
         model, model, optimizer, scheduler, scaler, None, train_loader, test_loader, set_epoch, len(train_loader)
     )
-    if start.checkpoint is not None:
-        _restore(trainer, start.checkpoint, env)
-    make_capturable(optimizer, steps["cuda_graphs"])  # a checkpoint holds the form it was written in
-    trainer.trained = replicated(model, env.launch, env.device)
-    if steps["cuda_graphs"]:
-        trainer.graphs = GraphedSteps(model, optimizer, amp=env.amp)
-    if steps["compile"]:
+    if run.checkpoint is not None:
+        _restore(trainer, run)
+    make_capturable(optimizer, run.cuda_graphs)  # a checkpoint holds the form it was written in
+    trainer.trained = replicated(model, run.launch, run.device)
+    if run.cuda_graphs:
+        trainer.graphs = GraphedSteps(model, optimizer, amp=run.amp)
+    if run.compile:
         trainer.trained = torch.compile(trainer.trained, fullgraph=True)
     return trainer
 
 
-def _restore(trainer, checkpoint, env):
+def _restore(trainer, run):
     """Load a checkpoint (load_checkpoint's) into the trainer: the weights, the optimizer, the
     schedule and the scaler, where the training stands, and the RNG states."""
-    model_state, model_file, state = checkpoint
+    model_state, model_file, state = run.checkpoint
     if state["epoch_step"] >= trainer.steps_per_epoch:
         raise ValueError(
             f"{os.path.dirname(model_file)} is at step {state['epoch_step']} of an epoch, but an epoch "
@@ -393,111 +314,112 @@ def _restore(trainer, checkpoint, env):
         trainer.scaler.load_state_dict(state["scaler"])
     trainer.epoch, trainer.step, trainer.history = state["epoch"], state["step"], state["history"]
     trainer.epoch_step, trainer.epoch_stats = state["epoch_step"], state["epoch_stats"]
-    set_rng_state(state["rng"], env.device, env.launch)
+    set_rng_state(state["rng"], run.device, run.launch)
 
 
-def _session(options, start, env):
+def _session(run):
     """What run.json records of this invocation: the run's start, or one --resume of it."""
     return {
         "fastformer": __version__,
-        "epochs": start.epochs,
-        "max_steps": options.max_steps,
-        "device": str(env.device),
+        "epochs": run.epochs,
+        "max_steps": run.max_steps,
+        "device": str(run.device),
         "backend": backend.get_backend(),
-        "kernels": kernels_in_use(env.device, env.amp),
-        "amp": env.amp,
-        **env.steps,
+        "kernels": kernels_in_use(run.device, run.amp),
+        "amp": run.amp,
+        **run.step_modes(),
         "autotune": kernels.autotune_enabled(),  # --autotune or FASTFORMER_AUTOTUNE=1
-        "world_size": env.launch.world_size,
+        "world_size": run.launch.world_size,
     }
 
 
-def _open_run_dir(options, start, config, vocab_file, trainer, session, env):
+def _open_run_dir(run, config, vocab_file, trainer, session):
     """Create the new run's directory, or add this session to the resumed run's run.json: by rank 0,
     once every process has checked its inputs. Returns the run.json and the header's line on the
     directory."""
-    run_dir = start.run_dir
+    inputs, run_dir = run.inputs, run.run_dir
     # the directory holds the job's lock file: anything else is a run this one replaces (check_out)
-    replaces = options.resume is None and bool(set(os.listdir(run_dir)) - {LOCK})
-    barrier(env.launch)
-    if options.resume is None:
-        dataset = options.dataset or ("demo" if start.using_demo else None)
+    replaces = not run.resuming and bool(set(os.listdir(run_dir)) - {LOCK})
+    barrier(run.launch)
+    if not run.resuming:
+        dataset = inputs.options.dataset or ("demo" if inputs.using_demo else None)
         run_info = {
-            **start.options,
+            **dataclasses.asdict(run.options),
             **session,
-            "demo_data": start.using_demo,
+            "demo_data": inputs.using_demo,
             "dataset": dataset,
             "label_names": label_names(config.n_output),
-            "data_sha256": start.digests,
+            "data_sha256": inputs.digests,
             "resumed": [],
         }
-        if env.launch.rank == 0:
+        if run.launch.rank == 0:
             run_info = create_run_dir(run_dir, vocab_file, config, run_info)
             mark_latest(run_dir)
         return run_info, f"{run_dir}{' (replacing a run that stopped before its first checkpoint)' if replaces else ''}"
-    resumed = [*start.previous.get("resumed", []), {"from_epoch": trainer.epoch, "from_step": trainer.step, **session}]
+    previous = inputs.previous
+    resumed = [*previous.get("resumed", []), {"from_epoch": trainer.epoch, "from_step": trainer.step, **session}]
     # a run.json without the digests gets them now, for the next --resume
-    pins = pinned_digests(run_dir) if env.launch.rank == 0 else {}
-    run_info = {"data_sha256": start.digests, **pins, **start.previous, "epochs": start.epochs, "resumed": resumed}
-    if env.launch.rank == 0:
+    pins = pinned_digests(run_dir) if run.launch.rank == 0 else {}
+    run_info = {"data_sha256": inputs.digests, **pins, **previous, "epochs": run.epochs, "resumed": resumed}
+    if run.launch.rank == 0:
         write_json(os.path.join(run_dir, "run.json"), run_info)
         mark_latest(run_dir)
         if trainer.history:  # a kill between a checkpoint and its copies leaves these one epoch behind
-            publish(run_dir, start.checkpoint_dir, trainer.history)
+            publish(run_dir, inputs.checkpoint, trainer.history)
     return run_info, f"{run_dir} (resumed {_position(trainer)})"
 
 
-def _log_header(env, data, vocab, model, session, run_info, where):
+def _log_header(run, vocab, model, session, run_info, where):
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     config = model.config
-    threads = f", {torch.get_num_threads()} CPU thread(s)" if env.device.type == "cpu" else ""
-    processes = f", {env.launch.world_size} processes under torchrun" if env.launch.distributed else ""
+    threads = f", {torch.get_num_threads()} CPU thread(s)" if run.device.type == "cpu" else ""
+    processes = f", {run.launch.world_size} processes under torchrun" if run.launch.distributed else ""
     dataset = {"demo": " (the embedded demo set)", "rotten-tomatoes": " (Rotten Tomatoes snippets)"}.get(
         run_info.get("dataset", "demo" if run_info["demo_data"] else None), ""
     )
-    env.log(
-        f"fastformer train: {len(data.train)} train / {len(data.test)} test reviews{dataset}, "
+    run.log(
+        f"fastformer train: {len(run.inputs.data.train)} train / {len(run.inputs.data.test)} test reviews{dataset}, "
         f"vocab {vocab.get_piece_size()} pieces"
     )
-    env.log(
+    run.log(
         f"  model    MovieClassification, {n_params / 1e6:.2f} M parameters: n_layer={config.n_layer} "
         f"d_hidn={config.d_hidn} n_head={config.n_head} d_ff={config.d_ff}"
     )
-    steps = step_mode(env.steps["cuda_graphs"], env.steps["compile"], env.steps["pad_to_buckets"])
-    env.log(
-        f"  device   {env.device}{threads}{processes}, {session['kernels']} kernels (backend "
-        f"{session['backend']!r}), amp {env.amp}{steps}"
+    steps = step_mode(run.cuda_graphs, run.compile, run.pad_to_buckets)
+    run.log(
+        f"  device   {run.device}{threads}{processes}, {session['kernels']} kernels (backend "
+        f"{session['backend']!r}), amp {run.amp}{steps}"
     )
-    env.log(f"  run dir  {where}")
+    run.log(f"  run dir  {where}")
 
 
-def _train_epochs(trainer, start, env, max_steps):
+def _train_epochs(trainer, run):
     """Train the epochs left, up to max_steps steps in all, each evaluated and saved as a checkpoint
     by rank 0, as is the part of an epoch where max_steps stops the run; returns the history. An
     error writing, a NaN loss or Ctrl-C names the last checkpoint."""
-    last = start.checkpoint_dir
+    last, max_steps = run.inputs.checkpoint, run.max_steps
     try:
-        for epoch in range(trainer.epoch, start.epochs):
+        for epoch in range(trainer.epoch, run.epochs):
             if max_steps is not None and trainer.step >= max_steps:
                 break
-            record = _epoch(trainer, epoch, start.epochs, env, max_steps, last)
+            record = _epoch(trainer, epoch, run, last)
             if trainer.history and trainer.history[-1]["epoch"] == record["epoch"]:
                 trainer.history.pop()  # the part of this epoch trained before the run was resumed
             trainer.history.append(record)
             if record["complete"]:
                 trainer.epoch, trainer.epoch_step, trainer.epoch_stats = epoch + 1, 0, None
-            state = _trainer_state(trainer, env)
-            if env.launch.rank == 0:
-                last = save_checkpoint(start.run_dir, trainer.model, state, previous=last)
-                publish(start.run_dir, last, trainer.history)
-                env.log(_epoch_line(record, start.epochs, trainer.steps_per_epoch))  # the epoch's bars are closed
+            state = _trainer_state(trainer, run)
+            if run.launch.rank == 0:
+                last = save_checkpoint(run.run_dir, trainer.model, state, previous=last)
+                publish(run.run_dir, last, trainer.history)
+                run.log(_epoch_line(record, run.epochs, trainer.steps_per_epoch))  # the epoch's bars are closed
             if not record["complete"]:
                 break
     except OSError as error:
         raise OSError(f"{error}; {last_checkpoint_message(last)}") from None
     except KeyboardInterrupt:
         raise KeyboardInterrupt(
-            f"{last_checkpoint_message(last)}; `fastformer train --resume {start.run_dir}` continues"
+            f"{last_checkpoint_message(last)}; `fastformer train --resume {run.run_dir}` continues"
         ) from None
     return trainer.history
 
@@ -519,11 +441,11 @@ def _rate_of_step(scheduler, step):
     return float(scheduler.base_lrs[0] * scheduler.lr_lambdas[0](step))
 
 
-def _epoch(trainer, epoch, epochs, env, max_steps, last):
+def _epoch(trainer, epoch, run, last):
     """Train epoch `epoch` (from 0), from the step where the run stopped inside it if it did, up to
     its end or max_steps, and evaluate the model after it; returns its record for the history.
     `last` is the last checkpoint, which a NaN loss names."""
-    skip = trainer.epoch_step
+    skip, epochs, max_steps = trainer.epoch_step, run.epochs, run.max_steps
     trainer.set_epoch(epoch, skip)
     # the rate of the epoch's first step ("lr"; "lr_end" its last step's): 0.0 at the run's first, in warm-up
     lr_now = float(trainer.scheduler.get_last_lr()[0])  # a tensor under --cuda-graphs: one sync an epoch
@@ -535,8 +457,8 @@ def _epoch(trainer, epoch, epochs, env, max_steps, last):
             trainer.train_loader,
             trainer.optimizer,
             trainer.scheduler,
-            device=env.device,
-            amp=env.amp,
+            device=run.device,
+            amp=run.amp,
             scaler=trainer.scaler,
             max_steps=None if max_steps is None else max_steps - trainer.step,
             desc=f"Train {epoch + 1}/{epochs}",
@@ -555,12 +477,12 @@ def _epoch(trainer, epoch, epochs, env, max_steps, last):
     train_stats = _joined(trainer.epoch_stats, train_stats)
     complete = trainer.epoch_step == trainer.steps_per_epoch
     trainer.epoch_stats = None if complete else train_stats
-    evaluated = trainer.trained if env.steps["compile"] else trainer.model
+    evaluated = trainer.trained if run.compile else trainer.model
     test_stats = evaluate(
         evaluated,
         trainer.test_loader,
-        device=env.device,
-        amp=env.amp,
+        device=run.device,
+        amp=run.amp,
         desc=f"Test  {epoch + 1}/{epochs}",
         graphs=trainer.graphs,
     )
@@ -596,7 +518,7 @@ def _joined(before, after):
     }
 
 
-def _trainer_state(trainer, env):
+def _trainer_state(trainer, run):
     """trainer.pt of a checkpoint: where the training stands, with what continues it exactly (a
     collective under torchrun: rng_state)."""
     return {
@@ -608,7 +530,7 @@ def _trainer_state(trainer, env):
         "epoch_stats": trainer.epoch_stats,
         "step": trainer.step,
         "history": trainer.history,
-        "rng": rng_state(env.device, env.launch),
+        "rng": rng_state(run.device, run.launch),
     }
 
 

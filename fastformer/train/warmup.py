@@ -37,8 +37,8 @@ from tqdm.auto import tqdm
 
 from fastformer import kernels
 from fastformer.data.reviews import bucket_length
-from fastformer.runtime import kernels_in_use
-from fastformer.training import autocast
+from fastformer.train.loop import autocast
+from fastformer.train.runtime import kernels_in_use
 
 
 def bucket_shapes(config, batch_size, lengths=None):

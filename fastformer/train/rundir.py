@@ -639,7 +639,7 @@ def check_run_dir(run_dir):
 def load_run(run_dir, device=None):
     """(config, vocab, model in eval mode, run info) from a run directory."""
     from fastformer.model import MovieClassification
-    from fastformer.runtime import resolve_device
+    from fastformer.train.runtime import resolve_device
 
     info = check_run_dir(run_dir)
     model_file = os.path.join(run_dir, "model.pt")

@@ -8,7 +8,7 @@
 - `train_epoch` / `evaluate`: the tutorial's train_epoch and eval_epoch for MovieClassification,
   with tqdm bars showing loss, accuracy and tokens/s, and optional autocast. `train_epoch` raises
   NonFiniteLossError when a loss is NaN or infinite. In a torchrun job their figures are summed
-  over the processes and only rank 0 shows bars. Given `graphs` (a fastformer.graphs.GraphedSteps),
+  over the processes and only rank 0 shows bars. Given `graphs` (a fastformer.train.graphs.GraphedSteps),
   both replay CUDA graphs of their steps instead of running them eagerly.
 - `train_step` / `loss_curve`: one optimizer step of train_epoch, and the losses of a run of them.
 """
@@ -116,7 +116,7 @@ def train_step(model, batch, optimizer, scheduler=None, *, device, amp="off", sc
     """One optimizer step of the tutorial's train_epoch on batch = (labels, enc_inputs, dec_inputs):
     cross-entropy on logits[0], backward (through the GradScaler when given), step. Returns the
     loss and the logits, detached, without a host sync. `cache`: autocast's cast cache (off in a
-    CUDA graph's capture, fastformer.graphs, which captures this step)."""
+    CUDA graph's capture, fastformer.train.graphs, which captures this step)."""
     labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in batch)
     optimizer.zero_grad(set_to_none=True)
     with autocast(device, amp, cache):
@@ -164,7 +164,7 @@ def train_epoch(
     gave one (the optimizer has stepped on it: the model is no longer usable).
     In a torchrun job (`model` wrapped in DistributedDataParallel), the figures are summed over the
     processes at each refresh, only rank 0 shows the bar, and every process raises together.
-    With `graphs` (a fastformer.graphs.GraphedSteps of `model` and `optimizer`; no scaler), each
+    With `graphs` (a fastformer.train.graphs.GraphedSteps of `model` and `optimizer`; no scaler), each
     step is graphs.train_step, a CUDA graph replay, followed by scheduler.step().
     Returns {"loss", "accuracy", "steps", "reviews", "tokens", "seconds", "tokens_per_s"}.
     """
@@ -232,7 +232,7 @@ def _raise_non_finite(window, steps):
 def evaluate(model, loader, *, device, amp="off", desc="Valid", graphs=None):
     """The tutorial's eval_epoch: accuracy of argmax(logits), plus the mean loss. In a torchrun job
     each process evaluates its part of the set and the sums are added up over the processes. With
-    `graphs` (a fastformer.graphs.GraphedSteps of `model`), the logits come from CUDA graph replays.
+    `graphs` (a fastformer.train.graphs.GraphedSteps of `model`), the logits come from CUDA graph replays.
     Returns {"loss", "accuracy", "n"}."""
     model.eval()
     total_loss = torch.zeros((), device=device)

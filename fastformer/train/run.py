@@ -1,0 +1,129 @@
+"""The run object: one `fastformer train` invocation, settled once before any work.
+
+`settle(inputs, log)` takes what the checks made without torch found (inputs.TrainInputs: the
+options as given, the data, the config and vocab, the run directory, the run resumed) and settles
+the rest, each check once: the device and backend, autocast, the step modes (CUDA graphs,
+torch.compile, bucket padding, precompiling) checked together, the run's own options with the batch
+size the device takes, and the checkpoint --resume continues from. The `Run` it returns is frozen
+and goes to every step of the job by name.
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from fastformer import kernels
+from fastformer.config import BYTES_TO_TRAIN, check_fits
+from fastformer.data.vocab import N_SPECIAL
+from fastformer.train.inputs import TrainInputs, default_config, size_names
+from fastformer.train.options import (
+    RunOptions,
+    check_backend,
+    check_precompile,
+    check_resumable,
+    check_world_size,
+    default_batch_size,
+)
+from fastformer.train.rundir import load_checkpoint
+from fastformer.train.runtime import (
+    Launch,
+    check_step_options,
+    device_memory,
+    kernels_in_use,
+    quiet,
+    resolve_amp,
+    resolve_device,
+    torchrun_launch,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What a train job runs with: its inputs, where and how it runs, and where it starts."""
+
+    inputs: TrainInputs  # the options as given, the data, config, vocab, run directory, run resumed
+    options: RunOptions  # what makes the run what it is (run.json's), batch_size settled
+    device: torch.device
+    amp: str  # "bf16", "fp16" or "off"
+    launch: Launch
+    cuda_graphs: bool  # each step replayed from a CUDA graph
+    compile: bool  # the model through torch.compile(fullgraph=True)
+    pad_to_buckets: bool  # batches padded to bucket lengths
+    precompile: bool  # the bucket shapes' kernels compiled before the first step
+    log: Callable  # the job's `log` on rank 0, quiet on the others
+    checkpoint: tuple | None  # load_checkpoint's (model state, its file, trainer state); None: from the start
+
+    @property
+    def epochs(self):
+        """The run's epochs in total."""
+        return self.inputs.epochs
+
+    @property
+    def run_dir(self):
+        return self.inputs.run_dir
+
+    @property
+    def max_steps(self):
+        """Where this invocation stops (None: at the end of the epochs)."""
+        return self.inputs.options.max_steps
+
+    @property
+    def resuming(self):
+        return self.inputs.options.resume is not None
+
+    def step_modes(self):
+        """The step modes as run.json records them."""
+        names = ("cuda_graphs", "compile", "pad_to_buckets", "precompile")
+        return {name: getattr(self, name) for name in names}
+
+
+def settle(inputs, log):
+    """The Run of checked inputs (inputs.check_inputs): everything a check needs torch for, each
+    check once, before any work; called under the run's backend (backend.use_backend), which
+    kernels_in_use reads. Raises ValueError/RuntimeError naming what does not fit."""
+    options = inputs.options
+    launch = torchrun_launch()
+    device = resolve_device(options.device, launch.local_rank)
+    check_backend(options.backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
+    amp = resolve_amp(options.amp, device)
+    pad_to_buckets = check_step_options(
+        device,
+        amp,
+        kernels_in_use(device, amp),
+        launch,
+        cuda_graphs=options.cuda_graphs,
+        compile=options.compile,
+        pad_to_buckets=options.pad_to_buckets,
+    )
+    if inputs.previous is not None:
+        check_world_size(options.resume, inputs.previous, launch)
+    vocab = inputs.vocab  # None: trained later, and the default config checked again with its size
+    check_fits_device(inputs, inputs.config, vocab.get_piece_size() if vocab else N_SPECIAL, device)
+    checkpoint = load_checkpoint(inputs.checkpoint) if inputs.checkpoint is not None else None
+    if options.resume is not None:
+        check_resumable(options.resume, checkpoint, inputs.epochs, options.max_steps)
+    run_options = dict(inputs.run_options)
+    run_options["batch_size"] = run_options["batch_size"] or default_batch_size(device.type)
+    return Run(
+        inputs,
+        RunOptions(**run_options),
+        device,
+        amp,
+        launch,
+        cuda_graphs=options.cuda_graphs,
+        compile=options.compile,
+        pad_to_buckets=pad_to_buckets,
+        precompile=check_precompile(options.precompile, pad_to_buckets, options.compile),
+        log=log if launch.rank == 0 else quiet,
+        checkpoint=checkpoint,
+    )
+
+
+def check_fits_device(inputs, config, n_vocab, device):
+    """The model's weights, gradients and AdamW state must fit the device's memory (`config` None:
+    the default config, with a vocab of `n_vocab` pieces)."""
+    if config is None:
+        config = default_config(device.type, n_vocab, inputs.data.n_classes)
+    where = f"the memory of {device}" if device.type == "cuda" else "this machine's memory"
+    check_fits(config, device_memory(device), where, BYTES_TO_TRAIN, size_names(inputs.options))
