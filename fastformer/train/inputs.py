@@ -22,6 +22,7 @@ from fastformer.environment import interpreter_requested
 from fastformer.train.options import (
     DEFAULTS,
     RUN_OPTIONS,
+    RunOptions,
     TrainOptions,
     check_backend,
     default_out,
@@ -61,7 +62,7 @@ class TrainInputs(NamedTuple):
     """What check_inputs found: everything fastformer.train.job.train needs that is not torch's."""
 
     options: TrainOptions  # as given, with --dataset's files as train and test
-    run_options: dict  # the values of RUN_OPTIONS; batch_size None until the device is known
+    run_options: RunOptions  # batch_size None until the device is known
     epochs: int  # in total
     run_dir: str
     config: Config | None  # None: the default config, built once the device and vocab are known
@@ -69,8 +70,8 @@ class TrainInputs(NamedTuple):
     checkpoint: str | None  # the checkpoint --resume continues from; None: from the start
     previous: dict | None  # the run.json of the run resumed; None for a new run
     using_demo: bool
-    data: Data
-    digests: dict  # the sha256 of each data file: {"train": ..., "test": ... or None}
+    data: Data | None  # None until read (check_inputs reads it)
+    digests: dict | None  # the sha256 of each data file: {"train": ..., "test": ... or None}
 
 
 def check_inputs(options):
@@ -84,17 +85,16 @@ def check_inputs(options):
         )
     check_backend(options.backend_name, options.device, *triton_available())
     resuming = options.resume is not None
-    start = _resumed_run(options) if resuming else _new_run(options)
-    run_options, epochs, run_dir, config, vocab, checkpoint, previous, using_demo = start
-    data, digests = read_data(run_options, config, resuming)
+    inputs = _resumed_run(options) if resuming else _new_run(options)
+    data, digests = read_data(inputs.run_options, inputs.config, resuming)
     if resuming:
-        _check_same_data(options.resume, previous, run_options, digests)
-    if vocab is None:
-        _check_vocab_to_train(run_options, config, data.train)
-    _check_fits_host(options, config, vocab, data.n_classes)
-    return TrainInputs(
-        options, run_options, epochs, run_dir, config, vocab, checkpoint, previous, using_demo, data, digests
-    )
+        _check_same_data(options.resume, inputs.previous, inputs.run_options, digests)
+    if inputs.vocab is None:
+        _check_vocab_to_train(inputs.run_options, inputs.config, data.train)
+    _check_fits_host(options, inputs.config, inputs.vocab, data.n_classes)
+    # the classes the data settled are the run's n_output
+    run_options = dataclasses.replace(inputs.run_options, n_output=data.n_classes)
+    return inputs._replace(run_options=run_options, data=data, digests=digests)
 
 
 def writes_run_dir():
@@ -142,8 +142,8 @@ def dataset_files(dataset, train, test):
 
 
 def _new_run(options):
-    """The start of a new run: its options, the config and vocab given (checked together), and its
-    directory, checked to be one it can create."""
+    """The TrainInputs of a new run but its data: its options, the config and vocab given (checked
+    together), and its directory, checked to be one it can create."""
     run_options, using_demo = new_run_options(options.given())
     config = load_config(options.config, f"--config {options.config}") if options.config is not None else None
     if config is not None:
@@ -155,7 +155,19 @@ def _new_run(options):
     if writes_run_dir():  # the other ranks of a torchrun job would see rank 0's lock
         check_not_written(run_dir, "--out")
     check_out(run_dir)
-    return run_options, options.epochs or DEFAULTS["epochs"], run_dir, config, vocab, None, None, using_demo
+    return TrainInputs(
+        options,
+        run_options,
+        epochs=options.epochs or DEFAULTS["epochs"],
+        run_dir=run_dir,
+        config=config,
+        vocab=vocab,
+        checkpoint=None,
+        previous=None,
+        using_demo=using_demo,
+        data=None,
+        digests=None,
+    )
 
 
 def check_decoder_vocab(config, what):
@@ -168,8 +180,8 @@ def check_decoder_vocab(config, what):
 
 
 def _resumed_run(options):
-    """The start of the run `options.resume` continues: its options (any given must be the run's),
-    config, vocab and the checkpoint to continue from."""
+    """The TrainInputs of the run `options.resume` continues but its data: its options (any given
+    must be the run's), config, vocab and the checkpoint to continue from."""
     resume = options.resume
     previous = load_run_json(resume, required=("epochs", "demo_data", *RUN_OPTIONS))
     if writes_run_dir():
@@ -179,8 +191,19 @@ def _resumed_run(options):
     config, vocab = load_run_files(resume)
     check_pinned(resume, previous)
     checkpoint = check_resumable_dir(resume)
-    epochs = options.epochs or previous["epochs"]
-    return run_options, epochs, resume, config, vocab, checkpoint, previous, previous["demo_data"]
+    return TrainInputs(
+        options,
+        run_options,
+        epochs=options.epochs or previous["epochs"],
+        run_dir=resume,
+        config=config,
+        vocab=vocab,
+        checkpoint=checkpoint,
+        previous=previous,
+        using_demo=previous["demo_data"],
+        data=None,
+        digests=None,
+    )
 
 
 def _check_resume_only_options(options, previous):
@@ -208,40 +231,39 @@ def _check_same_data(resume, previous, run_options, digests):
     for name in DATA_FILES:
         if name in recorded and recorded[name] != digests[name]:
             raise ValueError(
-                f"--resume {resume}: the {name} file {run_options[name]} is not the one the run started with "
+                f"--resume {resume}: the {name} file {getattr(run_options, name)} is not the one the run started with "
                 f"(sha256 {str(digests[name])[:12]}..., the run's {str(recorded[name])[:12]}...); continue it "
                 "on the same data, or start a new run"
             )
 
 
 def read_data(options, config, resuming):
-    """The run's reviews from its `options` (RUN_OPTIONS), their labels checked against the classes:
+    """The run's reviews from its `options` (RunOptions), their labels checked against the classes:
     the config's (always under --resume), inferred with n_output "auto", else n_output or the
     tutorial's 2. Without a test file, 10% of the train reviews are held out. Sets n_output in
-    `options` and in `config` (None: the default config, built later). Returns the Data and the
-    sha256 of each data file ({"train": ..., "test": ... or None}), from the pass that read it."""
-    train, test = options["train"], options["test"]
+    `config` (None: the default config, built later). Returns the Data and the sha256 of each data
+    file ({"train": ..., "test": ... or None}), from the pass that read it."""
+    train, test = options.train, options.test
     if test is not None and not resuming and test == train:
         raise ValueError("--test is the same file as --train")
     train_reviews = read_reviews(train, "train", progress=True)
     test_reviews = read_reviews(test, "test", progress=True) if test is not None else None
     # the files' sha256, from the same pass as their reviews
     digests = {"train": train_reviews.sha256, "test": test_reviews and test_reviews.sha256}
-    if config is not None and (resuming or options["n_output"] is None):
+    if config is not None and (resuming or options.n_output is None):
         n_classes = config.n_output
-    elif options["n_output"] == "auto":
+    elif options.n_output == "auto":
         n_classes = infer_classes(train_reviews, f"train file {train}")
     else:
-        n_classes = options["n_output"] or TUTORIAL["n_output"]
+        n_classes = options.n_output or TUTORIAL["n_output"]
     hint = "" if resuming else "; pass --n-output with the number of classes, or --n-output auto"
     _check_labels(train_reviews, n_classes, f"train file {train}", hint)
     if test_reviews is not None:
         _check_labels(test_reviews, n_classes, f"test file {test}", hint)
     else:
-        train_reviews, test_reviews = _split(train_reviews, 0.1, options["seed"])
+        train_reviews, test_reviews = _split(train_reviews, 0.1, options.seed)
     if config is not None:
         config.n_output = n_classes
-    options["n_output"] = n_classes
     return Data(train_reviews, test_reviews, n_classes), digests
 
 
@@ -265,8 +287,8 @@ def _check_vocab_to_train(options, config, reviews):
     """A vocab is trained on the train reviews' texts: they must be texts, and the vocab's ids must
     fit `config` (None: the default config, built to fit the vocab)."""
     if reviews.pieces:
-        raise ValueError(f"{options['train']} holds pieces of an existing vocab (JSONL); pass that vocab with --vocab")
-    n_pieces = options["vocab_size"]
+        raise ValueError(f"{options.train} holds pieces of an existing vocab (JSONL); pass that vocab with --vocab")
+    n_pieces = options.vocab_size
     if config is not None and n_pieces + N_SPECIAL > config.n_enc_vocab:
         raise ValueError(
             f"--vocab-size {n_pieces} gives up to {n_pieces + N_SPECIAL} pieces but config.n_enc_vocab is "

@@ -343,7 +343,7 @@ def _kernels_named(backend_name):
 
 
 def new_run_options(given):
-    """The RUN_OPTIONS of a new run from those `given`: paths made absolute, the embedded demo set
+    """The RunOptions of a new run from those `given` (TrainOptions.given): paths made absolute, the embedded demo set
     without --train, DEFAULTS for the rest but batch_size, whose default depends on the device
     (default_batch_size). Returns (options, whether the data is the demo set)."""
     train, test, vocab, config = given["train"], given["test"], given["vocab"], given["config"]
@@ -358,7 +358,7 @@ def new_run_options(given):
         config=config and os.path.abspath(config),
         vocab_size=None if vocab else options["vocab_size"],
     )
-    return options, using_demo
+    return RunOptions(**options), using_demo
 
 
 def default_batch_size(device_type):
@@ -382,7 +382,7 @@ def resumed_options(resume, previous, given):
             f"--resume {resume}: {ours} {'differs' if len(conflicts) == 1 else 'differ'} from the run's ({theirs}); "
             "leave them out to continue the run as it started, or start a new run"
         )
-    return {name: previous[name] for name in RUN_OPTIONS}
+    return RunOptions(**{name: previous[name] for name in RUN_OPTIONS})
 
 
 def check_world_size(resume, previous, launch):

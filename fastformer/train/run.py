@@ -103,11 +103,12 @@ def settle(inputs, log):
     checkpoint = load_checkpoint(inputs.checkpoint) if inputs.checkpoint is not None else None
     if options.resume is not None:
         check_resumable(options.resume, checkpoint, inputs.epochs, options.max_steps)
-    run_options = dict(inputs.run_options)
-    run_options["batch_size"] = run_options["batch_size"] or default_batch_size(device.type)
+    run_options = inputs.run_options
+    if run_options.batch_size is None:
+        run_options = dataclasses.replace(run_options, batch_size=default_batch_size(device.type))
     return Run(
         inputs,
-        RunOptions(**run_options),
+        run_options,
         device,
         amp,
         launch,
