@@ -84,11 +84,11 @@ def _job_options(args, *names):
 def _demo(args):
     from fastformer.train.options import check_demo_options
 
-    check_demo_options(args.device, args.backend_name, args.batch_size, args.seq_len, args.seed)
+    check_demo_options(args.device, args.backend_name, args.amp, args.batch_size, args.seq_len, args.seed)
     with _torch():
         from fastformer.train import job
 
-        job.demo(**_job_options(args, "device", "backend_name", "batch_size", "seq_len", "seed"))
+        job.demo(**_job_options(args, "device", "backend_name", "amp", "batch_size", "seq_len", "seed"))
     return 0
 
 
@@ -192,11 +192,11 @@ def build_parser():
         help="build the tutorial model, run one forward and backward, and print what it did",
         description="Build the tutorial's MovieClassification (its config: 6 layers, d_hidn 256, a vocab of "
         "8,007), run one forward and backward on a batch of random reviews under the autocast `fastformer train` "
-        "would use, and print the loss, the gradient norm, the time and where the math ran. Nothing is written.",
+        "would use (or --amp's), and print the loss, the gradient norm, the time and where the math ran. "
+        "Nothing is written.",
     )
     demo.set_defaults(run_command=_demo)
-    demo.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    demo.add_argument("--backend", dest="backend_name", choices=["auto", "triton", "reference"], help=_BACKEND_HELP)
+    _add_runtime_options(demo)
     demo.add_argument("--batch-size", type=int, default=8, help="random reviews in the batch (default: 8)")
     demo.add_argument(
         "--seq-len", type=int, default=64, help="their length in tokens, at most the config's 256 (default: 64)"

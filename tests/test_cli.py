@@ -30,6 +30,27 @@ def test_demo_runs_forward_and_backward(capsys):
     assert "logits (2, 2)" in out and "gradient norm" in out
 
 
+def test_demo_shares_the_runtime_options_of_evaluate_and_predict(capsys):
+    """demo takes --device, --backend and --amp as evaluate and predict take them (one declaration,
+    _add_runtime_options): the demo runs under the autocast --amp names, and their help is the same."""
+    for amp in ("off", "bf16"):
+        argv = ["demo", "--device", "cpu", "--backend", "reference", "--amp", amp, "--batch-size", "2"]
+        assert main([*argv, "--seq-len", "8"]) == 0
+        assert f"amp {amp}, backend 'reference'" in capsys.readouterr().out
+    help_texts = {}
+    for command in ("demo", "evaluate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        out = out[out.index("options:") :]
+        help_texts[command] = [out[out.index(flag) :].split(" --")[0] for flag in ("--device", "--backend", "--amp")]
+    assert help_texts["demo"] == help_texts["evaluate"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--amp", "fp8"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "argument --amp: invalid choice: 'fp8'" in err, err
+
+
 def test_demo_runs_on_its_backend_and_leaves_the_process_on_the_previous_one(capsys):
     with fastformer.use_backend("triton"):
         assert main(["demo", "--device", "cpu", "--backend", "reference", "--batch-size", "2", "--seq-len", "8"]) == 0

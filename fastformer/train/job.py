@@ -608,12 +608,12 @@ def _say_if_training(run, log):
         log(f"note: {note}; its model.pt is that checkpoint's")
 
 
-def demo(*, device=None, backend_name="auto", batch_size=8, seq_len=64, seed=0, log=print):
+def demo(*, device=None, backend_name="auto", amp="auto", batch_size=8, seq_len=64, seed=0, log=print):
     """Build the tutorial's MovieClassification, run one forward and backward on a batch of random
-    reviews under the autocast `fastformer train` would use, and say what happened. Returns the
-    loss, the gradient norm and the seconds the two passes took."""
+    reviews under autocast (`amp` as `fastformer train` takes it: "auto" is what train would use),
+    and say what happened. Returns the loss, the gradient norm and the seconds the two passes took."""
     log = quiet_if_none(log)
-    check_demo_options(device, backend_name, batch_size, seq_len, seed)
+    check_demo_options(device, backend_name, amp, batch_size, seq_len, seed)
     device = resolve_device(device)
     check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
     with backend.use_backend(backend_name):
@@ -629,7 +629,7 @@ def demo(*, device=None, backend_name="auto", batch_size=8, seq_len=64, seed=0, 
         dec_inputs = torch.full((batch_size, 1), 2, device=device)
         labels = torch.randint(0, config.n_output, (batch_size,), device=device)
 
-        amp = resolve_amp("auto", device)  # bf16 on a CUDA GPU that has it, as `fastformer train`
+        amp = resolve_amp(amp, device)  # auto: bf16 on a CUDA GPU that has it, as `fastformer train`
         with autocast(device, amp):
             uses_triton = backend.uses_triton(enc_inputs)
         log(f"fastformer {__version__}: tutorial MovieClassification, {n_params / 1e6:.2f} M trainable parameters")

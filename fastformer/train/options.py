@@ -314,10 +314,10 @@ def check_texts(texts):
     return texts
 
 
-def check_demo_options(device, backend_name, batch_size, seq_len, seed):
+def check_demo_options(device, backend_name, amp, batch_size, seq_len, seed):
     """Raise ValueError naming the first option of `demo` that cannot be right: the batch of random
     reviews must fit the tutorial's model and this machine's memory."""
-    check_run_options(device, backend_name, "auto", batch_size)
+    check_run_options(device, backend_name, amp, batch_size)
     check_integers(seq_len=seq_len, seed=seed)
     check_positive(seq_len=seq_len)
     if not 0 <= seed <= MAX_SEED:
