@@ -14,6 +14,7 @@ stops it as Ctrl-C does (`train` names its last checkpoint). A reader that close
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -45,19 +46,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 _LEADING_DASH = re.compile(r"^-[^-\d.]")  # "-bad", not "--option", "-1e-3" or "-.5"
-
-
-def _n_output(text):
-    """--n-output: "auto" or a positive integer."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}")
-    return value
 
 
 @contextlib.contextmanager
@@ -161,24 +149,26 @@ def _run_dir(run):
 
 
 _RUN_HELP = "a run directory written by `fastformer train`, or `last`: the one runs/latest points at"
-_BACKEND_HELP = (
-    "where the math runs (default: $FASTFORMER_BACKEND when set, else auto: Triton kernels on CUDA, "
-    "the PyTorch reference elsewhere)"
-)
+
+
+def _add_flags(parser, flags):
+    """Add the options `flags` declares, {dest: argparse's arguments, "flag" where the option is not
+    --the-dest-with-dashes} (fastformer.train.options: TrainOptions' fields, RUNTIME_FLAGS)."""
+    for dest, spec in flags.items():
+        spec = dict(spec)
+        name = spec.pop("flag", "--" + dest.replace("_", "-"))
+        parser.add_argument(name, dest=dest, **spec)
 
 
 def _add_runtime_options(parser):
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
-    parser.add_argument("--backend", dest="backend_name", choices=["auto", "triton", "reference"], help=_BACKEND_HELP)
-    parser.add_argument(
-        "--amp",
-        default="auto",
-        choices=["auto", "bf16", "fp16", "off"],
-        help="autocast dtype (default auto: bf16 on CUDA, off on CPU)",
-    )
+    from fastformer.train.options import RUNTIME_FLAGS
+
+    _add_flags(parser, RUNTIME_FLAGS)
 
 
 def build_parser():
+    from fastformer.train.options import TrainOptions  # light: no torch, no sentencepiece
+
     parser = _Parser(
         prog="fastformer",
         description="The Transformer of paul-hyun's tutorial (paul-hyun.github.io/transformer-01), drop-in, "
@@ -211,73 +201,7 @@ def build_parser():
         "arguments it runs on the embedded demo set: the tutorial's config on CUDA, a smaller one on CPU.",
     )
     train.set_defaults(run_command=_train)
-    train.add_argument("--train", metavar="FILE", help="training reviews (default: the embedded demo set)")
-    train.add_argument("--test", metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)")
-    train.add_argument(
-        "--dataset",
-        choices=["demo", "rotten-tomatoes"],
-        help="instead of --train/--test: the embedded demo set (the default), or the Rotten Tomatoes snippets "
-        "`fastformer data rotten-tomatoes` prepared",
-    )
-    train.add_argument("--vocab", metavar="MODEL", help="an existing SentencePiece model (default: train one)")
-    train.add_argument("--vocab-size", type=int, help="BPE pieces besides the 7 special ones (default 8000)")
-    train.add_argument(
-        "--config", metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)"
-    )
-    train.add_argument(
-        "--n-output",
-        type=_n_output,
-        metavar="N|auto",
-        help="number of classes (default: the config's n_output, 2 in the tutorial's); auto: from the training labels",
-    )
-    train.add_argument("--epochs", type=int, help="epochs in total (default 5)")
-    train.add_argument("--batch-size", type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)")
-    train.add_argument("--lr", type=float, help="peak AdamW learning rate (default 5e-4)")
-    train.add_argument("--warmup", type=float, help="fraction of steps of linear warm-up (default 0.1)")
-    train.add_argument("--weight-decay", type=float, help="AdamW weight decay of the weight matrices (default 0.01)")
-    train.add_argument(
-        "--bucket",
-        action=argparse.BooleanOptionalAction,
-        help="batch reviews of similar length together to cut padding (default on)",
-    )
-    _add_runtime_options(train)
-    train.add_argument(
-        "--cuda-graphs",
-        action="store_true",
-        help="capture each train and evaluation step as a CUDA graph once per batch shape and replay it "
-        "(CUDA only; bf16 or no autocast; implies --pad-to-buckets)",
-    )
-    train.add_argument(
-        "--compile",
-        action="store_true",
-        help="run the model through torch.compile(model, fullgraph=True) (the Triton kernels only on CUDA)",
-    )
-    train.add_argument(
-        "--pad-to-buckets",
-        action=argparse.BooleanOptionalAction,
-        help="pad each batch to its longest review rounded up to a multiple of 16 (at most the config's n_enc_seq), "
-        "so that steps see few shapes (default: on with --cuda-graphs, else off)",
-    )
-    train.add_argument(
-        "--precompile",
-        action=argparse.BooleanOptionalAction,
-        help="compile the Triton kernels of every batch shape before the first step, in parallel, with a "
-        "progress bar (needs --pad-to-buckets, which makes the shapes known; default: on with it)",
-    )
-    train.add_argument(
-        "--autotune",
-        action="store_true",
-        help="time every candidate config of each Triton kernel on first use and keep the fastest, cached on disk "
-        "per GPU model, instead of each kernel's rule picking one (as FASTFORMER_AUTOTUNE=1 does)",
-    )
-    train.add_argument("--out", metavar="DIR", help="run directory (default runs/sentiment-<date>-<time>)")
-    train.add_argument("--seed", type=int, help="seed of the initial weights, the split and the data order (default 0)")
-    train.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    train.add_argument(
-        "--resume",
-        metavar="DIR",
-        help="continue a run directory up to --epochs, with the options it started with",
-    )
+    _add_flags(train, {field.name: field.metadata for field in dataclasses.fields(TrainOptions)})
 
     data = commands.add_parser(
         "data",

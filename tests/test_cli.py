@@ -1,5 +1,7 @@
 """The `fastformer` command."""
 
+import argparse
+import dataclasses
 import subprocess
 import sys
 
@@ -159,6 +161,20 @@ def test_bad_options_are_one_line_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_each_train_option_is_its_fields_flag(monkeypatch):
+    """`fastformer train`'s parser is built from TrainOptions' fields (options.flag declares each
+    field's flag beside it): one option per field, in the fields' order, each with its help, and
+    the options left out parse to TrainOptions() itself (no flag whose default is another value)."""
+    monkeypatch.delenv("FASTFORMER_BACKEND", raising=False)
+    parser = build_parser()
+    (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    train = commands.choices["train"]
+    options = [action for action in train._actions if action.dest != "help"]
+    assert [action.dest for action in options] == [field.name for field in dataclasses.fields(TrainOptions)]
+    assert all(action.help for action in options)
+    assert TrainOptions.from_args(parser.parse_args(["train"])) == TrainOptions()
 
 
 def test_train_help_lists_how_steps_run(capsys):

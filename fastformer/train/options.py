@@ -8,6 +8,7 @@ commands' options. Nothing here imports torch: the command checks its options be
     train(TrainOptions.from_args(args))               # what `fastformer train` does
 """
 
+import argparse
 import collections.abc
 import dataclasses
 import math
@@ -167,37 +168,113 @@ def check_precompile(precompile, pad_to_buckets, compile):
     return pad_to_buckets and not compile if precompile is None else precompile
 
 
+def parse_n_output(text):
+    """--n-output: "auto" or a positive integer."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}")
+    return value
+
+
+BACKEND_HELP = (
+    "where the math runs (default: $FASTFORMER_BACKEND when set, else auto: Triton kernels on CUDA, "
+    "the PyTorch reference elsewhere)"
+)
+# The options every command that runs the model takes (train, evaluate, predict, demo): each field's
+# flag as argparse takes it ("flag": the option's name where it is not --the-field-name).
+RUNTIME_FLAGS = {
+    "device": {"help": "cpu, cuda, cuda:1, ... (default: cuda if available)"},
+    "backend_name": {"flag": "--backend", "choices": list(BACKENDS), "help": BACKEND_HELP},
+    "amp": {
+        "default": "auto",
+        "choices": list(AMPS),
+        "help": "autocast dtype (default auto: bf16 on CUDA, off on CPU)",
+    },
+}
+
+
+def flag(value=None, **parser_args):
+    """A TrainOptions field of default `value` with its `fastformer train` flag declared beside it:
+    argparse's arguments (help, type, action, its own default where it parses to another value
+    than the field's, ...; "flag" where the option is not --the-field-name), from which
+    fastformer.cli builds the command's parser, in the fields' order."""
+    return dataclasses.field(default=value, metadata=parser_args)
+
+
 @dataclasses.dataclass
 class TrainOptions:
     """What `fastformer train` and fastformer.train.job.train take, field for option (--backend is
-    backend_name). None means not given: a new run takes DEFAULTS (or a default that depends on
-    the device), a resumed one the run's value."""
+    backend_name), each field declared with its flag. None means not given: a new run takes
+    DEFAULTS (or a default that depends on the device), a resumed one the run's value. A new
+    option is a field here, its check in `check`, and its use (with a RunOptions field if it makes
+    the run what it is)."""
 
-    train: str | None = None  # training reviews; None: the embedded demo set
-    test: str | None = None  # test reviews; None: the demo test set, or 10% of `train` held out
-    dataset: str | None = None  # instead of train/test: "demo" or "rotten-tomatoes"
-    vocab: str | None = None  # an existing SentencePiece model; None: train one
-    config: str | None = None  # a Config JSON; None: the tutorial's on CUDA, a smaller one on CPU
-    n_output: int | str | None = None  # classes; None: the config's; "auto": from the train labels
-    epochs: int | None = None
-    batch_size: int | None = None  # per process; None: 128 on CUDA, 64 on CPU
-    lr: float | None = None
-    device: str | None = None
-    backend_name: str = "auto"
-    amp: str = "auto"
-    out: str | None = None  # None: runs/sentiment-<date>-<time>
-    seed: int | None = None
-    max_steps: int | None = None
-    resume: str | None = None  # a run directory to continue up to `epochs`
-    vocab_size: int | None = None
-    warmup: float | None = None
-    weight_decay: float | None = None
-    bucket: bool | None = None
-    cuda_graphs: bool = False
-    compile: bool = False
-    pad_to_buckets: bool | None = None  # None: on with cuda_graphs, which needs it
-    precompile: bool | None = None  # None: on with pad_to_buckets (the kernels of its shapes before step 1)
-    autotune: bool = False  # time every kernel config (FASTFORMER_AUTOTUNE=1 does too) instead of the rule's pick
+    train: str | None = flag(metavar="FILE", help="training reviews (default: the embedded demo set)")
+    test: str | None = flag(metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)")
+    dataset: str | None = flag(
+        choices=list(DATASETS),
+        help="instead of --train/--test: the embedded demo set (the default), or the Rotten Tomatoes snippets "
+        "`fastformer data rotten-tomatoes` prepared",
+    )
+    vocab: str | None = flag(metavar="MODEL", help="an existing SentencePiece model (default: train one)")
+    vocab_size: int | None = flag(type=int, help="BPE pieces besides the 7 special ones (default 8000)")
+    config: str | None = flag(metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)")
+    n_output: int | str | None = flag(
+        type=parse_n_output,
+        metavar="N|auto",
+        help="number of classes (default: the config's n_output, 2 in the tutorial's); auto: from the training labels",
+    )
+    epochs: int | None = flag(type=int, help="epochs in total (default 5)")
+    batch_size: int | None = flag(type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)")  # per process
+    lr: float | None = flag(type=float, help="peak AdamW learning rate (default 5e-4)")
+    warmup: float | None = flag(type=float, help="fraction of steps of linear warm-up (default 0.1)")
+    weight_decay: float | None = flag(type=float, help="AdamW weight decay of the weight matrices (default 0.01)")
+    bucket: bool | None = flag(
+        action=argparse.BooleanOptionalAction,
+        help="batch reviews of similar length together to cut padding (default on)",
+    )
+    device: str | None = flag(**RUNTIME_FLAGS["device"])
+    # not given on the command line: $FASTFORMER_BACKEND's (from_args)
+    backend_name: str = flag("auto", **RUNTIME_FLAGS["backend_name"])
+    amp: str = flag("auto", **RUNTIME_FLAGS["amp"])
+    cuda_graphs: bool = flag(
+        False,
+        action="store_true",
+        help="capture each train and evaluation step as a CUDA graph once per batch shape and replay it "
+        "(CUDA only; bf16 or no autocast; implies --pad-to-buckets)",
+    )
+    compile: bool = flag(
+        False,
+        action="store_true",
+        help="run the model through torch.compile(model, fullgraph=True) (the Triton kernels only on CUDA)",
+    )
+    pad_to_buckets: bool | None = flag(
+        action=argparse.BooleanOptionalAction,
+        help="pad each batch to its longest review rounded up to a multiple of 16 (at most the config's n_enc_seq), "
+        "so that steps see few shapes (default: on with --cuda-graphs, else off)",
+    )
+    precompile: bool | None = flag(
+        action=argparse.BooleanOptionalAction,
+        help="compile the Triton kernels of every batch shape before the first step, in parallel, with a "
+        "progress bar (needs --pad-to-buckets, which makes the shapes known; default: on with it)",
+    )
+    autotune: bool = flag(
+        False,
+        action="store_true",
+        help="time every candidate config of each Triton kernel on first use and keep the fastest, cached on disk "
+        "per GPU model, instead of each kernel's rule picking one (as FASTFORMER_AUTOTUNE=1 does)",
+    )
+    out: str | None = flag(metavar="DIR", help="run directory (default runs/sentiment-<date>-<time>)")
+    seed: int | None = flag(type=int, help="seed of the initial weights, the split and the data order (default 0)")
+    max_steps: int | None = flag(type=int, help="stop after this many optimizer steps")
+    resume: str | None = flag(
+        metavar="DIR", help="continue a run directory up to --epochs, with the options it started with"
+    )
 
     @classmethod
     def from_args(cls, args):
