@@ -2,10 +2,12 @@
 
 `settle(inputs, log)` takes what the checks made without torch found (inputs.TrainInputs: the
 options as given, the data, the config and vocab, the run directory, the run resumed) and settles
-the rest, each check once: the device and backend, autocast, the step modes (CUDA graphs,
-torch.compile, bucket padding, precompiling) checked together, the run's own options with the batch
-size the device takes, and the checkpoint --resume continues from. The `Run` it returns is frozen
-and goes to every step of the job by name.
+the rest with what torch knows: the device, and the backend on it, autocast, the step modes (CUDA
+graphs, torch.compile, bucket padding, precompiling) checked together, the model's fit in the
+device's memory, the run's own options with the batch size the device takes, and the checkpoint
+--resume continues from. (The checks made before torch ran the same rules on what was known then:
+a device not given, an "auto" amp; here they run again on the settled values.) The `Run` it returns
+is frozen and goes to every step of the job by name.
 """
 
 import dataclasses
@@ -79,9 +81,9 @@ class Run:
 
 
 def settle(inputs, log):
-    """The Run of checked inputs (inputs.check_inputs): everything a check needs torch for, each
-    check once, before any work; called under the run's backend (backend.use_backend), which
-    kernels_in_use reads. Raises ValueError/RuntimeError naming what does not fit."""
+    """The Run of checked inputs (inputs.check_inputs), after the checks that need torch, before
+    any work; called under the run's backend (backend.use_backend), which kernels_in_use reads.
+    Raises ValueError/RuntimeError naming what does not fit."""
     options = inputs.options
     launch = torchrun_launch()
     device = resolve_device(options.device, launch.local_rank)
