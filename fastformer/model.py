@@ -322,17 +322,17 @@ class EncoderLayer(nn.Module):
 
         plan: this layer's LayerPlan of its Encoder's ForwardPlan, None when called alone (the layer
         makes its own). With one, inputs and outputs are Hidden pairs."""
-        if plan is None:  # called alone: a plan of its own, tensors in and out
+        alone = plan is None  # called alone: a plan of its own, tensors in and out
+        if alone:
             if not fusable(self, ENCODER_LAYER_ROLES):
                 return self.unfused(inputs, attn_mask)
-            plan = ForwardPlan([self], inputs)
-            outputs, attn_prob = self.forward(plan.hidden(inputs), attn_mask, plan=plan.layers[0])
-            return plan.output(outputs), attn_prob
+            own = ForwardPlan([self], inputs)
+            plan, inputs = own.layers[0], own.hidden(inputs)
         att_outputs, attn_prob = self.self_attn(inputs, inputs, inputs, attn_mask, plan=plan.self_attn)
         att_outputs = plan.add_norm(self.layer_norm1, att_outputs, inputs)
         ffn_outputs = self.pos_ffn(att_outputs, plan=plan.pos_ffn)
         ffn_outputs = plan.add_norm(self.layer_norm2, ffn_outputs, att_outputs)
-        return ffn_outputs, attn_prob
+        return (own.output(ffn_outputs) if alone else ffn_outputs), attn_prob
 
     def unfused(self, inputs, attn_mask):
         """The tutorial's forward, module by module."""
@@ -393,14 +393,12 @@ class DecoderLayer(nn.Module):
         plan: this layer's LayerPlan of its Decoder's ForwardPlan, None when called alone (the layer
         makes its own). With one, dec_inputs and the outputs are Hidden pairs, and the cross-attention
         reads enc_outputs through the plan's keys and values."""
-        if plan is None:  # called alone: a plan of its own, tensors in and out
+        alone = plan is None  # called alone: a plan of its own, tensors in and out
+        if alone:
             if not fusable(self, DECODER_LAYER_ROLES):
                 return self.unfused(dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask)
-            plan = ForwardPlan([self], dec_inputs, enc_outputs)
-            outputs, *attn_probs = self.forward(
-                plan.hidden(dec_inputs), enc_outputs, self_attn_mask, dec_enc_attn_mask, plan=plan.layers[0]
-            )
-            return plan.output(outputs), *attn_probs
+            own = ForwardPlan([self], dec_inputs, enc_outputs)
+            plan, dec_inputs = own.layers[0], own.hidden(dec_inputs)
         self_att_outputs, self_attn_prob = self.self_attn(
             dec_inputs, dec_inputs, dec_inputs, self_attn_mask, plan=plan.self_attn
         )
@@ -411,7 +409,7 @@ class DecoderLayer(nn.Module):
         dec_enc_att_outputs = plan.add_norm(self.layer_norm2, dec_enc_att_outputs, self_att_outputs)
         ffn_outputs = self.pos_ffn(dec_enc_att_outputs, plan=plan.pos_ffn)
         ffn_outputs = plan.add_norm(self.layer_norm3, ffn_outputs, dec_enc_att_outputs)
-        return ffn_outputs, self_attn_prob, dec_enc_attn_prob
+        return (own.output(ffn_outputs) if alone else ffn_outputs), self_attn_prob, dec_enc_attn_prob
 
     def unfused(self, dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask):
         """The tutorial's forward, module by module."""
