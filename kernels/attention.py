@@ -1324,14 +1324,29 @@ class _SelfPlan(_Plan):
         """q, k and v of qkv (or of its gradient), as _packed_heads."""
         return _packed_heads(qkv, self.n_head, self.seq_len)
 
-    def backward_outputs(self, like):
-        """dqkv (qkv's shape) and its three heads' views, dq, dk and dv, in like's dtype."""
-        dqkv = torch.empty(self.qkv_shape, dtype=like.dtype, device=like.device)
-        return dqkv, *self.heads(dqkv)
+    def pointers(self, qkv):
+        """What the prepared launches take for q, k and v of qkv (or of its gradient): its three
+        column slices, each the elements of one head view at the same address. A prepared launch
+        reads a tensor through the strides bound when the plan was made and takes only its pointer
+        and dtype, so these stand for the heads' views: three views where the heads take five
+        (view, unbind, three transposes), on every call forward and backward."""
+        width = qkv.shape[-1] // 3
+        return qkv.narrow(-1, 0, width), qkv.narrow(-1, width, width), qkv.narrow(-1, 2 * width, width)
 
-    def _backward_launches(self, do, q, k, v, o, lse, seed, key_padding_mask, attn_mask):
+    def backward_outputs(self, like):
+        """dqkv (qkv's shape) in like's dtype, and the pointers (`pointers`) of its dq, dk and dv."""
+        dqkv = torch.empty(self.qkv_shape, dtype=like.dtype, device=like.device)
+        return dqkv, *self.pointers(dqkv)
+
+    def backward_launches(self, do, qkv, o, lse, seed, key_padding_mask, attn_mask):
+        """The backward's two PreparedLaunches for a gradient `do` (unit last stride) of this signature."""
+        args = do, qkv, o, lse, seed, key_padding_mask, attn_mask
+        return kept(self.backwards, (do.stride(), do.dtype), self._backward_launches, *args)
+
+    def _backward_launches(self, do, qkv, o, lse, seed, key_padding_mask, attn_mask):
+        q, k, v = self.heads(qkv)
         masking = _masking(q, key_padding_mask, attn_mask, self.causal, self.dropout_p, self.scale)
-        _, dq, dk, dv = self.backward_outputs(q)
+        dq, dk, dv = self.heads(torch.empty(self.qkv_shape, dtype=q.dtype, device=q.device))
         launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, torch.empty_like(lse), masking)
         return [configs.prepare(*launch) for configs, launch in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches)]
 
@@ -1341,8 +1356,8 @@ class _PlannedSelfAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv, key_padding_mask, attn_mask, seed, plan):
-        o, lse = plan.run(*plan.heads(qkv), key_padding_mask, attn_mask, seed)
-        # qkv and o saved (the views are made again), so that autograd checks neither changed
+        o, lse = plan.run(*plan.pointers(qkv), key_padding_mask, attn_mask, seed)
+        # qkv and o saved (the pointers, or views, are made again), so that autograd checks neither changed
         ctx.save_for_backward(qkv, o, lse, seed, key_padding_mask, attn_mask)
         ctx.plan = plan
         ctx.set_materialize_grads(False)
@@ -1354,17 +1369,18 @@ class _PlannedSelfAttention(torch.autograd.Function):
             return (None,) * 5
         plan = ctx.plan
         qkv, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
-        q, k, v = plan.heads(qkv)
         B, H, L, D = o.shape
         # (B, H, L, D): the gradient's rows as the kernels read them
         do = last_dim_contiguous(dcontext).reshape(B, L, H, D).transpose(1, 2)
         if not planning():  # a dispatch mode or transform over the backward sees the registered op
+            q, k, v = plan.heads(qkv)
             dq, dk, dv = _attention_backward_op(
                 do, q, k, v, o, lse, seed, key_padding_mask, attn_mask, plan.causal, plan.dropout_p, plan.scale
             )
             dqkv = torch.stack([t.transpose(1, 2) for t in (dq, dk, dv)], dim=2).view(plan.qkv_shape)
             return dqkv, None, None, None, None
-        dq_pass, dkdv_pass = plan.backward_launches(do, q, k, v, o, lse, seed, key_padding_mask, attn_mask)
+        dq_pass, dkdv_pass = plan.backward_launches(do, qkv, o, lse, seed, key_padding_mask, attn_mask)
+        q, k, v = plan.pointers(qkv)
         dqkv, dq, dk, dv = plan.backward_outputs(qkv)
         delta = torch.empty(*plan.lse_size, dtype=torch.float32, device=q.device)
         mask = None if attn_mask is None else _dense_mask_view(attn_mask)
@@ -1438,7 +1454,7 @@ def self_attention(
             seed = planned_seed(plan, seed, qkv.device)
             if needs_grad(qkv):
                 return _planned_self_attention(qkv, key_padding_mask, attn_mask, seed, plan)
-            return _context(plan.run(*plan.heads(qkv), key_padding_mask, attn_mask, seed)[0], plan.rows)
+            return _context(plan.run(*plan.pointers(qkv), key_padding_mask, attn_mask, seed)[0], plan.rows)
     seq_len = check_self_attention_args(qkv, n_head, seq_len)
     kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
     out = attention(*_packed_heads(qkv, n_head, seq_len), **kwargs, softmax_scale=softmax_scale, seed=seed)
