@@ -14,7 +14,9 @@ the better fp32 engine; for the kernels, run the model under
 kernel has no matrix product and takes fp32 as it is.
 "triton" always runs the kernels: on a CPU that needs TRITON_INTERPRET=1 set before `fastformer.kernels` is
 imported (Triton's interpreter; this is how the tests check the kernels without a GPU).
-Modules reach attention, the FFN and add + LayerNorm only through the functions below.
+Modules reach attention, the FFN and add + LayerNorm only through the functions below; a planned
+Encoder or Decoder forward (fastformer.plan) through `ops`, which picks the same functions once for
+all its layers.
 """
 
 from collections.abc import Callable
