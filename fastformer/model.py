@@ -30,7 +30,7 @@ from fastformer import backend
 from fastformer.config import check_config
 from fastformer.fusion import fusable
 from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
-from fastformer.plan import ForwardPlan, Pending, active_p
+from fastformer.plan import ForwardPlan, Pending, active_p, linear_groups
 
 ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
 
@@ -237,6 +237,18 @@ class MultiHeadAttention(nn.Module):
         """(weight, bias) of nn.Linears as one."""
         return torch.cat([lin.weight for lin in linears]), torch.cat([lin.bias for lin in linears])
 
+    def weight_groups(self, cross=False):
+        """What a ForwardPlan gathers of this attention for its AttentionPlan, in the plan's field
+        order (fastformer.plan.gather_weights' groups): the input projections as one product (W_Q,
+        W_K and W_V; W_Q alone for a cross-attention, whose keys and values the Decoder's plan
+        projects for all its layers: key_value_projections), then the output linear's weight."""
+        projections = [self.W_Q] if cross else [self.W_Q, self.W_K, self.W_V]
+        return [*linear_groups(projections), ([self.linear.weight], self.linear.weight.shape)]
+
+    def key_value_projections(self):
+        """W_K and W_V, which a cross-attention applies to the encoder output."""
+        return [self.W_K, self.W_V]
+
     def heads_of(self, x, weight, bias, n, seq_len=None):
         """The n (bs, n_head, n_seq, d_head) heads of the projection F.linear(x, weight, bias), whose
         rows are n projections (W_Q; W_K; W_V, say): views, no transpose copies. x: (bs, n_seq,
@@ -291,6 +303,16 @@ class PoswiseFeedForwardNet(nn.Module):
         output = self.transform(inputs.low, plan.w1, plan.b1, plan.w2, op=plan.ops.feed_forward)
         return Pending(output, self.conv2.bias, active_p(self.dropout), plan.out_seed)
 
+    def weight_groups(self):
+        """What a ForwardPlan gathers of this feed-forward for its FeedForwardPlan, in the plan's
+        field order: conv1's weight and bias and conv2's weight, the Conv1d weights as nn.Linear's
+        (conv2's bias goes to the layer's add + LayerNorm)."""
+        return [
+            ([self.conv1.weight], self.conv1.weight.shape[:2]),
+            ([self.conv1.bias], self.conv1.bias.shape),
+            ([self.conv2.weight], self.conv2.weight.shape[:2]),
+        ]
+
     def unfused(self, inputs):
         """The tutorial's forward, module by module."""
         # (bs, d_ff, n_seq)
@@ -333,6 +355,10 @@ class EncoderLayer(nn.Module):
         ffn_outputs = self.pos_ffn(att_outputs, plan=plan.pos_ffn)
         ffn_outputs = plan.add_norm(self.layer_norm2, ffn_outputs, att_outputs)
         return (own.output(ffn_outputs) if alone else ffn_outputs), attn_prob
+
+    def weight_groups(self):
+        """What a ForwardPlan gathers of this layer (its LayerPlan's weights, in order)."""
+        return [*self.self_attn.weight_groups(), *self.pos_ffn.weight_groups()]
 
     def unfused(self, inputs, attn_mask):
         """The tutorial's forward, module by module."""
@@ -410,6 +436,24 @@ class DecoderLayer(nn.Module):
         ffn_outputs = self.pos_ffn(dec_enc_att_outputs, plan=plan.pos_ffn)
         ffn_outputs = plan.add_norm(self.layer_norm3, ffn_outputs, dec_enc_att_outputs)
         return (own.output(ffn_outputs) if alone else ffn_outputs), self_attn_prob, dec_enc_attn_prob
+
+    def weight_groups(self):
+        """What a ForwardPlan gathers of this layer (its LayerPlan's weights, in order), but the
+        cross-attention's keys and values (key_value_projections)."""
+        return [
+            *self.self_attn.weight_groups(),
+            *self.dec_enc_attn.weight_groups(cross=True),
+            *self.pos_ffn.weight_groups(),
+        ]
+
+    def key_value_projections(self):
+        """The cross-attention's W_K and W_V, which the Decoder's plan makes one product for all its layers."""
+        return self.dec_enc_attn.key_value_projections()
+
+    def key_value_heads(self, enc_outputs, weight, bias, n):
+        """The n (bs, n_head, n_enc_seq, d_head) heads of the encoder output's projection by
+        `weight` and `bias` (n key and value projections side by side)."""
+        return self.dec_enc_attn.heads_of(enc_outputs, weight, bias, n)
 
     def unfused(self, dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask):
         """The tutorial's forward, module by module."""

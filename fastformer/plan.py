@@ -146,25 +146,10 @@ def gather_weights(groups, dtype):
     return [piece.view(shape) for (_, shape), piece in zip(groups, pieces)]
 
 
-def projection_groups(linears):
+def linear_groups(linears):
     """The weight groups of nn.Linears as one product: their weights, their biases."""
     rows = sum(lin.out_features for lin in linears)
     return [([lin.weight for lin in linears], (rows, linears[0].in_features)), ([lin.bias for lin in linears], (rows,))]
-
-
-def attention_groups(attn, projections):
-    """The weight groups of an AttentionPlan, in its fields' order: the projections (attn's W_Q,
-    W_K, W_V, or some) as one product, and the output linear's weight."""
-    return [*projection_groups(projections), ([attn.linear.weight], attn.linear.weight.shape)]
-
-
-def feed_forward_groups(ffn):
-    """The weight groups of a FeedForwardPlan, in its fields' order (Conv1d weights as nn.Linear's)."""
-    return [
-        ([ffn.conv1.weight], ffn.conv1.weight.shape[:2]),
-        ([ffn.conv1.bias], ffn.conv1.bias.shape),
-        ([ffn.conv2.weight], ffn.conv2.weight.shape[:2]),
-    ]
 
 
 def dropout_seeds(dropouts, n_layer, ops, device):
@@ -212,21 +197,18 @@ class CastWeights(torch.autograd.Function):
 
 
 class Layout:
-    """What a ForwardPlan reads of its layers' modules: the weight groups (where each tensor lives,
-    as a module's parameter dict and a name, and each group's shape) and the nn.Dropouts, found
-    once per state of the modules (see `layout`); the tensors themselves are read on every use."""
+    """What a ForwardPlan takes of its layers: the weight groups each layer declares
+    (`weight_groups`, and a Decoder's cross-attention `key_value_projections`), kept as where each
+    tensor lives (a module's parameter dict and a name) and each group's shape, and the nn.Dropouts
+    of the layers' module trees; found once per state of the modules (see `layout`), the tensors
+    themselves read on every use."""
 
     def __init__(self, layers, decoder):
         groups = []
-        if decoder:  # every layer's cross-attention W_K and W_V, as one product
-            crosses = [layer.dec_enc_attn for layer in layers]
-            groups += projection_groups([lin for attn in crosses for lin in (attn.W_K, attn.W_V)])
-        for layer in layers:
-            attn = layer.self_attn
-            groups += attention_groups(attn, [attn.W_Q, attn.W_K, attn.W_V])
-            if decoder:
-                groups += attention_groups(layer.dec_enc_attn, [layer.dec_enc_attn.W_Q])
-            groups += feed_forward_groups(layer.pos_ffn)
+        if decoder:  # every layer's cross-attention keys and values, as one product
+            groups += linear_groups([lin for layer in layers for lin in layer.key_value_projections()])
+        for layer in layers:  # each layer says what it is made of (its weight_groups)
+            groups += layer.weight_groups()
         where = {
             id(p): (module._parameters, name)
             for layer in layers
@@ -299,7 +281,7 @@ class ForwardPlan:
         seeds = dropout_seeds(found.dropouts, len(layers), ops, inputs.device)
         keys_values = [None] * len(layers)
         if decoder:
-            heads = layers[0].dec_enc_attn.heads_of(enc_outputs, *take(weights, 2), 2 * len(layers))
+            heads = layers[0].key_value_heads(enc_outputs, *take(weights, 2), 2 * len(layers))
             keys_values = [tuple(heads[2 * i : 2 * i + 2]) for i in range(len(layers))]
         self.layers = []
         for i in range(len(layers)):
