@@ -182,6 +182,7 @@ def _reviews(dataset, rotten_tomatoes):
     from fastformer.data import demo
     from fastformer.data import rotten_tomatoes as rt
     from fastformer.train.inputs import read_data
+    from fastformer.train.options import RUN_OPTIONS, new_run_options
 
     if dataset == "demo":
         files, source = {"train": demo.TRAIN_FILE, "test": demo.TEST_FILE}, "demo set"
@@ -193,7 +194,8 @@ def _reviews(dataset, rotten_tomatoes):
                 {"train": str(EMBEDDED_ROTTEN_TOMATOES), "test": None},
                 "Rotten Tomatoes, 200 embedded snippets",
             )
-    options = {"train": files["train"], "test": files["test"], "n_output": None, "seed": 0}
+    # a new run's options on these files, the defaults for the rest (seed 0, n_output from the labels' 2)
+    options, _ = new_run_options({**dict.fromkeys(RUN_OPTIONS), "train": files["train"], "test": files["test"]})
     return read_data(options, None, resuming=False)[0], source
 
 
