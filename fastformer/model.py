@@ -322,9 +322,11 @@ class PoswiseFeedForwardNet(nn.Module):
         output = self.conv2(output).transpose(1, 2)
         return self.dropout(output)
 
-    def transform(self, inputs, w1, b1, w2, b2=None, op=backend.feed_forward):
+    def transform(self, inputs, w1, b1, w2, b2=None, op=None):
         """conv2(act(conv1(inputs))) with these weights (nn.Linear layout) by `op` (a plan's pick,
-        backend.Ops), without the output dropout; b2 None leaves conv2's bias to add + LayerNorm."""
+        backend.Ops; None: backend.feed_forward picks), without the output dropout; b2 None leaves
+        conv2's bias to add + LayerNorm."""
+        op = backend.feed_forward if op is None else op
         # the ops take one dtype: the cast autocast gives a product's input, when the weights are cast
         return op(inputs.to(w1.dtype), w1, b1, w2, b2, activation=self.activation)
 

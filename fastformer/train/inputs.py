@@ -70,8 +70,8 @@ class TrainInputs(NamedTuple):
     checkpoint: str | None  # the checkpoint --resume continues from; None: from the start
     previous: dict | None  # the run.json of the run resumed; None for a new run
     using_demo: bool
-    data: Data | None  # None until read (check_inputs reads it)
-    digests: dict | None  # the sha256 of each data file: {"train": ..., "test": ... or None}
+    data: Data | None = None  # None until read (check_inputs reads it)
+    digests: dict | None = None  # the sha256 of each data file: {"train": ..., "test": ... or None}
 
 
 def check_inputs(options):
@@ -165,8 +165,6 @@ def _new_run(options):
         checkpoint=None,
         previous=None,
         using_demo=using_demo,
-        data=None,
-        digests=None,
     )
 
 
@@ -201,8 +199,6 @@ def _resumed_run(options):
         checkpoint=checkpoint,
         previous=previous,
         using_demo=previous["demo_data"],
-        data=None,
-        digests=None,
     )
 
 
