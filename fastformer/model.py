@@ -12,10 +12,11 @@ the tutorial's, so its checkpoints load with strict=True. Three things differ, a
   them what each would do for itself: weights cast once, dropout seeds drawn once, the decoder's
   cross-attention keys and values projected in one product. Each layer takes its part as a
   keyword-only `plan` and hands its children theirs (ScaledDotProductAttention a `seed`); called
-  alone, a layer makes its own, and an attention or feed-forward runs on its parameters. With a
-  plan, a sublayer's last bias and dropout are fused into the add + LayerNorm that follows it, and
-  a self-attention without probabilities runs on its fused QKV projection as one op
-  (kernels.self_attention: no head reshapes, one gradient back to the projection).
+  alone, a layer, an attention or a feed-forward makes its own (`own_plan`), so each has one body.
+  With a layer's plan, a sublayer's last bias and dropout are fused into the add + LayerNorm that
+  follows it; alone, they stay its own. A self-attention without probabilities runs on its fused
+  QKV projection as one op (kernels.self_attention: no head reshapes, one gradient back to the
+  projection).
 
 The fusions skip calling the modules inside them, so they run only while nothing can observe that
 (fastformer.fusion: stock modules in their roles, no hooks); otherwise each module runs its
@@ -30,7 +31,7 @@ from fastformer import backend
 from fastformer.config import check_config
 from fastformer.fusion import fusable
 from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
-from fastformer.plan import ForwardPlan, Pending, active_p, linear_groups
+from fastformer.plan import AttentionPlan, FeedForwardPlan, ForwardPlan, Hidden, Pending, active_p, linear_groups
 
 ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
 
@@ -170,16 +171,15 @@ class MultiHeadAttention(nn.Module):
         """Q: (bs, n_q_seq, d_hidn); K, V: (bs, n_k_seq, d_hidn). Returns (bs, n_q_seq, d_hidn) and
         the probabilities (bs, n_head, n_q_seq, n_k_seq) or None.
 
-        plan: the layer's AttentionPlan (fastformer.plan), None when called alone. With one, Q is
-        a Hidden, K and V are Q (self-attention) or are read as the plan's keys_values; the output
-        linear's bias and the dropout are left to the layer's add + LayerNorm, which fuses them, and
-        the output is Pending."""
-        if plan is None:
+        plan: the layer's AttentionPlan (fastformer.plan), None when called alone (the attention
+        makes its own: own_plan). With a layer's, Q is a Hidden, K and V are Q (self-attention) or
+        are read as the plan's keys_values; the output linear's bias and the dropout are left to
+        the layer's add + LayerNorm, which fuses them, and the output is Pending."""
+        alone = plan is None  # called alone: a plan of its own, tensors in and out
+        if alone:
             if not fusable(self, ATTENTION_ROLES):
                 return self.unfused(Q, K, V, attn_mask)
-            q_s, k_s, v_s = self.project(Q, K, V)
-            output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, self.linear.weight, self.linear.bias)
-            return self.dropout(output), attn_prob
+            plan, Q = self.own_plan(Q, K, V), Hidden.of(Q.reshape(-1, Q.size(-1)))
         if plan.keys_values is None and not wants_probs(self.config, plan.ops.kernels):
             # self-attention without probabilities: one product, one op on it, no head reshapes
             # (bs * n_seq, 3 * n_head * d_head) -> (bs * n_seq, n_head * d_head)
@@ -193,15 +193,41 @@ class MultiHeadAttention(nn.Module):
                 softmax_scale=self.scaled_dot_attn.scale,
                 seed=plan.attn_seed,
             )
-            output = F.linear(context, plan.out_weight)
-            return Pending(output, self.linear.bias, active_p(self.dropout), plan.out_seed), None
-        if plan.keys_values is None:  # self-attention, its probabilities asked for
-            q_s, k_s, v_s = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 3, plan.seq_len)
+            output, attn_prob = F.linear(context, plan.out_weight, plan.out_bias), None
         else:
-            (q_s,) = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 1, plan.seq_len)
-            k_s, v_s = plan.keys_values
-        output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, plan.out_weight, seed=plan.attn_seed, rows=True)
+            if plan.keys_values is None:  # self-attention, its probabilities asked for
+                q_s, k_s, v_s = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 3, plan.seq_len)
+            else:
+                (q_s,) = self.heads_of(Q.low, plan.in_weight, plan.in_bias, 1, plan.seq_len)
+                k_s, v_s = plan.keys_values
+            output, attn_prob = self.attend(q_s, k_s, v_s, attn_mask, plan.out_weight, plan.out_bias, plan.attn_seed)
+        if alone:  # (bs, n_q_seq, d_hidn)
+            return self.dropout(output.view(-1, plan.seq_len, output.size(-1))), attn_prob
         return Pending(output, self.linear.bias, active_p(self.dropout), plan.out_seed), attn_prob
+
+    def own_plan(self, Q, K, V):
+        """The AttentionPlan of this attention called alone: its parameters as they are (autocast
+        casts them), W_Q, W_K and W_V as one product for self-attention and K and V projected here
+        otherwise (in one product when they are one tensor), the output linear's bias in its
+        product, and no seeds (the ops draw their own)."""
+        ops = backend.ops(Q)
+        if Q is K and K is V:
+            weight, bias = self.concat(self.W_Q, self.W_K, self.W_V)
+            return AttentionPlan(ops, weight, bias, self.linear.weight, out_bias=self.linear.bias, seq_len=Q.size(1))
+        if K is V:
+            k_s, v_s = self.heads_of(K, *self.concat(self.W_K, self.W_V), 2)
+        else:
+            (k_s,) = self.heads_of(K, self.W_K.weight, self.W_K.bias, 1)
+            (v_s,) = self.heads_of(V, self.W_V.weight, self.W_V.bias, 1)
+        return AttentionPlan(
+            ops,
+            self.W_Q.weight,
+            self.W_Q.bias,
+            self.linear.weight,
+            keys_values=(k_s, v_s),
+            seq_len=Q.size(1),
+            out_bias=self.linear.bias,
+        )
 
     def unfused(self, Q, K, V, attn_mask):
         """The tutorial's forward, module by module, with its masks: (bs, n_q_seq, n_k_seq) for the
@@ -218,19 +244,6 @@ class MultiHeadAttention(nn.Module):
         # (bs, n_q_seq, n_head * d_head)
         context = context.transpose(1, 2).reshape(batch_size, -1, n_head * d_head)
         return self.dropout(self.linear(context)), attn_prob
-
-    def project(self, Q, K, V):
-        """The (bs, n_head, n_seq, d_head) heads of W_Q(Q), W_K(K) and W_V(V), in one product for
-        the inputs that are one tensor."""
-        if Q is K and K is V:  # self-attention
-            return self.heads_of(Q, *self.concat(self.W_Q, self.W_K, self.W_V), 3)
-        (q_s,) = self.heads_of(Q, self.W_Q.weight, self.W_Q.bias, 1)
-        if K is V:
-            k_s, v_s = self.heads_of(K, *self.concat(self.W_K, self.W_V), 2)
-            return q_s, k_s, v_s
-        (k_s,) = self.heads_of(K, self.W_K.weight, self.W_K.bias, 1)
-        (v_s,) = self.heads_of(V, self.W_V.weight, self.W_V.bias, 1)
-        return q_s, k_s, v_s
 
     @staticmethod
     def concat(*linears):
@@ -260,14 +273,13 @@ class MultiHeadAttention(nn.Module):
         heads = y.unbind(2) if n > 1 else [y.squeeze(2)]
         return [h.transpose(1, 2) for h in heads]
 
-    def attend(self, q_s, k_s, v_s, attn_mask, weight, bias=None, seed=None, rows=False):
+    def attend(self, q_s, k_s, v_s, attn_mask, weight, bias, seed):
         """The attention of the heads, then the output linear with `weight` and `bias` (None: left
         to add + LayerNorm), without the output dropout. seed: the attention dropout's, or None.
-        The output is (bs, n_q_seq, d_hidn), or its rows (bs * n_q_seq, d_hidn)."""
+        The output is (bs * n_q_seq, d_hidn) rows."""
         context, attn_prob = self.scaled_dot_attn(q_s, k_s, v_s, attn_mask, seed=seed)
-        # (bs, n_q_seq, n_head * d_head) or its rows: free when the kernel wrote context head-interleaved
-        width = self.config.n_head * self.config.d_head
-        context = context.transpose(1, 2).reshape(-1, width) if rows else context.transpose(1, 2).flatten(2)
+        # (bs * n_q_seq, n_head * d_head): free when the kernel wrote context head-interleaved
+        context = context.transpose(1, 2).reshape(-1, self.config.n_head * self.config.d_head)
         return F.linear(context, weight, bias), attn_prob
 
 
@@ -291,17 +303,28 @@ class PoswiseFeedForwardNet(nn.Module):
     def forward(self, inputs, *, plan=None):
         """inputs: (bs, n_seq, d_hidn) -> (bs, n_seq, d_hidn).
 
-        plan: the layer's FeedForwardPlan (fastformer.plan), None when called alone. With one,
-        inputs is a Hidden; conv2's bias and the dropout are left to the layer's add + LayerNorm,
-        which fuses them, and the output is Pending."""
-        if plan is None:
+        plan: the layer's FeedForwardPlan (fastformer.plan), None when called alone (the
+        feed-forward makes its own: own_plan). With a layer's, inputs is a Hidden; conv2's bias and
+        the dropout are left to the layer's add + LayerNorm, which fuses them, and the output is
+        Pending."""
+        alone = plan is None  # called alone: a plan of its own, tensors in and out
+        if alone:
             if not fusable(self, FEED_FORWARD_ROLES):
                 return self.unfused(inputs)
-            # the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in): views, not copies
-            w1, w2 = self.conv1.weight.squeeze(-1), self.conv2.weight.squeeze(-1)
-            return self.dropout(self.transform(inputs, w1, self.conv1.bias, w2, self.conv2.bias))
-        output = self.transform(inputs.low, plan.w1, plan.b1, plan.w2, op=plan.ops.feed_forward)
+            plan, inputs = self.own_plan(inputs), Hidden.of(inputs)
+        # the ops take one dtype: the cast autocast gives a product's input, when the weights are cast
+        low = inputs.low.to(plan.w1.dtype)
+        output = plan.ops.feed_forward(low, plan.w1, plan.b1, plan.w2, plan.b2, activation=self.activation)
+        if alone:
+            return self.dropout(output)
         return Pending(output, self.conv2.bias, active_p(self.dropout), plan.out_seed)
+
+    def own_plan(self, inputs):
+        """The FeedForwardPlan of this feed-forward called alone: its parameters as they are
+        (autocast casts them), the Conv1d weights (out, in, 1) read as nn.Linear weights (out, in),
+        views, not copies; conv2's bias in its product; no seed (the op draws its own)."""
+        w1, w2 = self.conv1.weight.squeeze(-1), self.conv2.weight.squeeze(-1)
+        return FeedForwardPlan(backend.ops(inputs), w1, self.conv1.bias, w2, b2=self.conv2.bias)
 
     def weight_groups(self):
         """What a ForwardPlan gathers of this feed-forward for its FeedForwardPlan, in the plan's
@@ -321,14 +344,6 @@ class PoswiseFeedForwardNet(nn.Module):
         # (bs, n_seq, d_hidn)
         output = self.conv2(output).transpose(1, 2)
         return self.dropout(output)
-
-    def transform(self, inputs, w1, b1, w2, b2=None, op=None):
-        """conv2(act(conv1(inputs))) with these weights (nn.Linear layout) by `op` (a plan's pick,
-        backend.Ops; None: backend.feed_forward picks), without the output dropout; b2 None leaves
-        conv2's bias to add + LayerNorm."""
-        op = backend.feed_forward if op is None else op
-        # the ops take one dtype: the cast autocast gives a product's input, when the weights are cast
-        return op(inputs.to(w1.dtype), w1, b1, w2, b2, activation=self.activation)
 
 
 class EncoderLayer(nn.Module):

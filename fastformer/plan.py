@@ -64,10 +64,11 @@ class Pending(NamedTuple):
 
 @dataclass
 class AttentionPlan:
-    """What a MultiHeadAttention of a layer runs with: its input projections as one product (W_Q,
-    W_K and W_V for self-attention; W_Q alone for cross-attention, whose keys and values come
-    projected for all the decoder's layers at once), the output linear's weight (its bias goes to
-    add + LayerNorm), and the seeds of the attention's dropout and of the output's."""
+    """What a MultiHeadAttention runs with: its input projections as one product (W_Q, W_K and W_V
+    for self-attention; W_Q alone for cross-attention, whose keys and values come projected for
+    all the decoder's layers at once), the output linear's weight (its bias goes to add +
+    LayerNorm), and the seeds of the attention's dropout and of the output's. An attention called
+    alone makes its own (MultiHeadAttention.own_plan), with its output bias and no seeds."""
 
     ops: backend.Ops
     in_weight: torch.Tensor  # (n * n_head * d_head, d_hidn)
@@ -77,18 +78,21 @@ class AttentionPlan:
     out_seed: torch.Tensor | None = None
     keys_values: tuple | None = None  # cross-attention: (k_s, v_s), each (bs, n_head, n_enc_seq, d_head)
     seq_len: int | None = None  # the queries' length: the hidden states come as (bs * n_seq, d_hidn) rows
+    out_bias: torch.Tensor | None = None  # the output linear's bias in its product: an attention alone
 
 
 @dataclass
 class FeedForwardPlan:
-    """What a PoswiseFeedForwardNet of a layer runs with: conv1's weight and bias and conv2's weight
-    as nn.Linear's (conv2's bias goes to add + LayerNorm), and the output dropout's seed."""
+    """What a PoswiseFeedForwardNet runs with: conv1's weight and bias and conv2's weight as
+    nn.Linear's (conv2's bias goes to add + LayerNorm), and the output dropout's seed. A
+    feed-forward called alone makes its own (PoswiseFeedForwardNet.own_plan), with conv2's bias."""
 
     ops: backend.Ops
     w1: torch.Tensor  # (d_ff, d_hidn)
     b1: torch.Tensor  # (d_ff,)
     w2: torch.Tensor  # (d_hidn, d_ff)
     out_seed: torch.Tensor | None = None
+    b2: torch.Tensor | None = None  # conv2's bias in its product: a feed-forward alone
 
 
 @dataclass

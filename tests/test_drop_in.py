@@ -244,3 +244,59 @@ def test_token_ids_outside_the_vocabulary_name_the_input_and_the_value(bad, wher
     name = "enc_inputs" if where == "enc" else "dec_inputs"
     with pytest.raises(ValueError, match=rf"^{name} holds token id {value}, outside \[0, {vocab}\)"):
         model(enc, dec)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("inputs", ["self", "cross", "three"])
+@pytest.mark.parametrize("output_attentions", [True, False])
+def test_an_attention_called_alone_matches_the_tutorial(backend, inputs, output_attentions):
+    """A MultiHeadAttention called on its own (its own plan: one body with the layers' calls), for
+    self-attention (Q is K is V: one fused op), cross-attention (K is V) and three tensors, in
+    training mode with dropout 0: its output, probabilities and every parameter's gradient."""
+    config = small_config(dropout=0.0, output_attentions=output_attentions)
+    ref, ours = paired_models(config, "MultiHeadAttention")
+    enc, dec = token_batch(config, seed=3)
+    generator = torch.Generator().manual_seed(3)
+    x, y, z = (
+        torch.randn(enc.size(0), n, config.d_hidn, generator=generator) for n in (dec.size(1), enc.size(1), enc.size(1))
+    )
+    q, k, v, mask = {
+        "self": (x, x, x, torch.gt(tutorial.pad_mask(dec, dec, 0) + tutorial.decoder_mask(dec), 0)),
+        "cross": (x, y, y, tutorial.pad_mask(dec, enc, 0)),
+        "three": (x, y, z, tutorial.pad_mask(dec, enc, 0)),
+    }[inputs]
+    expected, expected_probs = ref(q, k, v, mask)
+    with fastformer.use_backend(backend):
+        got, got_probs = ours(q, k, v, mask)
+    assert_max_diff("attention output", got, expected, 1e-5)
+    if output_attentions:
+        assert_max_diff("probabilities", got_probs, expected_probs, 1e-5)
+    else:
+        assert got_probs is None
+    upstream = torch.randn_like(expected)
+    (expected * upstream).sum().backward()
+    with fastformer.use_backend(backend):
+        (got * upstream).sum().backward()
+    ours_params = dict(ours.named_parameters())
+    for name, p in ref.named_parameters():
+        assert_max_diff(f"grad {name}", ours_params[name].grad, p.grad, 1e-5)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_a_feed_forward_called_alone_matches_the_tutorial(backend):
+    """A PoswiseFeedForwardNet called on its own (its own plan), conv2's bias in its product, in
+    training mode with dropout 0: its output and every parameter's gradient."""
+    config = small_config(dropout=0.0)
+    ref, ours = paired_models(config, "PoswiseFeedForwardNet")
+    x = torch.randn(3, 7, config.d_hidn, generator=torch.Generator().manual_seed(4))
+    expected = ref(x)
+    with fastformer.use_backend(backend):
+        got = ours(x)
+    assert_max_diff("feed-forward output", got, expected, 1e-5)
+    upstream = torch.randn_like(expected)
+    (expected * upstream).sum().backward()
+    with fastformer.use_backend(backend):
+        (got * upstream).sum().backward()
+    ours_params = dict(ours.named_parameters())
+    for name, p in ref.named_parameters():
+        assert_max_diff(f"grad {name}", ours_params[name].grad, p.grad, 1e-5)
