@@ -258,6 +258,10 @@ class MultiHeadAttention(nn.Module):
         projections = [self.W_Q] if cross else [self.W_Q, self.W_K, self.W_V]
         return [*linear_groups(projections), ([self.linear.weight], self.linear.weight.shape)]
 
+    def dropouts(self):
+        """The nn.Dropouts a ForwardPlan draws seeds for, in its order: the probabilities', the output's."""
+        return [self.scaled_dot_attn.dropout, self.dropout]
+
     def key_value_projections(self):
         """W_K and W_V, which a cross-attention applies to the encoder output."""
         return [self.W_K, self.W_V]
@@ -336,6 +340,10 @@ class PoswiseFeedForwardNet(nn.Module):
             ([self.conv2.weight], self.conv2.weight.shape[:2]),
         ]
 
+    def dropouts(self):
+        """The nn.Dropouts a ForwardPlan draws seeds for: the output's."""
+        return [self.dropout]
+
     def unfused(self, inputs):
         """The tutorial's forward, module by module."""
         # (bs, d_ff, n_seq)
@@ -376,6 +384,10 @@ class EncoderLayer(nn.Module):
     def weight_groups(self):
         """What a ForwardPlan gathers of this layer (its LayerPlan's weights, in order)."""
         return [*self.self_attn.weight_groups(), *self.pos_ffn.weight_groups()]
+
+    def dropouts(self):
+        """The nn.Dropouts a ForwardPlan draws this layer's seeds for, in the LayerPlan's order."""
+        return [*self.self_attn.dropouts(), *self.pos_ffn.dropouts()]
 
     def unfused(self, inputs, attn_mask):
         """The tutorial's forward, module by module."""
@@ -462,6 +474,10 @@ class DecoderLayer(nn.Module):
             *self.dec_enc_attn.weight_groups(cross=True),
             *self.pos_ffn.weight_groups(),
         ]
+
+    def dropouts(self):
+        """The nn.Dropouts a ForwardPlan draws this layer's seeds for, in the LayerPlan's order."""
+        return [*self.self_attn.dropouts(), *self.dec_enc_attn.dropouts(), *self.pos_ffn.dropouts()]
 
     def key_value_projections(self):
         """The cross-attention's W_K and W_V, which the Decoder's plan makes one product for all its layers."""

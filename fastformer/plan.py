@@ -169,8 +169,8 @@ def dropout_seeds(dropouts, n_layer, ops, device):
 
 
 def layer_seeds(seeds, i):
-    """An iterator over layer i's dropout seeds (one-element views), in the order of its nn.Dropout
-    modules: an attention's probabilities, then its output; the feed-forward's output."""
+    """An iterator over layer i's dropout seeds (one-element views), in the order of the layer's
+    `dropouts`: an attention's probabilities, then its output; the feed-forward's output."""
     if seeds is None:
         return itertools.repeat(None)
     return iter(seeds[i])
@@ -204,8 +204,8 @@ class Layout:
     """What a ForwardPlan takes of its layers: the weight groups each layer declares
     (`weight_groups`, and a Decoder's cross-attention `key_value_projections`), kept as where each
     tensor lives (a module's parameter dict and a name) and each group's shape, and the nn.Dropouts
-    of the layers' module trees; found once per state of the modules (see `layout`), the tensors
-    themselves read on every use."""
+    each layer declares (`dropouts`, in its LayerPlan's order); found once per state of the modules
+    (see `layout`), the tensors themselves read on every use."""
 
     def __init__(self, layers, decoder):
         groups = []
@@ -225,7 +225,7 @@ class Layout:
         self.shapes = [torch.Size(shape) for _, shape in groups]
         # the groups' shapes as tensors without data, for CastWeights' views
         self.templates = [torch.empty(shape, device="meta") for shape in self.shapes]
-        self.dropouts = [m for layer in layers for m in layer.modules() if isinstance(m, nn.Dropout)]
+        self.dropouts = [m for layer in layers for m in layer.dropouts()]
 
     def groups(self):
         """[(tensors, shape)] as gather_weights takes them, the parameters as they are now."""
