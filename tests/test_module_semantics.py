@@ -107,6 +107,30 @@ def test_a_hook_that_returns_a_new_output_takes_effect(backend, where):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", ["pos_ffn.conv1", "self_attn", "pos_ffn", "self_attn.W_K", "layer_norm2", ""])
+def test_a_pre_hook_that_returns_new_inputs_takes_effect(backend, where):
+    """A forward pre-hook that returns modified inputs (its first tensor scaled along its last
+    dim, which a LayerNorm cannot normalize away), on a leaf, a sublayer or a whole EncoderLayer:
+    the logits follow the tutorial's."""
+    ref, ours, batch = paired()
+
+    def scale_first(module, args):
+        return (args[0] * torch.linspace(0.5, 1.5, args[0].size(-1)), *args[1:])
+
+    for model in (ref, ours):
+        model.transformer.encoder.layers[0].get_submodule(where).register_forward_pre_hook(scale_first)
+    ref.eval(), ours.eval()
+    expected = ref(*batch)[0]
+    with fastformer.use_backend(backend):
+        actual = ours(*batch)[0]
+    assert_max_diff(f"logits, {where or 'layer'}'s input scaled", actual, expected, TOL)
+    plain = copy.deepcopy(ref)
+    for m in plain.modules():
+        m._forward_pre_hooks.clear()
+    assert (plain(*batch)[0] - expected).abs().max() > 1e-3, "the hook changes nothing: a test that cannot fail"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_full_backward_hooks_fire_with_the_tutorials_gradients(backend):
     ref, ours, batch = paired()
     grads = {}
