@@ -8,9 +8,10 @@ import torch
 
 import fastformer
 from fastformer.cli import main
-from fastformer.train import job, runtime
+from fastformer.train import job
 from fastformer.train.graphs import GraphedSteps, make_capturable
 from fastformer.train.loop import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
+from fastformer.train.options import StepModes, check_on_device, step_modes
 from tests.helpers import small_config, tiny_job_files, train_args
 
 CUDA = torch.device("cuda")
@@ -23,61 +24,53 @@ def files(tmp_path_factory):
     return tiny_job_files(tmp_path_factory.mktemp("data"))
 
 
+GRAPHS_ON_CPU = "--cuda-graphs needs a CUDA device; the device is cpu"
+
+
 @pytest.mark.parametrize(
-    "device, amp, kernels, distributed, options, message",
+    "device, amp, backend_name, distributed, options, message",
     [
-        (
-            CPU,
-            "off",
-            "reference",
-            False,
-            dict(cuda_graphs=True),
-            "--cuda-graphs needs a CUDA device; the device is cpu",
-        ),
-        (
-            CUDA,
-            "bf16",
-            "triton",
-            False,
-            dict(cuda_graphs=True, compile=True),
-            "--cuda-graphs and --compile are alternatives",
-        ),
+        ("cpu", "off", "reference", False, dict(cuda_graphs=True), GRAPHS_ON_CPU),
+        (CPU, "off", "auto", False, dict(cuda_graphs=True), GRAPHS_ON_CPU),
+        (CUDA, "bf16", "triton", False, dict(cuda_graphs=True, compile=True), "--cuda-graphs and --compile are"),
         (CUDA, "fp16", "triton", False, dict(cuda_graphs=True), "--cuda-graphs does not take --amp fp16"),
-        (
-            CUDA,
-            "bf16",
-            "triton",
-            False,
-            dict(cuda_graphs=True, pad_to_buckets=False),
-            "--cuda-graphs needs --pad-to-buckets",
-        ),
+        (CUDA, "bf16", "auto", False, dict(cuda_graphs=True, pad_to_buckets=False), "--cuda-graphs needs --pad-to"),
         (CUDA, "bf16", "triton", True, dict(cuda_graphs=True), "--cuda-graphs is not supported under torchrun"),
-        (CPU, "off", "triton", False, dict(compile=True), "--compile on cpu needs the reference kernels"),
+        ("cpu", "off", "triton", False, dict(compile=True), "--compile on cpu needs the reference kernels"),
         (CPU, "off", "reference", True, dict(compile=True), "--compile is not supported under torchrun"),
+        (CUDA, "bf16", "auto", False, dict(precompile=True), "--precompile needs --pad-to-buckets"),
+        (CUDA, "bf16", "auto", False, dict(precompile=True, pad_to_buckets=True, compile=True), "--precompile and"),
+        ("cpu", "off", "triton", False, dict(interpret=False), "--backend triton on cpu needs a CUDA GPU, or Triton's"),
     ],
 )
-def test_step_options_that_cannot_run_are_refused(device, amp, kernels, distributed, options, message):
-    launch = runtime.Launch(0, 2, 0, True) if distributed else runtime.Launch()
-    options = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None), **options)
+def test_step_options_that_cannot_run_are_refused(device, amp, backend_name, distributed, options, message):
+    """step_modes refuses the combinations of the flags, amp and torchrun; check_on_device what
+    the device decides (a name before torch, a torch.device after; Triton's interpreter on unless
+    named): the job runs each check once."""
+    options = dict(options)  # the parameters are shared between runs
+    interpret = options.pop("interpret", True)
+    modes = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None, precompile=None), **options)
     with pytest.raises(ValueError, match=message):
-        runtime.check_step_options(device, amp, kernels, launch, **options)
+        step_modes(amp, distributed, **modes)
+        check_on_device(device, backend_name, interpret, cuda_graphs=modes["cuda_graphs"], compile=modes["compile"])
 
 
 @pytest.mark.parametrize(
-    "device, amp, kernels, options, pad_to_buckets",
+    "device, backend_name, options, resolved",
     [
-        (CUDA, "bf16", "triton", dict(cuda_graphs=True), True),  # --cuda-graphs pads to buckets by default
-        (CUDA, "off", "reference", dict(cuda_graphs=True, pad_to_buckets=True), True),
-        (CUDA, "bf16", "triton", dict(compile=True), False),
-        (CPU, "off", "reference", dict(compile=True), False),  # torch.compile traces the reference on a CPU
-        (CPU, "off", "reference", dict(compile=True, pad_to_buckets=True), True),
-        (CPU, "off", "triton", dict(pad_to_buckets=True), True),
-        (CPU, "off", "reference", dict(), False),  # the default: eager, padded to the longest review
+        (CUDA, "triton", dict(cuda_graphs=True), (True, False, True, True)),  # pads to buckets, precompiles
+        (CUDA, "reference", dict(cuda_graphs=True, pad_to_buckets=True, precompile=False), (True, False, True, False)),
+        (CUDA, "triton", dict(compile=True), (False, True, False, False)),
+        (CPU, "reference", dict(compile=True), (False, True, False, False)),  # the reference traced on a CPU
+        (CPU, "auto", dict(compile=True, pad_to_buckets=True), (False, True, True, False)),  # compile builds its own
+        ("cpu", "triton", dict(pad_to_buckets=True), (False, False, True, True)),  # with the interpreter on
+        (CPU, "reference", dict(), (False, False, False, False)),  # the default: eager, padded to the longest review
     ],
 )
-def test_step_options_that_run_and_the_padding_they_get(device, amp, kernels, options, pad_to_buckets):
-    options = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None), **options)
-    assert runtime.check_step_options(device, amp, kernels, runtime.Launch(), **options) is pad_to_buckets
+def test_step_options_that_run_and_the_modes_they_get(device, backend_name, options, resolved):
+    modes = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None, precompile=None), **options)
+    check_on_device(device, backend_name, True, cuda_graphs=modes["cuda_graphs"], compile=modes["compile"])
+    assert step_modes("auto", False, **modes) == StepModes(*resolved)
 
 
 @pytest.mark.parametrize(

@@ -181,6 +181,19 @@ def test_log_none_is_quiet_and_a_number_that_is_not_a_float_is_named(files, tmp_
     assert not (tmp_path / "never").exists()
 
 
+def test_numbers_of_other_types_become_pythons_own():
+    """TrainOptions.plain: a NumPy integer or float that passed check() becomes an int or a float
+    (run.json and torch take those); Python's own values, bools, strings and None stay as they are."""
+    import numpy as np
+
+    given = TrainOptions(epochs=np.int64(3), lr=np.float32(0.5), warmup=0.25, bucket=False, train="t.tsv")
+    given.check()
+    options = given.plain()
+    assert (type(options.epochs), options.epochs) == (int, 3)
+    assert (type(options.lr), options.lr) == (float, 0.5)
+    assert (options.warmup, options.bucket, options.train, options.seed) == (0.25, False, "t.tsv", None)
+
+
 def test_predict_into_a_pipe_closed_early_ends_quietly(run_dir, capsys):
     """`fastformer predict ... | head -0`: the reader is gone before the first line; no error is
     printed and the status is SIGPIPE's (128 + 13), as for a command that SIGPIPE ended."""

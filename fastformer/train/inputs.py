@@ -18,16 +18,19 @@ from fastformer.config import BYTES_TO_BUILD, TUTORIAL, Config, check_fits, host
 from fastformer.data import rotten_tomatoes
 from fastformer.data.files import check_labels, infer_classes, read_reviews
 from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
-from fastformer.environment import interpreter_requested
+from fastformer.environment import interpreter_requested, under_torchrun
 from fastformer.train.options import (
     DEFAULTS,
     RUN_OPTIONS,
     RunOptions,
+    StepModes,
     TrainOptions,
     check_backend,
+    check_on_device,
     default_out,
     new_run_options,
     resumed_options,
+    step_modes,
 )
 from fastformer.train.rundir import (
     check_not_written,
@@ -72,6 +75,7 @@ class TrainInputs(NamedTuple):
     using_demo: bool
     data: Data | None = None  # None until read (check_inputs reads it)
     digests: dict | None = None  # the sha256 of each data file: {"train": ..., "test": ... or None}
+    modes: StepModes | None = None  # how the steps run (check_inputs settles them)
 
 
 def check_inputs(options):
@@ -83,7 +87,20 @@ def check_inputs(options):
         options = dataclasses.replace(
             options, **dict(zip(DATA_FILES, dataset_files(options.dataset, options.train, options.test)))
         )
-    check_backend(options.backend_name, options.device, *triton_available())
+    has_triton, interpret = triton_available()
+    check_backend(options.backend_name, has_triton)
+    if options.device is not None:  # else fastformer.train.run.settle checks the device it resolves
+        check_on_device(
+            options.device, options.backend_name, interpret, cuda_graphs=options.cuda_graphs, compile=options.compile
+        )
+    modes = step_modes(
+        options.amp,
+        under_torchrun(),
+        cuda_graphs=options.cuda_graphs,
+        compile=options.compile,
+        pad_to_buckets=options.pad_to_buckets,
+        precompile=options.precompile,
+    )
     resuming = options.resume is not None
     inputs = _resumed_run(options) if resuming else _new_run(options)
     data, digests = read_data(inputs.run_options, inputs.config, resuming)
@@ -94,7 +111,7 @@ def check_inputs(options):
     _check_fits_host(options, inputs.config, inputs.vocab, data.n_classes)
     # the classes the data settled are the run's n_output
     run_options = dataclasses.replace(inputs.run_options, n_output=data.n_classes)
-    return inputs._replace(run_options=run_options, data=data, digests=digests)
+    return inputs._replace(run_options=run_options, data=data, digests=digests, modes=modes)
 
 
 def writes_run_dir():

@@ -55,6 +55,7 @@ from fastformer.train.options import (
     TrainOptions,
     check_backend,
     check_demo_options,
+    check_on_device,
     check_run_options,
     check_texts,
 )
@@ -126,11 +127,11 @@ def train(options=None, *, log=print, **kwargs):
     otherwise it starts no process group. `cuda_graphs` replays each step from a CUDA graph
     (fastformer.train.graphs; CUDA only, bf16 or no autocast), `compile` runs the model through
     torch.compile(model, fullgraph=True), and `pad_to_buckets` pads batches to bucket lengths
-    (default: on with cuda_graphs, which needs it); check_step_options says which combinations
-    run. `precompile` compiles the kernels of the bucket shapes before the first step (default: on
-    with pad_to_buckets) and `autotune` times every kernel config instead of each kernel's rule
-    picking one (kernels.autotuning). None of them changes what the run trains beyond rounding, so
-    a resumed run may change them.
+    (default: on with cuda_graphs, which needs it); fastformer.train.options.step_modes and
+    check_on_device say which combinations run. `precompile` compiles the kernels of the bucket
+    shapes before the first step (default: on with pad_to_buckets) and `autotune` times every
+    kernel config instead of each kernel's rule picking one (kernels.autotuning). None of them
+    changes what the run trains beyond rounding, so a resumed run may change them.
 
     A run directory has one writer: the call holds its lock (fastformer.train.rundir.writing) from
     before the vocab is trained until it returns, and a run being written by another process is
@@ -543,7 +544,8 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
     check_run_options(device, backend_name, amp, batch_size)
     run = _run_dir(run, log)
     device = resolve_device(device)
-    check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
+    check_backend(backend_name, kernels.HAS_TRITON)
+    check_on_device(device, backend_name, kernels.INTERPRET)
     with backend.use_backend(backend_name):
         config, vocab, model, info = load_run(run, device)
         _say_if_training(run, log)
@@ -571,7 +573,8 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
     check_run_options(device, backend_name, amp)
     run = _run_dir(run, log)
     device = resolve_device(device)
-    check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
+    check_backend(backend_name, kernels.HAS_TRITON)
+    check_on_device(device, backend_name, kernels.INTERPRET)
     with backend.use_backend(backend_name):
         config, vocab, model, info = load_run(run, device)
         for i, text in enumerate(texts):  # as a blank text: the model would read nothing and still answer
@@ -615,7 +618,8 @@ def demo(*, device=None, backend_name="auto", amp="auto", batch_size=8, seq_len=
     log = quiet_if_none(log)
     check_demo_options(device, backend_name, amp, batch_size, seq_len, seed)
     device = resolve_device(device)
-    check_backend(backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
+    check_backend(backend_name, kernels.HAS_TRITON)
+    check_on_device(device, backend_name, kernels.INTERPRET)
     with backend.use_backend(backend_name):
         torch.manual_seed(seed)
         config = Config.tutorial()

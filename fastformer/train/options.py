@@ -16,6 +16,7 @@ import numbers
 import os
 import re
 import time
+from typing import NamedTuple
 
 from fastformer.config import TUTORIAL, host_memory, size_text
 from fastformer.data import demo
@@ -72,8 +73,8 @@ def check_numbers(**values):
 
 
 def check_positive(**values):
-    """Raise ValueError naming the first option given (not None) that is not a positive number."""
-    check_numbers(**values)
+    """Raise ValueError naming the first option given (not None) that is not positive; the values
+    are numbers (check_numbers or check_integers passed them)."""
     for name, value in values.items():
         if value is not None and not value > 0:
             raise ValueError(f"{_option(name)} must be positive, got {value}")
@@ -98,33 +99,54 @@ def check_device(name):
         raise ValueError(f"--device {name}: fastformer runs on cpu, cuda or cuda:N")
 
 
-def check_backend(backend_name, device, has_triton, interpret):
-    """Raise ValueError when --backend triton cannot run: without the triton package, or on a
-    `device` (a name; None: not known yet) other than CUDA without Triton's interpreter."""
-    if backend_name != "triton":
-        return
-    if not has_triton:
+def check_backend(backend_name, has_triton):
+    """Raise ValueError when --backend triton is asked for without the triton package."""
+    if backend_name == "triton" and not has_triton:
         raise ValueError(
             "--backend triton needs the triton package, which is not installed; pass --backend auto or reference"
         )
-    if device is not None and not str(device).startswith("cuda") and not interpret:
+
+
+def check_on_device(device, backend_name, interpret, *, cuda_graphs=False, compile=False):
+    """Raise ValueError naming the option that cannot run on `device` (a checked name, or a
+    torch.device: its type decides): --backend triton off CUDA without Triton's interpreter,
+    --cuda-graphs off CUDA, --compile of the Triton kernels off CUDA (off CUDA "auto" and
+    "reference" run the reference). A job calls it once, as soon as the device is known: before
+    torch when --device is given, else on the device it resolves."""
+    if str(device).split(":")[0] == "cuda":
+        return
+    if backend_name == "triton" and not interpret:
         raise ValueError(
             f"--backend triton on {device} needs a CUDA GPU, or Triton's interpreter (TRITON_INTERPRET=1 in the "
             "environment, which runs the kernels slowly on a CPU); pass --backend auto or reference"
         )
-
-
-def check_step_options(device, amp, kernels, distributed, *, cuda_graphs, compile, pad_to_buckets):
-    """Raise ValueError naming the option for a combination of --cuda-graphs, --compile and
-    --pad-to-buckets that cannot run on `device` (a name), autocast ("bf16", "fp16", "off"), kernels
-    ("triton" or "reference") and launch (`distributed`: under torchrun); return whether to pad to
-    buckets (default: with --cuda-graphs, which needs it, and not otherwise). Before torch is
-    imported, what is not known yet is None (device, kernels, distributed) or "auto" (amp), and
-    the checks that need it wait."""
-    device_type = None if device is None else str(device).split(":")[0]
     if cuda_graphs:
-        if device_type is not None and device_type != "cuda":
-            raise ValueError(f"--cuda-graphs needs a CUDA device; the device is {device}")
+        raise ValueError(f"--cuda-graphs needs a CUDA device; the device is {device}")
+    if compile and backend_name == "triton":
+        raise ValueError(
+            f"--compile on {device} needs the reference kernels: torch.compile cannot trace the "
+            "Triton kernels through Triton's CPU interpreter; pass --backend auto or reference"
+        )
+
+
+class StepModes(NamedTuple):
+    """How a train job's steps run, resolved (step_modes): run.json records them; they change the
+    speed and the rounding, not the math."""
+
+    cuda_graphs: bool  # each step replayed from a CUDA graph
+    compile: bool  # the model through torch.compile(fullgraph=True)
+    pad_to_buckets: bool  # batches padded to bucket lengths
+    precompile: bool  # the bucket shapes' kernels compiled before the first step
+
+
+def step_modes(amp, distributed, *, cuda_graphs, compile, pad_to_buckets, precompile):
+    """The StepModes of --cuda-graphs, --compile, --pad-to-buckets and --precompile as given (the
+    last two None: not given), with --amp as given and `distributed` (under torchrun); raise
+    ValueError naming the option for a combination that cannot run. What the device decides is
+    check_on_device's. --pad-to-buckets defaults to --cuda-graphs, which needs it; --precompile to
+    --pad-to-buckets, which makes the batch shapes known, unless --compile, whose kernels
+    torch.compile builds. ("auto" amp is never fp16, so amp as given decides.)"""
+    if cuda_graphs:
         if compile:
             raise ValueError("--cuda-graphs and --compile are alternatives: pass one")
         if amp == "fp16":
@@ -139,22 +161,9 @@ def check_step_options(device, amp, kernels, distributed, *, cuda_graphs, compil
             )
         if distributed:
             raise ValueError("--cuda-graphs is not supported under torchrun")
-    if compile:
-        if device_type is not None and device_type != "cuda" and kernels == "triton":
-            raise ValueError(
-                f"--compile on {device} needs the reference kernels: torch.compile cannot trace the "
-                "Triton kernels through Triton's CPU interpreter; pass --backend auto or reference"
-            )
-        if distributed:
-            raise ValueError("--compile is not supported under torchrun")
-    return cuda_graphs if pad_to_buckets is None else pad_to_buckets
-
-
-def check_precompile(precompile, pad_to_buckets, compile):
-    """Raise ValueError for a --precompile that cannot be done; return whether to compile the job's
-    kernels before its first step (default: with --pad-to-buckets, which makes the batch shapes
-    known, unless --compile, whose kernels torch.compile builds). `pad_to_buckets` is the resolved
-    choice."""
+    if compile and distributed:
+        raise ValueError("--compile is not supported under torchrun")
+    pad_to_buckets = cuda_graphs if pad_to_buckets is None else pad_to_buckets
     if precompile and compile:
         raise ValueError(
             "--precompile and --compile are alternatives: torch.compile compiles the kernels of its "
@@ -165,7 +174,8 @@ def check_precompile(precompile, pad_to_buckets, compile):
             "--precompile needs --pad-to-buckets: the kernels are compiled for the batch shapes, and "
             "without buckets every review length is a shape"
         )
-    return pad_to_buckets and not compile if precompile is None else precompile
+    precompile = pad_to_buckets and not compile if precompile is None else precompile
+    return StepModes(cuda_graphs, compile, pad_to_buckets, precompile)
 
 
 def parse_n_output(text):
@@ -286,8 +296,9 @@ class TrainOptions:
         return cls(**options)
 
     def check(self):
-        """Raise ValueError naming the first option whose value cannot be right, on its own or with the
-        others: everything that can be checked without torch, the files aside."""
+        """Raise ValueError naming the first option whose value cannot be right: its type and range
+        (the step modes together are step_modes' to check, what the device decides check_on_device's,
+        the files fastformer.train.inputs.check_inputs')."""
         counts = {name: getattr(self, name) for name in ("epochs", "batch_size", "max_steps", "vocab_size")}
         check_integers(**counts, seed=self.seed)
         check_numbers(lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup)
@@ -323,16 +334,6 @@ class TrainOptions:
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{_option(name)} must be True or False, got {value!r}")
         check_device(self.device)
-        pad_to_buckets = check_step_options(
-            self.device,
-            self.amp,
-            _kernels_named(self.backend_name),
-            None,
-            cuda_graphs=self.cuda_graphs,
-            compile=self.compile,
-            pad_to_buckets=self.pad_to_buckets,
-        )
-        check_precompile(self.precompile, pad_to_buckets, self.compile)
 
     def plain(self):
         """These options with Python's own numbers: an integer or a float of another type that
@@ -340,9 +341,11 @@ class TrainOptions:
         changes = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if _is_int(value) and type(value) is not int:
+            if type(value) in (int, float, bool, str) or value is None:
+                continue
+            if isinstance(value, numbers.Integral):
                 changes[field.name] = int(value)
-            elif isinstance(value, numbers.Real) and not isinstance(value, (bool, numbers.Integral, float)):
+            elif isinstance(value, numbers.Real):
                 changes[field.name] = float(value)
         return dataclasses.replace(self, **changes)
 
@@ -412,11 +415,6 @@ def check_demo_options(device, backend_name, amp, batch_size, seq_len, seed):
             f"--batch-size {batch_size} with --seq-len {seq_len}: the forward would keep at least {kept:,} bytes "
             f"({size_text(kept)}) of activations, more than this machine's memory ({size_text(memory)})"
         )
-
-
-def _kernels_named(backend_name):
-    """The kernels a backend runs, where the backend alone says: "triton", "reference", or None ("auto")."""
-    return None if backend_name == "auto" else backend_name
 
 
 def new_run_options(given):

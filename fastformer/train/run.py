@@ -1,13 +1,12 @@
 """The run object: one `fastformer train` invocation, settled once before any work.
 
 `settle(inputs, log)` takes what the checks made without torch found (inputs.TrainInputs: the
-options as given, the data, the config and vocab, the run directory, the run resumed) and settles
-the rest with what torch knows: the device, and the backend on it, autocast, the step modes (CUDA
-graphs, torch.compile, bucket padding, precompiling) checked together, the model's fit in the
-device's memory, the run's own options with the batch size the device takes, and the checkpoint
---resume continues from. (The checks made before torch ran the same rules on what was known then:
-a device not given, an "auto" amp; here they run again on the settled values.) The `Run` it returns
-is frozen and goes to every step of the job by name.
+options as given, the step modes, the data, the config and vocab, the run directory, the run
+resumed) and settles the rest with what torch knows: the device (and, when --device was not given,
+what it cannot run), autocast, the model's fit in the device's memory, the run's own options with
+the batch size the device takes, and the checkpoint --resume continues from. Each check runs once:
+what needs no torch ran before it. The `Run` it returns is frozen and goes to every step of the job
+by name.
 """
 
 import dataclasses
@@ -21,23 +20,13 @@ from fastformer.data.vocab import N_SPECIAL
 from fastformer.train.inputs import TrainInputs, default_config, size_names
 from fastformer.train.options import (
     RunOptions,
-    check_backend,
-    check_precompile,
+    check_on_device,
     check_resumable,
     check_world_size,
     default_batch_size,
 )
 from fastformer.train.rundir import load_checkpoint
-from fastformer.train.runtime import (
-    Launch,
-    check_step_options,
-    device_memory,
-    kernels_in_use,
-    quiet,
-    resolve_amp,
-    resolve_device,
-    torchrun_launch,
-)
+from fastformer.train.runtime import Launch, device_memory, quiet, resolve_amp, resolve_device, torchrun_launch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,22 +71,14 @@ class Run:
 
 def settle(inputs, log):
     """The Run of checked inputs (inputs.check_inputs), after the checks that need torch, before
-    any work; called under the run's backend (backend.use_backend), which kernels_in_use reads.
-    Raises ValueError/RuntimeError naming what does not fit."""
-    options = inputs.options
+    any work. Raises ValueError/RuntimeError naming what does not fit."""
+    options, modes = inputs.options, inputs.modes
     launch = torchrun_launch()
     device = resolve_device(options.device, launch.local_rank)
-    check_backend(options.backend_name, device, kernels.HAS_TRITON, kernels.INTERPRET)
-    amp = resolve_amp(options.amp, device)
-    pad_to_buckets = check_step_options(
-        device,
-        amp,
-        kernels_in_use(device, amp),
-        launch,
-        cuda_graphs=options.cuda_graphs,
-        compile=options.compile,
-        pad_to_buckets=options.pad_to_buckets,
-    )
+    if options.device is None:  # a device given was checked before torch
+        check_on_device(
+            device, options.backend_name, kernels.INTERPRET, cuda_graphs=modes.cuda_graphs, compile=modes.compile
+        )
     if inputs.previous is not None:
         check_world_size(options.resume, inputs.previous, launch)
     vocab = inputs.vocab  # None: trained later, and the default config checked again with its size
@@ -112,12 +93,9 @@ def settle(inputs, log):
         inputs,
         run_options,
         device,
-        amp,
+        resolve_amp(options.amp, device),
         launch,
-        cuda_graphs=options.cuda_graphs,
-        compile=options.compile,
-        pad_to_buckets=pad_to_buckets,
-        precompile=check_precompile(options.precompile, pad_to_buckets, options.compile),
+        **modes._asdict(),
         log=log if launch.rank == 0 else quiet,
         checkpoint=checkpoint,
     )

@@ -638,12 +638,17 @@ def check_run_dir(run_dir):
 
 def load_run(run_dir, device=None):
     """(config, vocab, model in eval mode, run info) from a run directory."""
+    import torch
+
     from fastformer.model import MovieClassification
+    from fastformer.train.options import check_device
     from fastformer.train.runtime import resolve_device
 
     info = check_run_dir(run_dir)
     model_file = os.path.join(run_dir, "model.pt")
-    device = resolve_device(device)
+    if not isinstance(device, torch.device):
+        check_device(device)
+        device = resolve_device(device)
     config_file = os.path.join(run_dir, "config.json")
     config = load_config(config_file, config_file)
     vocab = load_vocab(os.path.join(run_dir, "vocab.model"))

@@ -10,7 +10,7 @@ Rank 0 trains the vocab and sends it to the others, and alone writes the run dir
 progress; the metrics are summed over the processes. A checkpoint keeps every process's RNG state
 (rng_state), and --resume needs the same N.
 
-How each step runs (check_step_options): eagerly by default; with --cuda-graphs, as replays of
+How each step runs (fastformer.train.options.step_modes): eagerly by default; with --cuda-graphs, as replays of
 CUDA graphs captured once per batch shape (fastformer.train.graphs), the loaders padding the encoder ids
 to bucket lengths (fastformer.data.reviews.bucket_length) so that there are few shapes; with
 --compile, through torch.compile(model, fullgraph=True). These, and --pad-to-buckets, change the
@@ -26,10 +26,8 @@ import torch
 from fastformer import backend
 from fastformer.config import host_memory
 from fastformer.data.reviews import BUCKET_MULTIPLE
-from fastformer.train import options
+from fastformer.environment import TORCHRUN_ENV, under_torchrun
 from fastformer.train.loop import autocast
-
-TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
 def cpu_threads():
@@ -46,9 +44,9 @@ def cpu_threads():
 
 
 def resolve_device(name, local_rank=None):
-    """The device `name` names (default: cuda if available, else cpu). In a torchrun job
-    (`local_rank` given) a CUDA device is the GPU of the process's local rank."""
-    options.check_device(name)
+    """The device `name` (a name fastformer.train.options.check_device passed) names (default: cuda if available,
+    else cpu). In a torchrun job (`local_rank` given) a CUDA device is the GPU of the process's
+    local rank."""
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
@@ -94,7 +92,7 @@ class Launch(NamedTuple):
 
 def torchrun_launch():
     """The Launch torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE) describes, or a plain one."""
-    if not all(name in os.environ for name in TORCHRUN_ENV):
+    if not under_torchrun():
         return Launch()
     try:
         rank, local_rank, world_size = (int(os.environ[name]) for name in TORCHRUN_ENV)
@@ -161,23 +159,6 @@ def set_rng_state(state, device, launch):
 
 
 # How the steps run
-
-
-def check_step_options(device, amp, kernels, launch, *, cuda_graphs, compile, pad_to_buckets):
-    """Raise ValueError naming the option for a combination of --cuda-graphs, --compile and
-    --pad-to-buckets that cannot run on this device, autocast ("bf16", "fp16", "off"), kernels
-    ("triton" or "reference") and launch; return whether to pad to buckets (default: with
-    --cuda-graphs, which needs it, and not otherwise). fastformer.train.options.check_step_options, with
-    everything known."""
-    return options.check_step_options(
-        device,
-        amp,
-        kernels,
-        launch.distributed,
-        cuda_graphs=cuda_graphs,
-        compile=compile,
-        pad_to_buckets=pad_to_buckets,
-    )
 
 
 def device_memory(device):
