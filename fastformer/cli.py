@@ -201,7 +201,7 @@ def build_parser():
         "arguments it runs on the embedded demo set: the tutorial's config on CUDA, a smaller one on CPU.",
     )
     train.set_defaults(run_command=_train)
-    _add_flags(train, {field.name: field.metadata for field in dataclasses.fields(TrainOptions)})
+    _add_flags(train, {field.name: field.metadata["argparse"] for field in dataclasses.fields(TrainOptions)})
 
     data = commands.add_parser(
         "data",

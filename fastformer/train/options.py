@@ -24,30 +24,6 @@ from fastformer.data.vocab import N_SPECIAL
 from fastformer.environment import BACKEND_ENV, BACKENDS
 from fastformer.train.rundir import RUNS
 
-DEFAULTS = {"epochs": 5, "lr": 5e-4, "warmup": 0.1, "weight_decay": 0.01, "seed": 0, "vocab_size": 8000, "bucket": True}
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """The options that make a run what it is, resolved (new_run_options, resumed_options; the
-    batch size once the device is known): run.json records them, and --resume refuses a value
-    other than the run's for any. A new one is a field here beside its TrainOptions field."""
-
-    train: str  # the train reviews' file, absolute (the demo set's without --train)
-    test: str | None  # the test reviews' file; None: a split of train's
-    vocab: str | None  # a SentencePiece model given; None: trained on the train reviews
-    vocab_size: int | None  # the pieces of the vocab trained (None with a vocab given)
-    config: str | None  # a config.json given; None: the default config
-    n_output: int | str | None  # the classes: a number, "auto" (from the labels), None (the config's)
-    batch_size: int | None  # None until the device is known (default_batch_size)
-    lr: float
-    warmup: float  # the fraction of the run's steps the rate warms up over
-    weight_decay: float
-    seed: int
-    bucket: bool  # batches of reviews of similar length
-
-
-RUN_OPTIONS = tuple(field.name for field in dataclasses.fields(RunOptions))
 PATH_OPTIONS = ("train", "test", "vocab", "config")
 AMPS = ("auto", "bf16", "fp16", "off")
 DATASETS = ("demo", "rotten-tomatoes")  # --dataset: the embedded set, or what `fastformer data` prepared
@@ -208,12 +184,14 @@ RUNTIME_FLAGS = {
 }
 
 
-def flag(value=None, **parser_args):
+def flag(value=None, *, run=False, new_run=None, **parser_args):
     """A TrainOptions field of default `value` with its `fastformer train` flag declared beside it:
     argparse's arguments (help, type, action, its own default where it parses to another value
     than the field's, ...; "flag" where the option is not --the-field-name), from which
-    fastformer.cli builds the command's parser, in the fields' order."""
-    return dataclasses.field(default=value, metadata=parser_args)
+    fastformer.cli builds the command's parser, in the fields' order. `run`: the option makes the
+    run what it is (a RunOptions field: run.json records it, --resume refuses another value);
+    `new_run`: what a new run takes when it is not given (DEFAULTS)."""
+    return dataclasses.field(default=value, metadata={"argparse": parser_args, "run": run, "new_run": new_run})
 
 
 @dataclasses.dataclass
@@ -221,30 +199,45 @@ class TrainOptions:
     """What `fastformer train` and fastformer.train.job.train take, field for option (--backend is
     backend_name), each field declared with its flag. None means not given: a new run takes
     DEFAULTS (or a default that depends on the device), a resumed one the run's value. A new
-    option is a field here, its check in `check`, and its use (with a RunOptions field if it makes
-    the run what it is)."""
+    option is a field here (its flag, whether it makes the run what it is and its default in a
+    new run declared in `flag`), its check in `check`, and its use."""
 
-    train: str | None = flag(metavar="FILE", help="training reviews (default: the embedded demo set)")
-    test: str | None = flag(metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)")
+    train: str | None = flag(run=True, metavar="FILE", help="training reviews (default: the embedded demo set)")
+    test: str | None = flag(
+        run=True, metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)"
+    )
     dataset: str | None = flag(
         choices=list(DATASETS),
         help="instead of --train/--test: the embedded demo set (the default), or the Rotten Tomatoes snippets "
         "`fastformer data rotten-tomatoes` prepared",
     )
-    vocab: str | None = flag(metavar="MODEL", help="an existing SentencePiece model (default: train one)")
-    vocab_size: int | None = flag(type=int, help="BPE pieces besides the 7 special ones (default 8000)")
-    config: str | None = flag(metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)")
+    vocab: str | None = flag(run=True, metavar="MODEL", help="an existing SentencePiece model (default: train one)")
+    vocab_size: int | None = flag(
+        run=True, new_run=8000, type=int, help="BPE pieces besides the 7 special ones (default 8000)"
+    )
+    config: str | None = flag(
+        run=True, metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)"
+    )
     n_output: int | str | None = flag(
+        run=True,
         type=parse_n_output,
         metavar="N|auto",
         help="number of classes (default: the config's n_output, 2 in the tutorial's); auto: from the training labels",
     )
-    epochs: int | None = flag(type=int, help="epochs in total (default 5)")
-    batch_size: int | None = flag(type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)")  # per process
-    lr: float | None = flag(type=float, help="peak AdamW learning rate (default 5e-4)")
-    warmup: float | None = flag(type=float, help="fraction of steps of linear warm-up (default 0.1)")
-    weight_decay: float | None = flag(type=float, help="AdamW weight decay of the weight matrices (default 0.01)")
+    epochs: int | None = flag(new_run=5, type=int, help="epochs in total (default 5)")
+    batch_size: int | None = flag(
+        run=True, type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)"
+    )  # per process
+    lr: float | None = flag(run=True, new_run=5e-4, type=float, help="peak AdamW learning rate (default 5e-4)")
+    warmup: float | None = flag(
+        run=True, new_run=0.1, type=float, help="fraction of steps of linear warm-up (default 0.1)"
+    )
+    weight_decay: float | None = flag(
+        run=True, new_run=0.01, type=float, help="AdamW weight decay of the weight matrices (default 0.01)"
+    )
     bucket: bool | None = flag(
+        run=True,
+        new_run=True,
         action=argparse.BooleanOptionalAction,
         help="batch reviews of similar length together to cut padding (default on)",
     )
@@ -280,7 +273,9 @@ class TrainOptions:
         "per GPU model, instead of each kernel's rule picking one (as FASTFORMER_AUTOTUNE=1 does)",
     )
     out: str | None = flag(metavar="DIR", help="run directory (default runs/sentiment-<date>-<time>)")
-    seed: int | None = flag(type=int, help="seed of the initial weights, the split and the data order (default 0)")
+    seed: int | None = flag(
+        run=True, new_run=0, type=int, help="seed of the initial weights, the split and the data order (default 0)"
+    )
     max_steps: int | None = flag(type=int, help="stop after this many optimizer steps")
     resume: str | None = flag(
         metavar="DIR", help="continue a run directory up to --epochs, with the options it started with"
@@ -352,6 +347,28 @@ class TrainOptions:
     def given(self):
         """The RUN_OPTIONS, None where not given."""
         return {name: getattr(self, name) for name in RUN_OPTIONS}
+
+
+# The options that make a run what it is (flag(run=True)), resolved: new_run_options and
+# resumed_options make them, and the batch size is settled once the device is known (None till
+# then). run.json records them, and --resume refuses a value other than the run's for any. The
+# paths are absolute (train the demo set's without --train; test None: a split of train's);
+# vocab_size is None with a vocab given; n_output a number, "auto" (from the labels) or None (the
+# config's).
+RunOptions = dataclasses.make_dataclass(
+    "RunOptions",
+    [(field.name, field.type) for field in dataclasses.fields(TrainOptions) if field.metadata["run"]],
+    frozen=True,
+)
+RunOptions.__module__ = __name__
+RunOptions.__doc__ = "The options that make a run what it is, resolved (see the comment above it)."
+RUN_OPTIONS = tuple(field.name for field in dataclasses.fields(RunOptions))
+# what a new run takes for an option not given (flag's new_run); batch_size's depends on the device
+DEFAULTS = {
+    field.name: field.metadata["new_run"]
+    for field in dataclasses.fields(TrainOptions)
+    if field.metadata["new_run"] is not None
+}
 
 
 def default_backend():
