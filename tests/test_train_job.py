@@ -15,6 +15,7 @@ from fastformer import Config, MovieClassification, kernels
 from fastformer.cli import main
 from fastformer.data import load_vocab
 from fastformer.train import job, runtime
+from fastformer.train import run as job_run
 from fastformer.train.loop import predict_proba
 from fastformer.train.options import RUN_OPTIONS, TrainOptions, default_batch_size
 from tests import tutorial
@@ -436,6 +437,25 @@ def test_bad_input_is_one_line_exit_2_and_no_run_directory(files, tmp_path, caps
         assert message in err and err.startswith("fastformer train: error:") and "\n" not in err, (args, err)
         assert ("Training a BPE vocab" in stdout) == trains_vocab, args
         assert not out.exists(), args
+
+
+@pytest.mark.parametrize("given_config", [True, False])
+def test_a_model_too_large_for_the_device_is_one_line_and_no_run_directory(
+    files, tmp_path, monkeypatch, capsys, given_config
+):
+    """The model's fit in the device's memory is checked once: a config given before any work, the
+    default config once its vocab is trained (its size sets the embeddings'); either way one line,
+    exit 2, nothing written."""
+    monkeypatch.setattr(job_run, "device_memory", lambda device: 2**10)
+    out = tmp_path / "run"
+    args = ["train", "--train", files["train"], "--test", files["test"], "--vocab-size", "60", "--device", "cpu"]
+    code = main([*args, *(["--config", files["config"]] if given_config else []), "--out", str(out)])
+    stdout, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("fastformer train: error:") and err.count("\n") == 1, err
+    assert "more than this machine's memory (1.0 KiB)" in err, err
+    assert ("Training a BPE vocab" in stdout) != given_config
+    assert not out.exists()
 
 
 def test_n_output_auto_infers_the_classes(files, tmp_path):

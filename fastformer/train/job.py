@@ -215,9 +215,9 @@ def _train(run):
             except OSError as error:
                 raise OSError(f"{error}{_in_scratch(error)}") from None
         config = inputs.config
-        if config is None:
-            check_fits_device(inputs, None, vocab.get_piece_size(), run.device)
+        if config is None:  # the default config, for the vocab's size
             config = default_config(run.device.type, vocab.get_piece_size(), data.n_classes)
+            check_fits_device(inputs, config, run.device)
         trainer = _trainer(run, config, vocab)
         session = _session(run)
         run_info, where = _open_run_dir(run, config, vocab_file, trainer, session)

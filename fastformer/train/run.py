@@ -16,8 +16,7 @@ import torch
 
 from fastformer import kernels
 from fastformer.config import BYTES_TO_TRAIN, check_fits
-from fastformer.data.vocab import N_SPECIAL
-from fastformer.train.inputs import TrainInputs, default_config, size_names
+from fastformer.train.inputs import TrainInputs, size_names
 from fastformer.train.options import (
     RunOptions,
     check_on_device,
@@ -81,8 +80,8 @@ def settle(inputs, log):
         )
     if inputs.previous is not None:
         check_world_size(options.resume, inputs.previous, launch)
-    vocab = inputs.vocab  # None: trained later, and the default config checked again with its size
-    check_fits_device(inputs, inputs.config, vocab.get_piece_size() if vocab else N_SPECIAL, device)
+    if inputs.config is not None:  # the default config is checked once its vocab is known (job._train)
+        check_fits_device(inputs, inputs.config, device)
     checkpoint = load_checkpoint(inputs.checkpoint) if inputs.checkpoint is not None else None
     if options.resume is not None:
         check_resumable(options.resume, checkpoint, inputs.epochs, options.max_steps)
@@ -101,10 +100,7 @@ def settle(inputs, log):
     )
 
 
-def check_fits_device(inputs, config, n_vocab, device):
-    """The model's weights, gradients and AdamW state must fit the device's memory (`config` None:
-    the default config, with a vocab of `n_vocab` pieces)."""
-    if config is None:
-        config = default_config(device.type, n_vocab, inputs.data.n_classes)
+def check_fits_device(inputs, config, device):
+    """The model of `config` (its weights, gradients and AdamW state) must fit the device's memory."""
     where = f"the memory of {device}" if device.type == "cuda" else "this machine's memory"
     check_fits(config, device_memory(device), where, BYTES_TO_TRAIN, size_names(inputs.options))
