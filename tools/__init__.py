@@ -10,6 +10,7 @@ the report, which bench/'s pytest suites and `python -m bench.report` run too):
     python -m tools.host_overhead  the host time of an op call and of a train step (docs/host-path.md)
     python -m tools.sass           the kernels' hot loops read from their sm_90a SASS (docs/kernels.md)
     python -m tools.corpus_memory  the memory reading and encoding a large review file takes (docs/training.md)
+    python -m tools.train_stops    the calls a reader follows from `fastformer train` to its first step (docs/layout.md)
 
 Their outputs that are committed live in tools/results/. The tests use tools.sm90 and
 tools.launches; nothing in fastformer or kernels imports this package, and nothing here imports
