@@ -602,7 +602,7 @@ def pinned_digests(run_dir):
 
 def check_pinned(run_dir, run_info):
     """Raise ValueError naming the first of the run's files that is not the one run.json pins (a
-    run.json from before the pins were kept has none, and is not checked)."""
+    file whose key run.json lacks, as older runs' run.json do, is not checked)."""
     for name, key in PINNED.items():
         if key in run_info:
             path = os.path.join(run_dir, name)
