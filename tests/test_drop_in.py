@@ -246,6 +246,18 @@ def test_token_ids_outside_the_vocabulary_name_the_input_and_the_value(bad, wher
         model(enc, dec)
 
 
+def assert_same_gradients(ref, expected, ours, got, backend):
+    """Every parameter's gradient of the same upstream gradient through the tutorial's module
+    (output `expected`) and ours (`got`, backward on `backend`) agrees to 1e-5."""
+    upstream = torch.randn_like(expected)
+    (expected * upstream).sum().backward()
+    with fastformer.use_backend(backend):
+        (got * upstream).sum().backward()
+    ours_params = dict(ours.named_parameters())
+    for name, p in ref.named_parameters():
+        assert_max_diff(f"grad {name}", ours_params[name].grad, p.grad, 1e-5)
+
+
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("inputs", ["self", "cross", "three"])
 @pytest.mark.parametrize("output_attentions", [True, False])
@@ -273,13 +285,7 @@ def test_an_attention_called_alone_matches_the_tutorial(backend, inputs, output_
         assert_max_diff("probabilities", got_probs, expected_probs, 1e-5)
     else:
         assert got_probs is None
-    upstream = torch.randn_like(expected)
-    (expected * upstream).sum().backward()
-    with fastformer.use_backend(backend):
-        (got * upstream).sum().backward()
-    ours_params = dict(ours.named_parameters())
-    for name, p in ref.named_parameters():
-        assert_max_diff(f"grad {name}", ours_params[name].grad, p.grad, 1e-5)
+    assert_same_gradients(ref, expected, ours, got, backend)
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
@@ -293,10 +299,4 @@ def test_a_feed_forward_called_alone_matches_the_tutorial(backend):
     with fastformer.use_backend(backend):
         got = ours(x)
     assert_max_diff("feed-forward output", got, expected, 1e-5)
-    upstream = torch.randn_like(expected)
-    (expected * upstream).sum().backward()
-    with fastformer.use_backend(backend):
-        (got * upstream).sum().backward()
-    ours_params = dict(ours.named_parameters())
-    for name, p in ref.named_parameters():
-        assert_max_diff(f"grad {name}", ours_params[name].grad, p.grad, 1e-5)
+    assert_same_gradients(ref, expected, ours, got, backend)

@@ -93,17 +93,8 @@ def test_a_hook_that_returns_a_new_output_takes_effect(backend, where):
         return out * 0.5
 
     for model in (ref, ours):
-        layer = model.transformer.encoder.layers[0]
-        layer.get_submodule(where).register_forward_hook(halve)
-    ref.eval(), ours.eval()
-    expected = ref(*batch)[0]
-    with fastformer.use_backend(backend):
-        actual = ours(*batch)[0]
-    assert_max_diff(f"logits, {where or 'layer'} halved", actual, expected, TOL)
-    plain = copy.deepcopy(ref)
-    for m in plain.modules():
-        m._forward_hooks.clear()
-    assert (plain(*batch)[0] - expected).abs().max() > 1e-3, "the hook changes nothing: a test that cannot fail"
+        model.transformer.encoder.layers[0].get_submodule(where).register_forward_hook(halve)
+    assert_logits_follow_the_tutorial(ref, ours, batch, backend, f"{where or 'layer'} halved", "_forward_hooks")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -119,14 +110,21 @@ def test_a_pre_hook_that_returns_new_inputs_takes_effect(backend, where):
 
     for model in (ref, ours):
         model.transformer.encoder.layers[0].get_submodule(where).register_forward_pre_hook(scale_first)
+    what = f"{where or 'layer'}'s input scaled"
+    assert_logits_follow_the_tutorial(ref, ours, batch, backend, what, "_forward_pre_hooks")
+
+
+def assert_logits_follow_the_tutorial(ref, ours, batch, backend, what, hooks):
+    """In eval mode, ours (on `backend`) gives the tutorial's logits with the hooks both hold, and
+    the tutorial's model without them (its `hooks` dicts cleared) gives others: the hooks matter."""
     ref.eval(), ours.eval()
     expected = ref(*batch)[0]
     with fastformer.use_backend(backend):
         actual = ours(*batch)[0]
-    assert_max_diff(f"logits, {where or 'layer'}'s input scaled", actual, expected, TOL)
+    assert_max_diff(f"logits, {what}", actual, expected, TOL)
     plain = copy.deepcopy(ref)
     for m in plain.modules():
-        m._forward_pre_hooks.clear()
+        getattr(m, hooks).clear()
     assert (plain(*batch)[0] - expected).abs().max() > 1e-3, "the hook changes nothing: a test that cannot fail"
 
 
