@@ -225,9 +225,8 @@ class TrainOptions:
         help="number of classes (default: the config's n_output, 2 in the tutorial's); auto: from the training labels",
     )
     epochs: int | None = flag(new_run=5, type=int, help="epochs in total (default 5)")
-    batch_size: int | None = flag(
-        run=True, type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)"
-    )  # per process
+    # per process, under torchrun
+    batch_size: int | None = flag(run=True, type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)")
     lr: float | None = flag(run=True, new_run=5e-4, type=float, help="peak AdamW learning rate (default 5e-4)")
     warmup: float | None = flag(
         run=True, new_run=0.1, type=float, help="fraction of steps of linear warm-up (default 0.1)"

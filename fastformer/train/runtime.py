@@ -10,11 +10,11 @@ Rank 0 trains the vocab and sends it to the others, and alone writes the run dir
 progress; the metrics are summed over the processes. A checkpoint keeps every process's RNG state
 (rng_state), and --resume needs the same N.
 
-How each step runs (fastformer.train.options.step_modes): eagerly by default; with --cuda-graphs, as replays of
-CUDA graphs captured once per batch shape (fastformer.train.graphs), the loaders padding the encoder ids
-to bucket lengths (fastformer.data.reviews.bucket_length) so that there are few shapes; with
---compile, through torch.compile(model, fullgraph=True). These, and --pad-to-buckets, change the
-speed and the rounding, not the math: a run may resume with other values of them.
+How each step runs (fastformer.train.options.step_modes): eagerly by default; with --cuda-graphs, as
+replays of CUDA graphs captured once per batch shape (fastformer.train.graphs), the loaders padding
+the encoder ids to bucket lengths (fastformer.data.reviews.bucket_length) so that there are few
+shapes; with --compile, through torch.compile(model, fullgraph=True). These, and --pad-to-buckets,
+change the speed and the rounding, not the math: a run may resume with other values of them.
 """
 
 import contextlib
