@@ -305,7 +305,7 @@ def _masked_rows_value(
 @triton.jit
 def _fwd_step(
     acc, l_i, m_i, start_n, pad,
-    q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+    q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
     seed, bh, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
@@ -323,6 +323,7 @@ def _fwd_step(
     # (BLOCK_M, BLOCK_N) unscaled scores: the scale is folded into the exponent below
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
     if MASKED:
+        offs_m = start_m + tl.arange(0, BLOCK_M)
         valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK)
         qk = tl.where(valid, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # qk_scale > 0: the max of the scaled scores
@@ -348,7 +349,7 @@ def _fwd_step(
 @triton.jit
 def _dq_step(
     dq, start_n, pad,
-    q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk,
+    q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk,
     mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
@@ -370,6 +371,7 @@ def _dq_step(
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
     p = tl.exp2(qk * qk_scale - lse[:, None])  # the scale in one FFMA per score
     if MASKED:
+        offs_m = start_m + tl.arange(0, BLOCK_M)
         valid = _tile_valid(offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK)
         p = tl.where(valid, p, 0.0)
     dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -562,7 +564,7 @@ def _attn_fwd_kernel(
     for start_n in range(0, clean_end, BLOCK_N):
         acc, l_i, m_i = _fwd_step(
             acc, l_i, m_i, start_n, 0,
-            q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+            q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
             seed, bh, qk_scale, dropout_p,
             False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
             BLOCK_D, BLOCK_M, BLOCK_N,
@@ -575,7 +577,7 @@ def _attn_fwd_kernel(
         _, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
         acc, l_i, m_i = _fwd_step(
             acc, l_i, m_i, start_n, pad,
-            q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+            q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
             seed, bh, qk_scale, dropout_p,
             True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
             BLOCK_D, BLOCK_M, BLOCK_N,
@@ -738,7 +740,7 @@ def _attn_bwd_kernel(
         for start_n in range(0, clean_end, BLOCK_N):
             dq = _dq_step(
                 dq, start_n, 0,
-                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk,
+                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk,
                 mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p,
                 False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                 BLOCK_D, BLOCK_M, BLOCK_N,
@@ -750,7 +752,7 @@ def _attn_bwd_kernel(
             _, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
             dq = _dq_step(
                 dq, start_n, pad,
-                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_m, offs_d, Lq, Lk,
+                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk,
                 mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p,
                 True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                 BLOCK_D, BLOCK_M, BLOCK_N,
