@@ -13,11 +13,10 @@ the tutorial's, so its checkpoints load with strict=True. Three things differ, a
   cross-attention keys and values projected in one product. Each layer takes its part as a
   keyword-only `plan` and hands its children theirs (ScaledDotProductAttention a `seed`); called
   alone, a layer makes a ForwardPlan of its own, and an attention or a feed-forward its part of
-  one (`own_plan`), so each module has one body.
-  With a layer's plan, a sublayer's last bias and dropout are fused into the add + LayerNorm that
-  follows it; alone, they stay its own. A self-attention without probabilities runs on its fused
-  QKV projection as one op (kernels.self_attention: no head reshapes, one gradient back to the
-  projection).
+  one (`own_plan`), so each module has one body. With a layer's plan, a sublayer's last bias and
+  dropout are fused into the add + LayerNorm that follows it; alone, they stay its own. A
+  self-attention without probabilities runs on its fused QKV projection as one op
+  (kernels.self_attention: no head reshapes, one gradient back to the projection).
 
 The fusions skip calling the modules inside them, so they run only while nothing can observe that
 (fastformer.fusion: stock modules in their roles, no hooks); otherwise each module runs its
