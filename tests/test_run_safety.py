@@ -23,6 +23,17 @@ from tests.helpers import TINY, write_reviews
 SCRIPT = os.path.join(os.path.dirname(__file__), "signal_at_save.py")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_count():
+    """Every job of this module, in this process and in subprocesses, on the thread count this
+    process has: unpinned, a job takes the cores the load average leaves free
+    (runtime.cpu_threads), and a CPU run's weights differ in their last bits between 1 and 2
+    threads, so runs compared bit for bit could differ when the load changed between them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        yield
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("safety")
