@@ -141,14 +141,16 @@ def test_the_captured_train_step_is_the_train_step(monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
-def test_make_capturable_switches_forms_and_keeps_every_value():
+@pytest.mark.parametrize("fused", [False, True], ids=["default", "fused"])
+def test_make_capturable_switches_forms_and_keeps_every_value(fused):
     """Eager -> capturable -> eager leaves an AdamW that steps exactly as one never switched (lr 0.5
-    is exact in fp32, the capturable form's lr dtype)."""
+    is exact in fp32, the capturable form's lr dtype), the fused form as `fastformer train` builds
+    it included."""
 
     def adamw():
         torch.manual_seed(0)
         param = torch.nn.Parameter(torch.randn(4, 3))
-        return param, torch.optim.AdamW([param], lr=0.5, weight_decay=0.1)
+        return param, torch.optim.AdamW([param], lr=0.5, weight_decay=0.1, fused=fused)
 
     def step(param, optimizer):
         optimizer.zero_grad()
@@ -169,6 +171,24 @@ def test_make_capturable_switches_forms_and_keeps_every_value():
     torch.testing.assert_close(switched[0], untouched[0], rtol=0, atol=0)
     with pytest.raises(TypeError, match="SGD has no capturable option"):
         make_capturable(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+
+
+def test_a_fused_optimizer_keeps_its_step_counts_on_the_parameters_device():
+    """A fused AdamW (`fastformer train`'s eager optimizer) keeps its step counts where its
+    parameters are in its eager form too, as its kernel requires (the capturable form puts every
+    optimizer's there): shown on the meta device, which a count moved to the CPU would leave. Its
+    capturable form steps an lr of exactly 0 to no change (the NaN make_capturable's docstring
+    warns of is the per-tensor form's)."""
+    param = torch.nn.Parameter(torch.zeros(2, device="meta"))
+    optimizer = torch.optim.AdamW([param], lr=0.5, fused=True)
+    optimizer.state[param]["step"] = torch.zeros((), device="meta")
+    make_capturable(optimizer, False)
+    assert optimizer.state[param]["step"].device.type == "meta"
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = make_capturable(torch.optim.AdamW([param], lr=0.0, fused=True))
+    param.grad = torch.zeros(3)
+    optimizer.step()
+    assert torch.equal(param, torch.ones(3))
 
 
 class EagerGraphs:

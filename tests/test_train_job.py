@@ -16,7 +16,7 @@ from fastformer.cli import main
 from fastformer.data import load_vocab
 from fastformer.train import job, runtime
 from fastformer.train import run as job_run
-from fastformer.train.loop import predict_proba
+from fastformer.train.loop import adamw, predict_proba
 from fastformer.train.options import RUN_OPTIONS, TrainOptions, default_batch_size
 from tests import tutorial
 from tests.helpers import TINY, tiny_job_files, train_args, write_reviews
@@ -76,6 +76,18 @@ def test_one_frozen_run_goes_to_every_step_and_run_json_records_its_options(file
     assert run.options.batch_size == default_batch_size("cpu") and run.options.lr == 3e-3
     assert main(["train", "--resume", str(out), "--max-steps", "2"]) == 0
     assert runs[1].options == run.options and runs[1].checkpoint is not None
+
+
+def test_the_steps_take_the_fused_adamw_and_a_resume_loads_its_state(files, tmp_path, monkeypatch):
+    """Eager steps update the weights with AdamW's fused form (loop.adamw: one kernel per chunk of
+    parameters), and a resume loads its state into another fused AdamW and steps on."""
+    built = []
+    monkeypatch.setattr(job, "adamw", lambda *args, **kwargs: built.append(adamw(*args, **kwargs)) or built[-1])
+    out = tmp_path / "run"
+    assert main(train_args(files, out, "--max-steps", "2")) == 0
+    assert main(["train", "--resume", str(out), "--max-steps", "3"]) == 0
+    assert [optimizer.defaults["fused"] for optimizer in built] == [True, True]
+    assert {state["step"].item() for state in built[1].state.values()} == {3.0}
 
 
 def test_metrics_record_the_rate_of_each_epochs_first_and_last_step(run_dir):

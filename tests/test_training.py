@@ -6,13 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fastformer import MovieClassification
 from fastformer.train.loop import (
+    adamw,
     inverse_sqrt_scheduler,
     inverse_sqrt_warmup,
     linear_warmup_decay,
     linear_warmup_decay_scheduler,
     sequence_cross_entropy,
 )
+from tests.helpers import small_config
 
 
 def test_linear_warmup_decay_values():
@@ -30,6 +33,44 @@ def test_linear_warmup_decay_scheduler_drives_the_optimizer():
         optimizer.step()
         scheduler.step()
     assert seen == pytest.approx([0.0, 0.05, 0.1, 0.075, 0.05, 0.025])
+
+
+def test_adamw_decays_the_matrices_only_and_its_fused_form_steps_as_foreach():
+    """`fastformer train`'s AdamW: every parameter once, weight decay on the matrices only; fused,
+    torch's fused implementation, which steps as the foreach one to fp32 rounding; not fused,
+    torch's default."""
+
+    def trained(fused):
+        torch.manual_seed(0)
+        model = MovieClassification(small_config())
+        params = [p for p in model.parameters() if p.requires_grad]  # not the fixed position table
+        start = [p.detach().clone() for p in params]
+        optimizer = adamw(model, 1e-2, 0.1, fused=fused)
+        if fused is None:  # its groups, named foreach (a group's own "foreach": None would undo it)
+            groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+            optimizer = torch.optim.AdamW(groups, lr=1e-2, foreach=True)
+            assert optimizer.param_groups[0]["foreach"] is True
+        for step in range(3):
+            for i, p in enumerate(params):
+                p.grad = torch.full_like(p, (-1.0) ** (i + step) * (i + 1) / 7)
+            optimizer.step()
+        assert all(not torch.equal(p, p0) for p, p0 in zip(params, start))  # each one stepped
+        return model, optimizer
+
+    model, fused = trained(True)
+    decay, no_decay = fused.param_groups
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert len(params) < len(list(model.parameters()))  # the position table takes no step
+    matrices, vectors = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
+    assert list(map(id, decay["params"])) == list(map(id, matrices)) and vectors
+    assert list(map(id, no_decay["params"])) == list(map(id, vectors))
+    assert (decay["weight_decay"], no_decay["weight_decay"], decay["lr"]) == (0.1, 0.0, 1e-2)
+    assert fused.defaults["fused"] is True
+    default = adamw(model, 1e-2, 0.1, fused=False).defaults
+    assert (default["fused"], default["foreach"]) == (None, None)
+    foreach_model, _ = trained(None)
+    for (name, a), b in zip(model.named_parameters(), foreach_model.parameters()):
+        torch.testing.assert_close(a, b, msg=name)
 
 
 def test_inverse_sqrt_warmup_values():

@@ -50,7 +50,8 @@ def make_capturable(optimizer, capturable=True):
     form the checkpoint was written in: call this after it. Reading a tensor lr is one host sync.
     Leave `foreach` to its CUDA default (True): with foreach=False, PyTorch 2.13's capturable Adam
     gives NaN where the lr is exactly 0 and a gradient is 0, as at the first step of a warm-up.
-    Returns the optimizer."""
+    A fused optimizer keeps its step counts on the parameters' device in either form, as it
+    requires. Returns the optimizer."""
     for group in optimizer.param_groups:
         if "capturable" not in group:
             raise TypeError(f"{type(optimizer).__name__} has no capturable option; use torch.optim.AdamW")
@@ -61,7 +62,7 @@ def make_capturable(optimizer, capturable=True):
         for param in group["params"]:
             state = optimizer.state.get(param, {})
             if "step" in state:
-                state["step"] = state["step"].to(device if capturable else "cpu")
+                state["step"] = state["step"].to(device if capturable or group.get("fused") else "cpu")
     return optimizer
 
 

@@ -45,6 +45,7 @@ from fastformer.train.inputs import check_inputs, default_config, run_dir_held
 from fastformer.train.loaders import loaders, train_run_vocab
 from fastformer.train.loop import (
     NonFiniteLossError,
+    adamw,
     autocast,
     evaluate,
     linear_warmup_decay_scheduler,
@@ -274,12 +275,8 @@ def _trainer(run, config, vocab):
         run.pad_to_buckets,
     )
     model = MovieClassification(config).to(run.device)
-    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": options.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=options.lr,
-    )
+    # fused, but for a CUDA graph's step, which captures the foreach form (see adamw)
+    optimizer = adamw(model, options.lr, options.weight_decay, fused=not run.cuda_graphs)
     # The schedule spans the run's epochs; --max-steps only says where this invocation stops, so that
     # a run stopped there and resumed trains as one that was not.
     total_steps = run.epochs * len(train_loader)
