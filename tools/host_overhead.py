@@ -19,6 +19,9 @@ microseconds per call:
   train step  MovieClassification at the tutorial's depth (6 layers, 4 heads) with tiny widths,
               batch 2 of 16 tokens, bf16 autocast, forward, loss, backward and a foreach AdamW step,
               on the Triton path and on the reference, their rounds interleaved
+  optimizer   the AdamW step alone on that model's 255 trainable parameters, gradients set: foreach (torch's
+              CUDA default, the step above) and fused (`fastformer train`'s, train.loop.adamw),
+              interleaved; the CPU runs their arithmetic too, a few microseconds at these widths
 Each op row is also given as a ratio to the triton_op floor measured in the same run, the step as
 the Triton path's time over the reference's.
 
@@ -130,16 +133,23 @@ def _ops():
     return rows
 
 
+def _config():
+    """The tutorial's depth (6 layers, 4 heads) at tiny widths: what the host does, not the CPU's arithmetic."""
+    from fastformer import Config
+
+    return Config.tutorial(
+        n_enc_vocab=64, n_dec_vocab=64, n_enc_seq=16, n_dec_seq=4, d_hidn=32, d_head=8, d_ff=64, n_output=2
+    )
+
+
 def _train_steps():
     """{backend: step()} of a MovieClassification train step at the tutorial's depth."""
     import torch
 
     import fastformer
-    from fastformer import Config, MovieClassification
+    from fastformer import MovieClassification
 
-    config = Config.tutorial(
-        n_enc_vocab=64, n_dec_vocab=64, n_enc_seq=16, n_dec_seq=4, d_hidn=32, d_head=8, d_ff=64, n_output=2
-    )
+    config = _config()
     g = torch.Generator().manual_seed(0)
     enc = torch.randint(1, 64, (SHAPE["B"], SHAPE["L"]), generator=g)
     enc[0, SHAPE["L"] // 2 :] = config.i_pad
@@ -162,6 +172,30 @@ def _train_steps():
     return steps
 
 
+def _optimizer_steps():
+    """{form: step()} of AdamW on the train step's model's parameters, in its foreach form and in
+    `fastformer train`'s (fused), every gradient set once (the steps reuse them)."""
+    import torch
+
+    from fastformer import MovieClassification
+    from fastformer.train.loop import adamw
+
+    config = _config()
+    steps = {}
+    for form in ("foreach", "fused"):
+        torch.manual_seed(0)
+        model = MovieClassification(config)
+        optimizer = adamw(model, 1e-4, 0.01, fused=form == "fused")
+        if form == "foreach":  # its groups, named foreach (a group's own "foreach": None would undo it)
+            groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+            optimizer = torch.optim.AdamW(groups, lr=1e-4, foreach=True)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = torch.full_like(p, 1e-3)
+        steps[form] = optimizer.step
+    return steps
+
+
 def measure(calls=200, repeats=15, step_calls=10):
     """Run every row under the dry-run driver; returns the JSON-ready report."""
     import torch
@@ -179,6 +213,10 @@ def measure(calls=200, repeats=15, step_calls=10):
         for step in steps.values():
             step()
         times = _interleaved(steps, step_calls, repeats)
+        optimizers = _optimizer_steps()
+        for step in optimizers.values():
+            step()
+        optimizer_times = _interleaved(optimizers, step_calls, repeats)
     floor = rows["triton_op"]
     report = {
         "schema": "fastformer.host_overhead/1",
@@ -197,6 +235,10 @@ def measure(calls=200, repeats=15, step_calls=10):
             "triton_us": times["triton"],
             "reference_us": times["reference"],
             "triton_over_reference": times["triton"] / times["reference"],
+        },
+        "optimizer_step": {
+            **optimizer_times,
+            "fused_over_foreach": optimizer_times["fused"] / optimizer_times["foreach"],
         },
     }
     return report
@@ -219,6 +261,11 @@ def table(report):
         f"train step, tutorial depth: Triton path {step['triton_us'] / 1e3:.2f} ms, reference "
         f"{step['reference_us'] / 1e3:.2f} ms: {step['triton_over_reference']:.2f}x the reference's host time",
     ]
+    opt = report["optimizer_step"]
+    lines.append(
+        f"AdamW step alone: foreach {opt['foreach'] / 1e3:.2f} ms, fused {opt['fused'] / 1e3:.2f} ms "
+        f"({opt['fused_over_foreach']:.2f}x)"
+    )
     return "\n".join(lines)
 
 
