@@ -49,9 +49,9 @@ Without a GPU the steps run on the CPU, the Triton kernels through Triton's inte
 does, except where listed; the counter makes up for each:
 - dropout: CUDA's `aten::dropout` is one `native_dropout`; a CPU's is bernoulli_, div_ and mul.
   While counting, F.dropout takes CUDA's branch (cuda_dropout).
-- AdamW: on CUDA its default is the foreach implementation, with the `step` counters kept on the
-  host; a CPU's default is the per-tensor loop. The count builds AdamW with foreach=True and, on a
-  CPU, leaves out the optimizer's ops on 0-dim tensors only (the host-side step counters).
+- AdamW: `fastformer train`'s (fastformer.train.loop.adamw), the fused form, which keeps its step
+  counts on the parameters' device and runs as CUDA does: per parameter group, one `_foreach_add_`
+  on the counts and one `_fused_adamw_`.
 - autocast: CUDA's fp32 list casts fp16/bf16 inputs of layer_norm, exp, log, pow, ... to fp32; a
   CPU's does not. The counter records any such op reached with a half-precision input under
   autocast (CUDA_FP32_AUTOCAST) as a mismatch; the tutorial's steps have none (a test checks).
@@ -89,6 +89,7 @@ import fastformer
 import fastformer.model
 import fastformer.plan
 from fastformer import kernels
+from fastformer.train.loop import adamw
 from tools.benchmarks.common import environment
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "launches.json")
@@ -288,10 +289,8 @@ class KernelCounter(TorchDispatchMode):
 
     def _on_host(self, tensors):
         """Whether an op runs on the host when the step runs on CUDA: there, one with no CUDA tensor;
-        on a CPU, an optimizer op on 0-dim tensors only (AdamW's step counters, host-side on CUDA)."""
-        if self.device.type == "cuda":
-            return not any(t.is_cuda for t in tensors)
-        return self.phase == "optimizer" and all(t.dim() == 0 for t in tensors)
+        on a CPU, none (the fused AdamW's step counts are on the parameters' device, as on CUDA)."""
+        return self.device.type == "cuda" and not any(t.is_cuda for t in tensors)
 
     def record_triton(self, kernel):
         self.kernels[self.phase, self.layer(), f"triton.{kernel}"] += 1
@@ -395,16 +394,6 @@ def review_batch(config, batch, enc_len, device, seed=0):
     return enc.to(device), dec.to(device), labels.to(device)
 
 
-def adamw(model):
-    """`fastformer train`'s optimizer: weight decay on the matrices only; foreach, as on CUDA."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=5e-4, foreach=True)
-
-
 def amp_dtype(provider):
     """The provider's autocast dtype here (fp16 for bf16 under Triton's interpreter), or None."""
     backend, dtype = PROVIDERS[provider]
@@ -444,7 +433,7 @@ def count_step(provider, step, config=None, batch=SHAPE["batch"], enc_len=SHAPE[
     config = config or fastformer.Config.tutorial()
     torch.manual_seed(0)
     model = fastformer.MovieClassification(config).to(device).train(step == "train")
-    optimizer = adamw(model) if step == "train" else None
+    optimizer = adamw(model, 5e-4, 0.01, fused=True) if step == "train" else None
     data = review_batch(config, batch, enc_len, device)
     with fastformer.use_backend(PROVIDERS[provider][0]):
         for _ in range(2):
