@@ -143,6 +143,12 @@ def test_smoke_stage_details(smoke):
     }
     assert all(r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None for r in model["rows"])
     assert model["mfu_note"].startswith("needs CUDA")
+    profile = model["host_profile"]  # where the eager train step's host time goes, per provider
+    assert set(profile) == set(gpu_check.SMOKE.host_profile) == {"reference_fp32"}
+    rows = profile["reference_fp32"]
+    assert rows[0]["function"] == "the whole step (wall)" and rows[0]["cum_ms_per_step"] > 0
+    assert len(rows) == 1 + gpu_check.PROFILE_ROWS and all(r["own_ms_per_step"] >= 0 for r in rows[1:])
+    assert any(r["function"].startswith("torch/optim/adam.py:") for r in rows)  # a path from site-packages
 
 
 @CPU_ONLY

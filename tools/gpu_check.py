@@ -27,7 +27,10 @@ installs nothing and needs no network. The stages run in this order, whatever or
                memory, MFU against the env stage's GEMM ceiling. Beside them, fastformer's ways of
                running a step (MODEL_VARIANTS): eager (the fastformer row), replayed from CUDA graphs
                (fastformer.train.graphs, `fastformer train --cuda-graphs`) and torch.compile(model,
-               fullgraph=True) over the Triton kernels (`--compile`). Then convergence: the same config
+               fullgraph=True) over the Triton kernels (`--compile`). Then where the eager train
+               step's host time goes: cProfile over the timed steps of fastformer and of the fp32
+               reference, each one's PROFILE_ROWS functions with the most time of their own (the
+               host runs Python while the GPU waits). Then convergence: the same config
                (dropout 0) trained from one seed for a few dozen steps on real reviews
                (tests/data/rotten_tomatoes_200.tsv) on the Triton kernels and on the reference,
                both under the run's autocast, and on the reference in fp64; at every step
@@ -152,6 +155,10 @@ UNITS = {
     "dropout": "a probability",
     "*_loss, *_loss_diff, loss_atol, loss_tolerance": "cross-entropy in nats (a step's mean over its batch)",
     "lr": "AdamW learning rate",
+    "calls_per_step, own_ms_per_step, cum_ms_per_step": (
+        "the model stage's host profile, per eager train step under cProfile: a function's calls, the "
+        "milliseconds in its own code, and in it with what it calls"
+    ),
 }
 # The cuda tests --quick and --smoke leave out: the dense-mask attention path (the models never
 # take it), the inference-only fused FFN (not wired into the models) and the B*H > 65535 grid test
@@ -196,6 +203,7 @@ class Plan:
     reps: Repetitions
     model_providers: tuple
     model_variants: tuple  # of MODEL_VARIANTS
+    host_profile: tuple  # model providers whose eager train step the model stage profiles
     copy_bytes: int
     convergence: dict  # batch, steps and reviews (the first of the file's fixed order, cycled)
 
@@ -211,6 +219,7 @@ FULL = Plan(
     reps=Repetitions(compile=5, attention=100, train_steps=10, warmup=3, measure=10),
     model_providers=suite.MODEL_PROVIDERS,
     model_variants=MODEL_VARIANTS,
+    host_profile=("fastformer", "reference_fp32"),
     copy_bytes=2**30,
     convergence=dict(batch=32, steps=36, reviews=192),
 )
@@ -237,6 +246,8 @@ SMOKE = replace(
     reps=Repetitions(compile=1, attention=2, train_steps=2, warmup=0, measure=1),
     model_providers=suite.MODEL_PROVIDERS,
     model_variants=MODEL_VARIANTS,
+    # on a CPU fastformer's profile would be the interpreter's own Python: the reference's shows the rows
+    host_profile=("reference_fp32",),
     copy_bytes=2**24,
     convergence=dict(batch=2, steps=3, reviews=6),
 )
@@ -1031,6 +1042,7 @@ def stage_model(run):
                 f"{bench[6:]}: {p} {r['tokens_per_s']:,.0f} tok/s ({ours['ms'] / r['ms']:.2f}x eager)"
                 for p, r in variants.items()
             ]
+    details["host_profile"] = _host_profile(run)
     convergence = details["convergence"] = _convergence(run)
     parts.append(_convergence_note(convergence))
     details["summary"] = "; ".join(p for p in parts if p) or "nothing measured"
@@ -1038,6 +1050,65 @@ def stage_model(run):
     if not convergence.get("agree"):
         raise Failed(details["summary"], details)
     return details
+
+
+PROFILE_ROWS = 15
+
+
+def _host_profile(run):
+    """{provider: rows} for the eager train step of the plan's host_profile providers at the model
+    stage's batch: after the plan's warm-up steps, cProfile over its timed steps' number, the
+    device synchronized before the profile ends; the PROFILE_ROWS functions with the most time of
+    their own (Python, or a C function such as an aten op's binding), per step: calls, own ms,
+    cumulative ms. The first row is the whole step's wall time under the profiler.
+    {"not_run": reason} when the stage's budget is spent."""
+    import cProfile
+    import pstats
+
+    if time.monotonic() > run.deadline("model"):
+        return {"not_run": f"the model stage's budget of {run.plan.budget_seconds['model']} s was spent"}
+    config = fastformer.Config.tutorial(**run.plan.config)
+    amp = None if run.cuda else False  # as _model_cases
+    steps, profile = max(run.plan.reps.measure, 1), {}
+    for provider in run.plan.host_profile:
+        case = suite.model_case(
+            "train", "classify", provider, run.device, B=run.plan.model_batch, config=config, amp=amp
+        )
+        step, _ = case.setup()
+        for _ in range(max(run.plan.reps.warmup, 1)):  # the first step plans, allocates and compiles
+            step()
+        synchronize(run.device)
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.enable()
+        for _ in range(steps):
+            step()
+        synchronize(run.device)
+        profiler.disable()
+        wall = (time.perf_counter() - start) / steps * 1e3
+        top = sorted(pstats.Stats(profiler).stats.items(), key=lambda item: -item[1][2])[:PROFILE_ROWS]
+        whole = {"function": "the whole step (wall)", "calls_per_step": 1, "own_ms_per_step": None}
+        profile[provider] = [{**whole, "cum_ms_per_step": round(wall, 3)}] + [
+            {
+                "function": _where(file, line, name),
+                "calls_per_step": calls / steps,
+                "own_ms_per_step": round(own / steps * 1e3, 3),
+                "cum_ms_per_step": round(cum / steps * 1e3, 3),
+            }
+            for (file, line, name), (_, calls, own, cum, _) in top
+        ]
+    return profile
+
+
+def _where(file, line, name):
+    """A profiled function as path:line(name), the path from site-packages or the repository, or a
+    C function's name."""
+    if file == "~":
+        return name
+    for root in ("site-packages/", ROOT + "/"):
+        if root in file:
+            file = file.split(root)[-1]
+    return f"{file}:{line}({name})"
 
 
 def _model_cases(run):
