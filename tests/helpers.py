@@ -122,6 +122,15 @@ def tiny_job_files(root, n_train=240, n_test=60):
     }
 
 
+def pin_thread_count(patch):
+    """Make every job started after this, in this process or in a subprocess, take the thread
+    count this process has (monkeypatch `patch` sets OMP_NUM_THREADS). Unpinned, a job takes the
+    cores the load average leaves free (fastformer.train.runtime.cpu_threads), and a CPU run's
+    weights differ in their last bits between 1 and 2 threads: runs compared bit for bit must take
+    one count."""
+    patch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+
+
 def train_args(files, out, *extra):
     """`fastformer train` on the files of test_train_job's `files` fixture: 3 epochs at batch 16 on
     the CPU into `out`, then `extra`."""

@@ -18,19 +18,17 @@ import torch
 
 from fastformer.cli import main
 from fastformer.data import read_reviews, train_vocab
-from tests.helpers import TINY, write_reviews
+from tests.helpers import TINY, pin_thread_count, write_reviews
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "signal_at_save.py")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread_count():
-    """Every job of this module, in this process and in subprocesses, on the thread count this
-    process has: unpinned, a job takes the cores the load average leaves free
-    (runtime.cpu_threads), and a CPU run's weights differ in their last bits between 1 and 2
-    threads, so runs compared bit for bit could differ when the load changed between them."""
+    """Every job of this module, in this process and in subprocesses, on one thread count: their
+    weights are compared bit for bit (pin_thread_count)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        pin_thread_count(patch)
         yield
 
 

@@ -19,7 +19,7 @@ from fastformer.train import run as job_run
 from fastformer.train.loop import adamw, predict_proba
 from fastformer.train.options import RUN_OPTIONS, TrainOptions, default_batch_size
 from tests import tutorial
-from tests.helpers import TINY, tiny_job_files, train_args, write_reviews
+from tests.helpers import TINY, pin_thread_count, tiny_job_files, train_args, write_reviews
 
 
 @pytest.fixture(scope="module")
@@ -697,6 +697,7 @@ def test_compile_runs_the_model_through_torch_compile_fullgraph(files, tmp_path,
     On a CPU with the reference kernels Inductor takes about a minute to compile even this tiny
     model, so here Dynamo traces it (fullgraph: a graph break fails) and its "eager" backend runs
     the traced ops: the run must end with the weights and metrics of an eager run, bit for bit."""
+    pin_thread_count(monkeypatch)  # the two runs' weights are compared bit for bit
     compiled = []
     real_compile = torch.compile
 
