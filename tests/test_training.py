@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fastformer import MovieClassification
+from fastformer.train.graphs import make_capturable
 from fastformer.train.loop import (
     adamw,
     inverse_sqrt_scheduler,
@@ -71,6 +72,28 @@ def test_adamw_decays_the_matrices_only_and_its_fused_form_steps_as_foreach():
     foreach_model, _ = trained(None)
     for (name, a), b in zip(model.named_parameters(), foreach_model.parameters()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_a_default_adamws_state_loads_into_the_fused_form():
+    """A run directory written before `fastformer train` took the fused form holds the default
+    form's state (step counts on the host): it loads into adamw(fused=True), which goes on from its
+    counts and moments, as a resume does (load_state_dict, then graphs.make_capturable)."""
+    torch.manual_seed(0)
+    model = MovieClassification(small_config())
+    params = [p for p in model.parameters() if p.requires_grad]
+    old = adamw(model, 1e-2, 0.1, fused=False)
+    for _ in range(2):
+        for p in params:
+            p.grad = torch.ones_like(p)
+        old.step()
+    fused = adamw(model, 1e-2, 0.1, fused=True)
+    fused.load_state_dict(old.state_dict())
+    make_capturable(fused, False)
+    states = [fused.state[p] for p in params]
+    assert all(state["step"].item() == 2 and state["step"].device == p.device for state, p in zip(states, params))
+    assert all(torch.equal(fused.state[p]["exp_avg"], old.state[p]["exp_avg"]) for p in params)
+    fused.step()
+    assert {state["step"].item() for state in states} == {3.0}
 
 
 def test_inverse_sqrt_warmup_values():
