@@ -426,7 +426,8 @@ class PreparedLaunch:
 
     A jit kernel given every argument launches directly: the first call goes through
     `launch(kernel)` (Triton's binder) and keeps the CompiledKernel Triton picked; later calls run
-    that kernel when Triton would pick the same one. Triton specializes a compiled kernel on each
+    that kernel when Triton would pick the same one, its launcher given each pointer's address (see
+    _binder). Triton specializes a compiled kernel on each
     pointer's dtype and 16-byte alignment (checked here on every call: an unaligned view, a None or
     another dtype takes `launch(kernel)`), on its integer arguments and constexprs (bound, so the
     same on every call), on the launch options, the debug knob and the current device (checked).
@@ -515,42 +516,54 @@ def _binder(template, slots, specs):
     kernel's arguments in order when each pointer has the spec it was compiled for (`specs`, as
     _specs gives them for the first pointers; a pointer not passed is None, as in the template),
     else None. Generated so that a launch reads each pointer once, with no loop, as Triton's own
-    binder is. For template [None, 32, None] and specs ((torch.float16, True), None):
+    binder is. A tensor goes to the launcher as its address, an int: the launcher takes an int as
+    it is, where for a tensor it calls data_ptr() and asks the CUDA driver what the address is
+    (cuPointerGetAttribute, on every launch, for every pointer; Triton 3.6 and 3.9 alike). For
+    template [None, 32, None, None] and specs ((torch.float16, True), None, (torch.float32, False)):
 
-        def bind(p0=None, p1=None):
-            if p0 is not None and p0.dtype is d0 and p1 is None and not (p0.data_ptr()) & 15:
-                return (p0, c1, p1)
+        def bind(p0=None, p1=None, p2=None):
+            if p0 is not None and p0.dtype is d0 and p1 is None and p2 is not None and p2.dtype is d2:
+                a0 = p0.data_ptr()
+                a2 = p2.data_ptr()
+                if not (a0) & 15 and a2 & 15:
+                    return (a0, c1, None, a2)
             return None
 
-    with d0 = torch.float16 and c1 = 32 bound in its globals."""
+    with d0 = torch.float16, d2 = torch.float32 and c1 = 32 bound in its globals."""
     names = [f"p{j}" for j in range(len(slots))]
     specs = (*specs, *(None,) * (len(slots) - len(specs)))
-    namespace, tests, aligned = {}, [], []
+    namespace, tests, addresses, alignments, aligned = {}, [], [], [], []
+    values_of = {}  # a slot's pointer name -> what the launcher takes for it
     for j, (name, spec) in enumerate(zip(names, specs)):
         if spec is None:
             tests.append(f"{name} is None")
+            values_of[name] = "None"
             continue
         dtype, is_aligned = spec
         namespace[f"d{j}"] = dtype
         tests.append(f"{name} is not None and {name}.dtype is d{j}")
+        addresses.append(f"        a{j} = {name}.data_ptr()\n")
+        values_of[name] = f"a{j}"
         if is_aligned:
-            aligned.append(f"{name}.data_ptr()")
+            aligned.append(f"a{j}")
         else:
-            tests.append(f"{name}.data_ptr() & 15")
+            alignments.append(f"a{j} & 15")
     if aligned:
-        tests.append(f"not ({' | '.join(aligned)}) & 15")
+        alignments.insert(0, f"not ({' | '.join(aligned)}) & 15")
     pointer_of = dict(zip(slots, names))
     values = []
     for i, value in enumerate(template):
         if i in pointer_of:
-            values.append(pointer_of[i])
+            values.append(values_of[pointer_of[i]])
         else:
             namespace[f"c{i}"] = value
             values.append(f"c{i}")
     source = (
         f"def bind({', '.join(f'{name}=None' for name in names)}):\n"
         f"    if {' and '.join(tests) or 'True'}:\n"
-        f"        return ({''.join(f'{v}, ' for v in values)})\n"
+        f"{''.join(addresses)}"
+        f"        if {' and '.join(alignments) or 'True'}:\n"
+        f"            return ({''.join(f'{v}, ' for v in values)})\n"
         "    return None\n"
     )
     exec(source, namespace)

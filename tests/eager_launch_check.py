@@ -4,8 +4,9 @@ Triton specializes differently: through kernels._runtime.launch in eager mode, t
 PreparedLaunch, and through `attention`'s plan. Each launch must run the compiled kernel that
 Triton's own `kernel.warmup` picks for the same arguments. Prints one JSON object:
 {"cases": {case: {"same": bool, "new_entry": bool}}, "compiles": Triton's compiles in those,
-"prepared": {case: same}, "planned": {case: same}, "forgotten": whether tools.sm90's reset between
-its cases drops the kept kernels and plans}."""
+"prepared": {case: same}, "addresses": {case: whether a kept kernel's launcher got each pointer as
+its address, an int, and a None as None}, "planned": {case: same}, "forgotten": whether tools.sm90's
+reset between its cases drops the kept kernels and plans}."""
 
 import importlib
 import json
@@ -64,10 +65,11 @@ def main():
             results[name] = {"same": ran is expected, "new_entry": len(cache) > entries}
         compiled = len(compiles)  # by the cases above
         prepared = _prepared_cases()
+        addresses = _address_cases()
         planned = _planned_cases()
         sm90._reset_jit_caches(["__main__"])
         forgotten = not _EagerLaunch.of(_scale).compiled and not any(Plans.every)
-    report = {"cases": results, "compiles": compiled, "prepared": prepared, "planned": planned}
+    report = {"cases": results, "compiles": compiled, "prepared": prepared, "addresses": addresses, "planned": planned}
     print(json.dumps({**report, "forgotten": forgotten}))
 
 
@@ -105,6 +107,30 @@ def _prepared_cases():
         has_y = prepared is not without_y
         expected = _scale.warmup(x, y, 32, 1, 0.5, HAS_Y=has_y, BLOCK=64, grid=(1,))
         results[name] = _ran() is expected.run
+    return results
+
+
+def _address_cases():
+    """A PreparedLaunch of _scale, its kernel kept by a first call, then called again: what its
+    launcher got for the pointers (the launcher takes an int as the address it is, and asks the
+    driver about a tensor's). {case: whether they went as their addresses, a None as None}."""
+    from triton.runtime.driver import driver
+
+    x, y = torch.zeros(64), torch.zeros(64)
+    launches = {
+        "two tensors": (PreparedLaunch(_scale, (1,), (x, y, 32, 1, 0.5), {"HAS_Y": True, "BLOCK": 64}), y),
+        "a tensor and a None": (
+            PreparedLaunch(_scale, (1,), (x, None, 32, 1, 0.5), {"HAS_Y": False, "BLOCK": 64}),
+            None,
+        ),
+    }
+    results = {}
+    for name, (prepared, second) in launches.items():
+        prepared(x, second)  # the first call: Triton's own path, which keeps the kernel
+        prepared(x, second)
+        got = driver.active.launcher_cls.last_args
+        expected = (x.data_ptr(), None if second is None else second.data_ptr(), 32, 1, 0.5)
+        results[name] = got[:5] == expected and type(got[0]) is int  # then the constexprs, as Triton passes them
     return results
 
 

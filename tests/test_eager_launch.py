@@ -6,7 +6,8 @@ plans (a signature's checks, configs and launch arguments made once: Plans, Prep
   TRITON_INTERPRET), launches after a cached one, with an unaligned view, an odd length, a length
   of 1, other strides, another dtype, a None argument and a 64-bit integer, each run the compiled
   kernel Triton's own binder picks for those arguments; so do a PreparedLaunch's on pointers
-  unaligned, of another dtype, a Parameter or a None, and attention's plan on unaligned views.
+  unaligned, of another dtype, a Parameter or a None, and attention's plan on unaligned views. A
+  kept kernel's launcher gets each pointer as its address (an int) and a None as None.
 - Under the interpreter, each op's eager twin and its plan give bitwise the outputs and gradients
   of its registered torch.library op; a plan is made once per signature, and a kept plan that
   differs from the one a call makes fails (the tests run with FASTFORMER_CHECK_PLANS=1).
@@ -65,6 +66,8 @@ def test_a_cached_launch_runs_the_kernel_triton_would_pick():
     assert report["forgotten"], "tools.sm90's reset between cases keeps the eager launches' kernels or the plans"
     wrong = [name for name, same in report["prepared"].items() if not same]
     assert not wrong, f"a PreparedLaunch ran another compiled kernel than Triton picks for: {wrong}"
+    wrong = [name for name, took in report["addresses"].items() if not took]
+    assert not wrong, f"a kept kernel's launcher did not get the pointers as their addresses (ints): {wrong}"
     wrong = [name for name, same in report["planned"].items() if not same]
     assert not wrong, f"attention's plan ran another compiled kernel than Triton picks for (or made two plans): {wrong}"
 

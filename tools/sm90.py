@@ -209,15 +209,19 @@ def _dry_run_driver(time_configs=True):
 
     class _NoLaunch:
         """A compiled kernel's launcher that launches nothing; the last one called is
-        `_NoLaunch.last` (tests ask which compiled kernel a launch ran)."""
+        `_NoLaunch.last`, and the kernel's arguments it was given (after the grid, the stream, the
+        function, the metadata and the hooks) `_NoLaunch.last_args`: tests ask which compiled
+        kernel a launch ran, and with what."""
 
         last = None
+        last_args = None
 
         def __init__(self, src, metadata):
             pass
 
         def __call__(self, *args, **kwargs):
             _NoLaunch.last = self
+            _NoLaunch.last_args = args[9:]  # gridX, gridY, gridZ, stream, function, metadata, launch metadata, hooks
 
     class DryRunDriver(DriverBase):
         def __init__(self):
