@@ -195,20 +195,26 @@ def test_pytest_bench_skips_cleanly_without_a_gpu():
 
 
 def test_model_variants_are_cases_beside_fastformer_and_skip_without_cuda():
-    """fastformer's step replayed from CUDA graphs and run through torch.compile: the eager
-    fastformer case's bench and params (so the report groups them with it), and on a CPU a skip
-    that says why."""
+    """fastformer's step replayed from CUDA graphs, run through torch.compile and stepped by the
+    fused AdamW (train only): the eager fastformer case's bench and params (so the report groups
+    them with it), and on a CPU a skip that says why."""
     config = fastformer.Config.tutorial(
         n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12
     )
     for kind in ("train", "infer"):
         eager = cases.model_case(kind, "classify", "fastformer", "cpu", B=2, config=config, amp=False)
         for variant in cases.MODEL_VARIANTS:
+            if kind == "infer" and variant in cases.TRAIN_VARIANTS:
+                with pytest.raises(ValueError, match=f"^{variant} is a variant of the train step"):
+                    cases.model_variant_case(kind, variant, "cpu", 2, config, amp=False)
+                continue
             case = cases.model_variant_case(kind, variant, "cpu", 2, config, amp=False)
             assert (case.bench, case.params) == (eager.bench, eager.params)
             with pytest.raises(Skip, match=f"^{variant} is benchmarked on CUDA only "):
                 case.setup()
-    with pytest.raises(ValueError, match="variant must be one of fastformer_graphs, fastformer_compile"):
+    with pytest.raises(
+        ValueError, match="variant must be one of fastformer_graphs, fastformer_compile, fastformer_fus"
+    ):
         cases.model_variant_case("train", "graphs", "cpu", 2, config, amp=False)
 
 

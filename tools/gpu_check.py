@@ -26,8 +26,10 @@ installs nothing and needs no network. The stages run in this order, whatever or
                reference in fp32, under bf16 autocast, and compiled: tokens/s on real tokens, peak
                memory, MFU against the env stage's GEMM ceiling. Beside them, fastformer's ways of
                running a step (MODEL_VARIANTS): eager (the fastformer row), replayed from CUDA graphs
-               (fastformer.train.graphs, `fastformer train --cuda-graphs`) and torch.compile(model,
-               fullgraph=True) over the Triton kernels (`--compile`). Then where the eager train
+               (fastformer.train.graphs, `fastformer train --cuda-graphs`), torch.compile(model,
+               fullgraph=True) over the Triton kernels (`--compile`), and the eager train step with
+               `fastformer train`'s fused AdamW where the other rows step torch's default (the
+               optimizer's part of the step). Then where the eager train
                step's host time goes: cProfile over the timed steps of fastformer and of the fp32
                reference, each one's PROFILE_ROWS functions with the most time of their own (the
                host runs Python while the GPU waits). Then convergence: the same config
@@ -122,7 +124,7 @@ from fastformer.compat.aladdinpersson import Transformer as AladdinTransformer
 from fastformer.train.loop import autocast, sequence_cross_entropy
 from tools.benchmarks import cases as suite
 from tools.benchmarks import report as bench_report
-from tools.benchmarks.cases import MODEL_VARIANTS, model_variant_case
+from tools.benchmarks.cases import MODEL_VARIANTS, TRAIN_VARIANTS, model_variant_case
 from tools.benchmarks.common import environment, gemm_tflops, synchronize, time_ms
 from tools.convergence import (
     CONVERGENCE_LR,
@@ -233,7 +235,7 @@ QUICK = replace(
     aladdinpersson=dict(FULL.aladdinpersson, num_layers=2),
     reps=Repetitions(compile=3, attention=20, train_steps=5, warmup=2, measure=5),
     model_providers=tuple(p for p in suite.MODEL_PROVIDERS if p not in ("compile", "fastformer_autotune")),
-    model_variants=("fastformer_graphs",),
+    model_variants=("fastformer_graphs", "fastformer_fused_adamw"),
 )
 SMOKE = replace(
     QUICK,
@@ -1129,6 +1131,8 @@ def _model_cases(run):
             case.flops = model_flops(config, *lengths, kind)
             cases.append(case)
         for variant in run.plan.model_variants:
+            if kind != "train" and variant in TRAIN_VARIANTS:
+                continue
             case = model_variant_case(kind, variant, run.device, run.plan.model_batch, config, amp=run.cuda)
             case.flops = model_flops(config, *lengths, kind)
             cases.append(case)

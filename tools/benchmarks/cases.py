@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import fastformer
 from fastformer import kernels
 from fastformer.train.graphs import GraphedSteps, make_capturable
-from fastformer.train.loop import autocast
+from fastformer.train.loop import adamw, autocast
 from tools.benchmarks.common import Case, Skip, assert_close_to, attention_flops, ffn_flops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -301,7 +301,8 @@ def ffn_cases(device, providers=("fastformer", "eager", "compile")):
 # the model
 # ----------------------------------------------------------------------------------------------
 # fastformer's step run other ways, timed beside its eager step by the GPU check's model stage
-MODEL_VARIANTS = ("fastformer_graphs", "fastformer_compile")
+MODEL_VARIANTS = ("fastformer_graphs", "fastformer_compile", "fastformer_fused_adamw")
+TRAIN_VARIANTS = ("fastformer_fused_adamw",)  # variants of the train step alone
 MODEL_PROVIDERS = ("fastformer", "fastformer_autotune", "reference_fp32", "reference", "compile")
 
 
@@ -389,26 +390,31 @@ def model_variant_case(kind, variant, device, B, config, amp):
     batch, params and check), its step run another way: "fastformer_graphs" replays the train step
     or the inference forward from a CUDA graph (fastformer.train.graphs.GraphedSteps, with the capturable
     AdamW it needs), "fastformer_compile" runs the model through torch.compile(model,
-    fullgraph=True), as `fastformer train --compile` does. The batch is padded to its longest
+    fullgraph=True), as `fastformer train --compile` does, and "fastformer_fused_adamw" (a train
+    step only: TRAIN_VARIANTS) runs the eager step with `fastformer train`'s optimizer, the fused
+    AdamW (fastformer.train.loop.adamw), where every other row steps torch's default. The batch is padded to its longest
     review, which for the stage's batch of 128 is a bucket length already (128 tokens, a multiple
     of 16; bench/test_report.py checks it), so it is the shape --cuda-graphs pads it to.
-    Both skip without CUDA: a graph needs a GPU, and torch.compile cannot trace the Triton kernels
-    through the interpreter. The first call (capture, or compile) is not timed. A replay allocates
+    They skip without CUDA: a graph needs a GPU, torch.compile cannot trace the Triton kernels
+    through the interpreter, and on a CPU `python -m tools.host_overhead` times the optimizer's
+    step alone. The first call (capture, or compile) is not timed. A replay allocates
     only its outputs (the graph's memory is allocated at capture), so fastformer_graphs' peak_mem_mb
     does not compare with the eager rows'."""
     if variant not in MODEL_VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(MODEL_VARIANTS)}, got {variant!r}")
+    if variant in TRAIN_VARIANTS and kind != "train":
+        raise ValueError(f"{variant} is a variant of the train step: an inference step steps no optimizer")
     params = {"scenario": "classify", "B": B, "n_layer": config.n_layer, "d_hidn": config.d_hidn, "amp": amp}
     case = Case(f"model_{kind}", variant, params, setup=None)
     amp_name = "bf16" if amp else "off"
 
     def setup():
         if torch.device(device).type != "cuda":
-            reason = (
-                "CUDA graphs need a GPU"
-                if variant == "fastformer_graphs"
-                else "torch.compile over Triton code needs a GPU"
-            )
+            reason = {
+                "fastformer_graphs": "CUDA graphs need a GPU",
+                "fastformer_compile": "torch.compile over Triton code needs a GPU",
+                "fastformer_fused_adamw": "on a CPU, python -m tools.host_overhead times the optimizer's step",
+            }[variant]
             raise Skip(f"{variant} is benchmarked on CUDA only ({reason})")
         enc, dec, labels = _review_batch(config, B, False, device)
         case.tokens = int(enc.ne(config.i_pad).sum() + dec.ne(config.i_pad).sum())
@@ -419,9 +425,12 @@ def model_variant_case(kind, variant, device, B, config, amp):
         if variant == "fastformer_graphs":
             optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-4))
             graphs = GraphedSteps(model, optimizer, amp=amp_name)
-        else:
+        elif variant == "fastformer_compile":
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             compiled = torch.compile(model, fullgraph=True)
+        else:  # the eager model, `fastformer train`'s optimizer
+            optimizer = adamw(model, 1e-4, 0.01, fused=True)
+            compiled = model
 
         def logits():
             with fastformer.use_backend("triton"):
