@@ -90,6 +90,25 @@ def test_the_steps_take_the_fused_adamw_and_a_resume_loads_its_state(files, tmp_
     assert {state["step"].item() for state in built[1].state.values()} == {3.0}
 
 
+def test_a_run_written_before_the_fused_adamw_resumes_in_it(files, tmp_path, monkeypatch):
+    """A checkpoint written before `fastformer train` took the fused AdamW holds torch's default form
+    in its parameter groups, which load_state_dict brings back: the resumed run steps in the fused
+    form all the same (loop.keep_form), under a GradScaler too, whose fused-only arguments the
+    default form refuses."""
+    built = []
+    monkeypatch.setattr(job, "adamw", lambda *args, **kwargs: built.append(adamw(*args, **kwargs)) or built[-1])
+    out = tmp_path / "run"
+    assert main(train_args(files, out, "--epochs", "1", "--amp", "fp16")) == 0
+    (trainer_file,) = out.glob("checkpoint-*/trainer.pt")
+    trainer = torch.load(trainer_file, weights_only=False)
+    for group in trainer["optimizer"]["param_groups"]:  # as the default form writes them
+        group["fused"], group["foreach"] = None, None
+    torch.save(trainer, trainer_file)
+    assert main(["train", "--resume", str(out), "--epochs", "2", "--amp", "fp16"]) == 0
+    assert all(group["fused"] is True for group in built[1].param_groups)
+    assert [session["amp"] for session in json.loads((out / "run.json").read_text())["resumed"]] == ["fp16"]
+
+
 def test_metrics_record_the_rate_of_each_epochs_first_and_last_step(run_dir):
     """metrics.json's `lr` is the rate of the epoch's first step (0.0 at the run's first: warm-up
     starts there) and `lr_end` that of its last: 3 epochs of 15 steps, lr 3e-3, warm-up 4 steps."""

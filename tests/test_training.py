@@ -12,6 +12,7 @@ from fastformer.train.loop import (
     adamw,
     inverse_sqrt_scheduler,
     inverse_sqrt_warmup,
+    keep_form,
     linear_warmup_decay,
     linear_warmup_decay_scheduler,
     sequence_cross_entropy,
@@ -74,26 +75,32 @@ def test_adamw_decays_the_matrices_only_and_its_fused_form_steps_as_foreach():
         torch.testing.assert_close(a, b, msg=name)
 
 
-def test_a_default_adamws_state_loads_into_the_fused_form():
-    """A run directory written before `fastformer train` took the fused form holds the default
-    form's state (step counts on the host): it loads into adamw(fused=True), which goes on from its
-    counts and moments, as a resume does (load_state_dict, then graphs.make_capturable)."""
+def test_keep_form_gives_a_loaded_adamw_the_form_it_was_made_in():
+    """load_state_dict takes the form a checkpoint was written in from its parameter groups: a
+    default AdamW's state loaded into adamw(fused=True) makes it step in the default form, until
+    keep_form makes it fused again; it then goes on from the loaded counts and moments. The other
+    way round, a fused state loaded into the default form (a run resumed with --cuda-graphs)."""
     torch.manual_seed(0)
     model = MovieClassification(small_config())
     params = [p for p in model.parameters() if p.requires_grad]
-    old = adamw(model, 1e-2, 0.1, fused=False)
+    default = adamw(model, 1e-2, 0.1, fused=False)
     for _ in range(2):
         for p in params:
             p.grad = torch.ones_like(p)
-        old.step()
+        default.step()
     fused = adamw(model, 1e-2, 0.1, fused=True)
-    fused.load_state_dict(old.state_dict())
-    make_capturable(fused, False)
+    fused.load_state_dict(default.state_dict())
+    assert all(group["fused"] is None for group in fused.param_groups)  # the checkpoint's form
+    make_capturable(keep_form(fused, True), False)
+    assert all(group["fused"] is True and group["foreach"] is None for group in fused.param_groups)
     states = [fused.state[p] for p in params]
     assert all(state["step"].item() == 2 and state["step"].device == p.device for state, p in zip(states, params))
-    assert all(torch.equal(fused.state[p]["exp_avg"], old.state[p]["exp_avg"]) for p in params)
+    assert all(torch.equal(fused.state[p]["exp_avg"], default.state[p]["exp_avg"]) for p in params)
     fused.step()
     assert {state["step"].item() for state in states} == {3.0}
+    again = adamw(model, 1e-2, 0.1, fused=False)
+    again.load_state_dict(fused.state_dict())
+    assert all(group["fused"] is None for group in keep_form(again, False).param_groups)
 
 
 def test_inverse_sqrt_warmup_values():

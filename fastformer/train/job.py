@@ -48,6 +48,7 @@ from fastformer.train.loop import (
     adamw,
     autocast,
     evaluate,
+    keep_form,
     linear_warmup_decay_scheduler,
     predict_proba,
     train_epoch,
@@ -276,7 +277,8 @@ def _trainer(run, config, vocab):
     )
     model = MovieClassification(config).to(run.device)
     # fused, but for a CUDA graph's step, which captures the foreach form (see adamw)
-    optimizer = adamw(model, options.lr, options.weight_decay, fused=not run.cuda_graphs)
+    fused = not run.cuda_graphs
+    optimizer = adamw(model, options.lr, options.weight_decay, fused=fused)
     # The schedule spans the run's epochs; --max-steps only says where this invocation stops, so that
     # a run stopped there and resumed trains as one that was not.
     total_steps = run.epochs * len(train_loader)
@@ -287,7 +289,8 @@ def _trainer(run, config, vocab):
     )
     if run.checkpoint is not None:
         _restore(trainer, run)
-    make_capturable(optimizer, run.cuda_graphs)  # a checkpoint holds the form it was written in
+    # a checkpoint holds the form it was written in: fused or not, capturable or not
+    make_capturable(keep_form(optimizer, fused), run.cuda_graphs)
     trainer.trained = replicated(model, run.launch, run.device)
     if run.cuda_graphs:
         trainer.graphs = GraphedSteps(model, optimizer, amp=run.amp)

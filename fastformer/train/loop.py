@@ -55,6 +55,19 @@ def adamw(model, lr, weight_decay, *, fused):
     return torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))
 
 
+def keep_form(optimizer, fused):
+    """Give an AdamW made by `adamw` the form it was made in again after optimizer.load_state_dict,
+    which takes the form a checkpoint was written in from its parameter groups' options (a run
+    written before `fastformer train` took the fused form, or one trained with --cuda-graphs, holds
+    torch's default): fused, or torch's default. Left so, a fused AdamW would step in the foreach
+    form with a GradScaler's fused-only arguments. graphs.make_capturable places the step counts
+    after it. Returns the optimizer."""
+    for group in optimizer.param_groups:
+        group["fused"] = True if fused else None
+        group["foreach"] = None
+    return optimizer
+
+
 def linear_warmup_decay(step, warmup_steps, total_steps):
     """The lr multiplier at `step` (0-based): step / warmup_steps while warming up, then a linear
     decay reaching 0 at total_steps."""
