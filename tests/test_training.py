@@ -47,11 +47,8 @@ def test_adamw_decays_the_matrices_only_and_its_fused_form_steps_as_foreach():
         model = MovieClassification(small_config())
         params = [p for p in model.parameters() if p.requires_grad]  # not the fixed position table
         start = [p.detach().clone() for p in params]
-        optimizer = adamw(model, 1e-2, 0.1, fused=fused)
-        if fused is None:  # its groups, named foreach (a group's own "foreach": None would undo it)
-            groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
-            optimizer = torch.optim.AdamW(groups, lr=1e-2, foreach=True)
-            assert optimizer.param_groups[0]["foreach"] is True
+        optimizer = adamw(model, 1e-2, 0.1, fused=fused, foreach=not fused)  # fused, or foreach by name
+        assert all(group["foreach"] is (not fused or None) for group in optimizer.param_groups)
         for step in range(3):
             for i, p in enumerate(params):
                 p.grad = torch.full_like(p, (-1.0) ** (i + step) * (i + 1) / 7)
@@ -70,7 +67,7 @@ def test_adamw_decays_the_matrices_only_and_its_fused_form_steps_as_foreach():
     assert fused.defaults["fused"] is True
     default = adamw(model, 1e-2, 0.1, fused=False).defaults
     assert (default["fused"], default["foreach"]) == (None, None)
-    foreach_model, _ = trained(None)
+    foreach_model, _ = trained(False)
     for (name, a), b in zip(model.named_parameters(), foreach_model.parameters()):
         torch.testing.assert_close(a, b, msg=name)
 

@@ -29,10 +29,10 @@ installs nothing and needs no network. The stages run in this order, whatever or
                (fastformer.train.graphs, `fastformer train --cuda-graphs`), torch.compile(model,
                fullgraph=True) over the Triton kernels (`--compile`), and the eager train step with
                `fastformer train`'s fused AdamW where the other rows step torch's default (the
-               optimizer's part of the step). Then where the eager train
-               step's host time goes: cProfile over the timed steps of fastformer and of the fp32
-               reference, each one's PROFILE_ROWS functions with the most time of their own (the
-               host runs Python while the GPU waits). Then convergence: the same config
+               optimizer's part of the step). Then where the eager train step's host time goes:
+               cProfile over the timed steps of fastformer and of the fp32 reference, each one's
+               PROFILE_ROWS functions with the most time of their own (the host runs Python while
+               the GPU waits). Then convergence: the same config
                (dropout 0) trained from one seed for a few dozen steps on real reviews
                (tests/data/rotten_tomatoes_200.tsv) on the Triton kernels and on the reference,
                both under the run's autocast, and on the reference in fp64; at every step

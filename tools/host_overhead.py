@@ -19,9 +19,10 @@ microseconds per call:
   train step  MovieClassification at the tutorial's depth (6 layers, 4 heads) with tiny widths,
               batch 2 of 16 tokens, bf16 autocast, forward, loss, backward and a foreach AdamW step,
               on the Triton path and on the reference, their rounds interleaved
-  optimizer   the AdamW step alone on that model's 255 trainable parameters, gradients set: foreach (torch's
-              CUDA default, the step above) and fused (`fastformer train`'s, train.loop.adamw),
-              interleaved; the CPU runs their arithmetic too, a few microseconds at these widths
+  optimizer   the AdamW step alone on that model's 255 trainable parameters, gradients set:
+              foreach (torch's CUDA default, the step above) and fused (`fastformer train`'s,
+              train.loop.adamw), interleaved; the CPU runs their arithmetic too, a few
+              microseconds at these widths
 Each op row is also given as a ratio to the triton_op floor measured in the same run, the step as
 the Triton path's time over the reference's.
 
@@ -185,10 +186,7 @@ def _optimizer_steps():
     for form in ("foreach", "fused"):
         torch.manual_seed(0)
         model = MovieClassification(config)
-        optimizer = adamw(model, 1e-4, 0.01, fused=form == "fused")
-        if form == "foreach":  # its groups, named foreach (a group's own "foreach": None would undo it)
-            groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
-            optimizer = torch.optim.AdamW(groups, lr=1e-4, foreach=True)
+        optimizer = adamw(model, 1e-4, 0.01, fused=form == "fused", foreach=True)  # foreach: when not fused
         for group in optimizer.param_groups:
             for p in group["params"]:
                 p.grad = torch.full_like(p, 1e-3)

@@ -37,7 +37,7 @@ class NonFiniteLossError(FloatingPointError):
         self.loss = loss
 
 
-def adamw(model, lr, weight_decay, *, fused):
+def adamw(model, lr, weight_decay, *, fused, foreach=None):
     """`fastformer train`'s optimizer: torch's AdamW over the parameters that take a gradient,
     weight decay on the matrices only (the biases' and LayerNorm's vectors take none).
 
@@ -45,14 +45,16 @@ def adamw(model, lr, weight_decay, *, fused):
     the whole update, the step counts on the parameters' device; foreach (torch's CUDA default)
     runs seven ops over every chunk and keeps the counts on the host, reading each one per step.
     On the tutorial's 255 trainable parameters the fused step took a third of foreach's host time
-    on a CPU (docs/host-path.md). fused=False leaves torch's default, the foreach form that
-    graphs.make_capturable makes a CUDA graph capture."""
+    on a CPU (docs/host-path.md). fused=False leaves torch's default for the device (on CUDA the
+    foreach form, which graphs.make_capturable makes a CUDA graph capture), or with foreach=True
+    names the foreach form on any device (the instruments compare the two forms)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))
+    form = {"fused": True} if fused else {"foreach": foreach}
+    return torch.optim.AdamW(groups, lr=lr, **form)
 
 
 def keep_form(optimizer, fused):

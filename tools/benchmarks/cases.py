@@ -392,14 +392,14 @@ def model_variant_case(kind, variant, device, B, config, amp):
     AdamW it needs), "fastformer_compile" runs the model through torch.compile(model,
     fullgraph=True), as `fastformer train --compile` does, and "fastformer_fused_adamw" (a train
     step only: TRAIN_VARIANTS) runs the eager step with `fastformer train`'s optimizer, the fused
-    AdamW (fastformer.train.loop.adamw), where every other row steps torch's default. The batch is padded to its longest
-    review, which for the stage's batch of 128 is a bucket length already (128 tokens, a multiple
-    of 16; bench/test_report.py checks it), so it is the shape --cuda-graphs pads it to.
-    They skip without CUDA: a graph needs a GPU, torch.compile cannot trace the Triton kernels
-    through the interpreter, and on a CPU `python -m tools.host_overhead` times the optimizer's
-    step alone. The first call (capture, or compile) is not timed. A replay allocates
-    only its outputs (the graph's memory is allocated at capture), so fastformer_graphs' peak_mem_mb
-    does not compare with the eager rows'."""
+    AdamW (fastformer.train.loop.adamw), where every other row steps torch's default. The batch is
+    padded to its longest review, which for the stage's batch of 128 is a bucket length already
+    (128 tokens, a multiple of 16; bench/test_report.py checks it), so it is the shape
+    --cuda-graphs pads it to. They skip without CUDA: a graph needs a GPU, torch.compile cannot
+    trace the Triton kernels through the interpreter, and on a CPU `python -m tools.host_overhead`
+    times the optimizer's step alone. The first call (capture, or compile) is not timed. A replay
+    allocates only its outputs (the graph's memory is allocated at capture), so fastformer_graphs'
+    peak_mem_mb does not compare with the eager rows'."""
     if variant not in MODEL_VARIANTS:
         raise ValueError(f"variant must be one of {', '.join(MODEL_VARIANTS)}, got {variant!r}")
     if variant in TRAIN_VARIANTS and kind != "train":
@@ -427,17 +427,17 @@ def model_variant_case(kind, variant, device, B, config, amp):
             graphs = GraphedSteps(model, optimizer, amp=amp_name)
         elif variant == "fastformer_compile":
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            compiled = torch.compile(model, fullgraph=True)
+            forward = torch.compile(model, fullgraph=True)
         else:  # the eager model, `fastformer train`'s optimizer
             optimizer = adamw(model, 1e-4, 0.01, fused=True)
-            compiled = model
+            forward = model
 
         def logits():
             with fastformer.use_backend("triton"):
                 if variant == "fastformer_graphs":
                     return graphs.logits(enc, dec)
                 with torch.no_grad(), autocast(device, amp_name):
-                    return compiled(enc, dec)[0]
+                    return forward(enc, dec)[0]
 
         def step():
             with fastformer.use_backend("triton"):
@@ -445,7 +445,7 @@ def model_variant_case(kind, variant, device, B, config, amp):
                     return graphs.train_step((labels, enc, dec))[0]
                 optimizer.zero_grad(set_to_none=True)
                 with autocast(device, amp_name):
-                    loss = F.cross_entropy(compiled(enc, dec)[0].float(), labels)
+                    loss = F.cross_entropy(forward(enc, dec)[0].float(), labels)
                 loss.backward()
                 optimizer.step()
                 return loss
