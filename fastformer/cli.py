@@ -1,8 +1,8 @@
 """The `fastformer` command: each subcommand parses its arguments and calls its job in
-fastformer.train.job (`train` with one fastformer.train.options.TrainOptions built from them).
+fastformer.train.job (`train` with one fastformer.train.run.TrainOptions built from them).
 
 Imports nothing heavy at the top, so `fastformer --help` and `--version` answer at once. Each
-command checks its options and files first, without torch (fastformer.train.inputs for `train`), so
+command checks its options and files first, without torch (fastformer.train.run for `train`), so
 that a mistake is reported in a fraction of a second; torch and Triton load after. Errors are one
 line on stderr: exit 2 for bad input (nothing is written), 1 when training stops on a NaN or
 infinite loss, 130 on Ctrl-C, and 128 + the signal's number when SIGTERM, SIGHUP, SIGQUIT or SIGUSR1
@@ -70,7 +70,7 @@ def _job_options(args, *names):
 
 
 def _demo(args):
-    from fastformer.train.options import check_demo_options
+    from fastformer.train.run import check_demo_options
 
     check_demo_options(args.device, args.backend_name, args.amp, args.batch_size, args.seq_len, args.seed)
     with _torch():
@@ -81,8 +81,7 @@ def _demo(args):
 
 
 def _train(args):
-    from fastformer.train.inputs import check_inputs, run_dir_held
-    from fastformer.train.options import TrainOptions
+    from fastformer.train.run import TrainOptions, check_inputs, run_dir_held
 
     inputs = check_inputs(TrainOptions.from_args(args))
     with run_dir_held(inputs), _torch():
@@ -108,7 +107,7 @@ def _data(args):
 
 def _evaluate(args):
     from fastformer.data.files import check_file
-    from fastformer.train.options import check_run_options
+    from fastformer.train.run import check_run_options
     from fastformer.train.rundir import check_run_dir
 
     check_run_options(args.device, args.backend_name, args.amp, args.batch_size)
@@ -124,7 +123,7 @@ def _evaluate(args):
 
 
 def _predict(args):
-    from fastformer.train.options import check_run_options, check_texts
+    from fastformer.train.run import check_run_options, check_texts
     from fastformer.train.rundir import check_run_dir
 
     check_texts(args.texts)
@@ -153,7 +152,7 @@ _RUN_HELP = "a run directory written by `fastformer train`, or `last`: the one r
 
 def _add_flags(parser, flags):
     """Add the options `flags` declares, {dest: argparse's arguments, "flag" where the option is not
-    --the-dest-with-dashes} (fastformer.train.options: TrainOptions' fields, RUNTIME_FLAGS)."""
+    --the-dest-with-dashes} (fastformer.train.run: TrainOptions' fields, RUNTIME_FLAGS)."""
     for dest, spec in flags.items():
         spec = dict(spec)
         name = spec.pop("flag", "--" + dest.replace("_", "-"))
@@ -161,13 +160,13 @@ def _add_flags(parser, flags):
 
 
 def _add_runtime_options(parser):
-    from fastformer.train.options import RUNTIME_FLAGS
+    from fastformer.train.run import RUNTIME_FLAGS
 
     _add_flags(parser, RUNTIME_FLAGS)
 
 
 def build_parser():
-    from fastformer.train.options import TrainOptions  # light: no torch, no sentencepiece
+    from fastformer.train.run import TrainOptions  # light: no torch, no sentencepiece
 
     parser = _Parser(
         prog="fastformer",
@@ -294,7 +293,7 @@ def main(argv=None):
     received = []
     try:
         if getattr(args, "backend_name", "") is None:  # no --backend: the environment's, else auto
-            from fastformer.train.options import default_backend
+            from fastformer.train.run import default_backend
 
             args.backend_name = default_backend()
         with warnings.catch_warnings(), _stop_signals() as received:

@@ -74,7 +74,7 @@ def test_triton_interpret_is_read_as_triton_reads_it(value, monkeypatch):
     """fastformer reads TRITON_INTERPRET before importing Triton (the CLI's checks) and after (the
     kernels); both must agree with Triton's own reading, which decides whether kernels are interpreted."""
     from fastformer.environment import interpreter_requested
-    from fastformer.train.inputs import triton_available
+    from fastformer.train.run import triton_available
 
     getenv_bool = pytest.importorskip("triton._C.libtriton").getenv_bool
     monkeypatch.setenv("TRITON_INTERPRET", value)

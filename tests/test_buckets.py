@@ -71,7 +71,7 @@ def test_padding_to_the_bucket_changes_logits_and_gradients_by_rounding_only(bac
 
 def test_the_jobs_loaders_pad_to_buckets_when_asked(tmp_path):
     from fastformer.data import Review, train_vocab
-    from fastformer.train.loaders import loaders as job_loaders
+    from fastformer.train.job import loaders as job_loaders
     from fastformer.train.runtime import Launch
 
     words = ["the", "film", "was", "good", "bad", "long", "short", "dull", "great", "fine", "and", "but", "not", "very"]

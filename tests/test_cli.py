@@ -10,7 +10,7 @@ import torch
 
 import fastformer
 from fastformer.cli import build_parser, main
-from fastformer.train.options import TrainOptions
+from fastformer.train.run import TrainOptions
 
 
 def test_version(capsys):

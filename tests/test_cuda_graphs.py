@@ -11,7 +11,7 @@ from fastformer.cli import main
 from fastformer.train import job
 from fastformer.train.graphs import GraphedSteps, make_capturable
 from fastformer.train.loop import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
-from fastformer.train.options import StepModes, check_on_device, step_modes
+from fastformer.train.run import StepModes, check_on_device, step_modes
 from tests.helpers import small_config, tiny_job_files, train_args
 
 CUDA = torch.device("cuda")

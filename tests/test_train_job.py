@@ -15,9 +15,8 @@ from fastformer import Config, MovieClassification, kernels
 from fastformer.cli import main
 from fastformer.data import load_vocab
 from fastformer.train import job, runtime
-from fastformer.train import run as job_run
 from fastformer.train.loop import adamw, predict_proba
-from fastformer.train.options import RUN_OPTIONS, TrainOptions, default_batch_size
+from fastformer.train.run import RUN_OPTIONS, TrainOptions, default_batch_size
 from tests import tutorial
 from tests.helpers import TINY, pin_thread_count, tiny_job_files, train_args, write_reviews
 
@@ -477,7 +476,7 @@ def test_a_model_too_large_for_the_device_is_one_line_and_no_run_directory(
     """The model's fit in the device's memory is checked once: a config given before any work, the
     default config once its vocab is trained (its size sets the embeddings'); either way one line,
     exit 2, nothing written."""
-    monkeypatch.setattr(job_run, "device_memory", lambda device: 2**10)
+    monkeypatch.setattr(runtime, "device_memory", lambda device: 2**10)
     out = tmp_path / "run"
     args = ["train", "--train", files["train"], "--test", files["test"], "--vocab-size", "60", "--device", "cpu"]
     code = main([*args, *(["--config", files["config"]] if given_config else []), "--out", str(out)])

@@ -7,7 +7,7 @@
 
 Each job runs the real model of the default CUDA job (the tutorial config for the vocab trained on
 the data, bf16 autocast, dropout 0.1, batch 128, length-bucketed batches) over its data as the job
-loads it (fastformer.train.inputs.read_data, fastformer.train.loaders.loaders): one train step (forward and
+loads it (fastformer.train.run.read_data, fastformer.train.job.loaders): one train step (forward and
 backward, no optimizer step) per distinct batch shape of the first epoch in job order, then one
 evaluation forward per distinct test batch shape. It runs under tools.sm90's dry-run sm_90a driver,
 so Triton compiles real Hopper binaries and launches nothing, in a subprocess without
@@ -39,7 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDED_ROTTEN_TOMATOES = REPO / "tests" / "data" / "rotten_tomatoes_200.tsv"
-BATCH_SIZE = 128  # the CUDA job's default (fastformer.train.options.default_batch_size)
+BATCH_SIZE = 128  # the CUDA job's default (fastformer.train.run.default_batch_size)
 # --quick: a model of the tutorial's shape at a fraction of its width, on the first batches
 QUICK_CONFIG = {"n_layer": 1, "d_hidn": 64, "n_head": 2, "d_head": 32, "d_ff": 128, "n_enc_seq": 64, "n_dec_seq": 8}
 QUICK_BATCHES = 3
@@ -177,12 +177,11 @@ def _cpu_seconds():
 
 
 def _reviews(dataset, rotten_tomatoes):
-    """The job's Data (train, test, classes) for `dataset`, read as fastformer.train.inputs reads it,
+    """The job's Data (train, test, classes) for `dataset`, read as fastformer.train.run reads it,
     and where it came from."""
     from fastformer.data import demo
     from fastformer.data import rotten_tomatoes as rt
-    from fastformer.train.inputs import read_data
-    from fastformer.train.options import RUN_OPTIONS, new_run_options
+    from fastformer.train.run import RUN_OPTIONS, new_run_options, read_data
 
     if dataset == "demo":
         files, source = {"train": demo.TRAIN_FILE, "test": demo.TEST_FILE}, "demo set"
@@ -203,8 +202,8 @@ def _job_batches(dataset, pad_to_buckets, quick, rotten_tomatoes, scratch):
     """The model's config and the job's batches, one per distinct shape, as (mode, labels, enc, dec)
     with mode "train" or "eval", in the order the job meets them."""
     from fastformer.data.vocab import train_vocab
-    from fastformer.train.inputs import default_config
-    from fastformer.train.loaders import loaders
+    from fastformer.train.job import loaders
+    from fastformer.train.run import default_config
     from fastformer.train.runtime import Launch
 
     data, source = _reviews(dataset, rotten_tomatoes)

@@ -4,7 +4,7 @@ MovieClassification, cross-entropy, per-epoch evaluation, in one call), `evaluat
 and `demo`.
 
 train runs in steps, a function each:
-1. the inputs, checked without torch (fastformer.train.inputs.check_inputs): the options, the config
+1. the inputs, checked without torch (fastformer.train.run.check_inputs): the options, the config
    and vocab given, the data and its classes, and the new run's directory or the run --resume
    continues (the command does this before it imports torch);
 2. where and how it runs, settled into one frozen Run that every later step takes by name
@@ -26,6 +26,7 @@ So a bad file or option leaves nothing behind.
 import contextlib
 import dataclasses
 import errno
+import itertools
 import os
 import shutil
 import tempfile
@@ -37,12 +38,10 @@ import torch
 from fastformer import backend, kernels
 from fastformer.config import Config
 from fastformer.data.files import check_labels, cut, read_reviews
-from fastformer.data.reviews import MovieDataSet, movie_collate_fn
-from fastformer.data.vocab import known_pieces
+from fastformer.data.reviews import LengthBucketSampler, MovieDataSet, ShardedBatchSampler, movie_collate_fn
+from fastformer.data.vocab import N_SPECIAL, known_pieces, load_vocab, train_vocab
 from fastformer.model import MovieClassification
 from fastformer.train.graphs import GraphedSteps, make_capturable
-from fastformer.train.inputs import check_inputs, default_config, run_dir_held
-from fastformer.train.loaders import loaders, train_run_vocab
 from fastformer.train.loop import (
     NonFiniteLossError,
     adamw,
@@ -53,15 +52,19 @@ from fastformer.train.loop import (
     predict_proba,
     train_epoch,
 )
-from fastformer.train.options import (
+from fastformer.train.run import (
     TrainOptions,
     check_backend,
     check_demo_options,
+    check_fits_device,
+    check_inputs,
     check_on_device,
     check_run_options,
     check_texts,
+    default_config,
+    run_dir_held,
+    settle,
 )
-from fastformer.train.run import check_fits_device, settle
 from fastformer.train.rundir import (
     LOCK,
     RUNS,
@@ -75,6 +78,7 @@ from fastformer.train.rundir import (
     resolve_run,
     save_checkpoint,
     still_training,
+    write_file,
     write_json,
 )
 from fastformer.train.runtime import (
@@ -129,7 +133,7 @@ def train(options=None, *, log=print, **kwargs):
     otherwise it starts no process group. `cuda_graphs` replays each step from a CUDA graph
     (fastformer.train.graphs; CUDA only, bf16 or no autocast), `compile` runs the model through
     torch.compile(model, fullgraph=True), and `pad_to_buckets` pads batches to bucket lengths
-    (default: on with cuda_graphs, which needs it); fastformer.train.options.step_modes and
+    (default: on with cuda_graphs, which needs it); fastformer.train.run.step_modes and
     check_on_device say which combinations run. `precompile` compiles the kernels of the bucket
     shapes before the first step (default: on with pad_to_buckets) and `autotune` times every
     kernel config instead of each kernel's rule picking one (kernels.autotuning). None of them
@@ -149,7 +153,7 @@ def train(options=None, *, log=print, **kwargs):
 
 
 def train_inputs(inputs, *, log=print):
-    """train() from its inputs as fastformer.train.inputs.check_inputs returned them: where and how the
+    """train() from its inputs as fastformer.train.run.check_inputs returned them: where and how the
     job runs, settled and checked before any work (fastformer.train.run.settle), then the run."""
     with backend.use_backend(inputs.options.backend_name):
         run = settle(inputs, log)
@@ -257,6 +261,100 @@ def _position(trainer):
     if trainer.epoch_step:
         return f"after step {trainer.epoch_step} of the {trainer.steps_per_epoch} of epoch {trainer.epoch + 1}"
     return f"after epoch {trainer.epoch}"
+
+
+# The data once torch is there: the vocab trained on the reviews, and the loaders.
+
+
+def train_run_vocab(n_pieces, reviews, launch, model_file, log):
+    """The run's BPE vocab of n_pieces pieces (besides the special ones), trained on the train
+    reviews into `model_file` (check_inputs checked that it fits the config). Returns it
+    loaded."""
+    log(f"Training a BPE vocab of up to {n_pieces} + {N_SPECIAL} pieces on {len(reviews)} reviews")
+    return _shared_vocab(launch, reviews, model_file, n_pieces)
+
+
+def _shared_vocab(launch, reviews, model_file, n_pieces):
+    """train_vocab on the reviews' texts into `model_file`; in a torchrun job rank 0 trains it and
+    sends the file to the other processes. Returns the loaded vocab."""
+    if launch.rank == 0:
+        train_vocab(reviews.texts(), model_file, n_pieces=n_pieces, progress=True)
+    if launch.distributed:
+        model = [None]
+        if launch.rank == 0:
+            with open(model_file, "rb") as f:
+                model = [f.read()]
+        torch.distributed.broadcast_object_list(model, src=0)
+        if launch.rank != 0:
+            write_file(model_file, lambda f: f.write(model[0]))
+    return load_vocab(model_file)
+
+
+class _FromStep(torch.utils.data.Sampler):
+    """The batches of a batch sampler from its `skip`-th on (skip is set by the loaders' set_epoch):
+    the epoch's batches are drawn in full, as an uninterrupted epoch draws them, and the first
+    `skip` left out, so a run resumed inside an epoch trains on the batches it had not."""
+
+    def __init__(self, batches):
+        self.batches = batches
+        self.skip = 0
+
+    def __len__(self):
+        return len(self.batches) - self.skip
+
+    def __iter__(self):
+        return itertools.islice(iter(self.batches), self.skip, None)
+
+
+def loaders(config, vocab, train_reviews, test_reviews, batch_size, bucket, seed, launch, pad_to_buckets=False):
+    """The train and test loaders, and set_epoch(epoch, skip=0), which fixes the train order of an
+    epoch from (seed, epoch) alone and leaves out its first `skip` batches, so a resumed run sees
+    the batches an uninterrupted one would. Drawing them touches no global RNG: the loaders have
+    generators of their own, so the dropout masks a run draws do not depend on where it resumed.
+    In a torchrun job the batches are drawn at batch_size * world_size and shared out among the
+    processes (ShardedBatchSampler), and each process evaluates every world_size-th test review.
+    With pad_to_buckets, batches are padded to bucket_length of their longest review."""
+    progress = launch.rank == 0
+    train_set = MovieDataSet(
+        vocab, train_reviews, max_len=config.n_enc_seq, progress=progress, name="the train reviews"
+    )
+    test_set = MovieDataSet(vocab, test_reviews, max_len=config.n_enc_seq, progress=progress, name="the test reviews")
+    bucket_max_len = config.n_enc_seq if pad_to_buckets else None
+
+    def collate(batch):
+        return movie_collate_fn(batch, i_pad=config.i_pad, bucket_max_len=bucket_max_len)
+
+    drawn = batch_size * launch.world_size
+    # A DataLoader draws a seed for its workers from its generator each epoch (from the global RNG
+    # without one); with no workers it is unused.
+    generator = torch.Generator()
+    if bucket:
+        batches = LengthBucketSampler(train_set.lengths(), drawn, shuffle=True, seed=seed)
+        order_epoch = batches.set_epoch
+    else:
+        # what DataLoader(shuffle=True, generator=generator) builds, the generator also seeding its iterators
+        shuffled = torch.utils.data.RandomSampler(train_set, generator=generator)
+        batches = torch.utils.data.BatchSampler(shuffled, drawn, drop_last=False)
+
+        def order_epoch(epoch):
+            generator.manual_seed(seed + epoch)
+
+    if launch.distributed:
+        batches = ShardedBatchSampler(batches, launch.world_size, launch.rank)
+        test_set = torch.utils.data.Subset(test_set, range(launch.rank, len(test_set), launch.world_size))
+    batches = _FromStep(batches)
+
+    def set_epoch(epoch, skip=0):
+        order_epoch(epoch)
+        batches.skip = skip
+
+    train_loader = torch.utils.data.DataLoader(
+        train_set, batch_sampler=batches, collate_fn=collate, generator=generator
+    )
+    test_loader = torch.utils.data.DataLoader(
+        test_set, batch_size=batch_size, shuffle=False, collate_fn=collate, generator=torch.Generator()
+    )
+    return train_loader, test_loader, set_epoch
 
 
 def _trainer(run, config, vocab):

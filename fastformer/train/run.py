@@ -1,31 +1,826 @@
-"""The run object: one `fastformer train` invocation, settled once before any work.
+"""The run of `fastformer train`, from its options to the one object every step of the job takes.
 
-`settle(inputs, log)` takes what the checks made without torch found (inputs.TrainInputs: the
-options as given, the step modes, the data, the config and vocab, the run directory, the run
-resumed) and settles the rest with what torch knows: the device (and, when --device was not given,
-what it cannot run), autocast, the model's fit in the device's memory, the run's own options with
-the batch size the device takes, and the checkpoint --resume continues from. Each check runs once:
-what needs no torch ran before it. The `Run` it returns is frozen and goes to every step of the job
-by name.
+    train(epochs=3, lr=1e-3)                          # the Python API (fastformer.train.job.train)
+    train(TrainOptions(epochs=3, lr=1e-3))            # the same
+    train(TrainOptions.from_args(args))               # what `fastformer train` does
+
+In the order a job meets them:
+- TrainOptions: the keyword arguments of fastformer.train.job.train, which the command builds from
+  its arguments in one place; each field declares its flag, its check and its default in a new run.
+  RunOptions are the options that make a run what it is (run.json's); DEFAULTS what a new run
+  takes for one not given, the run's own under --resume. Also the checks of the other commands'
+  options.
+- check_inputs: the options, the config and vocab given, the data and its classes, and the run
+  directory a new run will make or the run --resume continues, with the data it started on,
+  checked before torch is imported. A bad input is one line (ValueError or OSError) before the
+  vocab is trained and before anything is written.
+- settle: what only torch can tell (the device, the GPU's memory, the checkpoint's tensors),
+  checked right after, before any work, into the frozen Run that goes to every step of the job by
+  name. Each check runs once: what needs no torch ran before it.
+
+Nothing here imports torch at module level: the command checks its inputs before it does.
 """
 
+import argparse
+import collections.abc
+import contextlib
 import dataclasses
+import importlib.util
+import math
+import numbers
+import os
+import random
+import re
+import sys
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
-
-from fastformer import kernels
-from fastformer.config import BYTES_TO_TRAIN, check_fits
-from fastformer.train.inputs import TrainInputs, size_names
-from fastformer.train.options import (
-    RunOptions,
-    check_on_device,
-    check_resumable,
-    check_world_size,
-    default_batch_size,
+from fastformer.config import BYTES_TO_BUILD, BYTES_TO_TRAIN, TUTORIAL, Config, check_fits, host_memory, size_text
+from fastformer.data import demo, rotten_tomatoes
+from fastformer.data.files import check_labels, infer_classes, read_reviews
+from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
+from fastformer.environment import BACKEND_ENV, BACKENDS, interpreter_requested, under_torchrun
+from fastformer.train.rundir import (
+    RUNS,
+    check_not_written,
+    check_out,
+    check_pinned,
+    check_resumable_dir,
+    load_checkpoint,
+    load_config,
+    load_run_files,
+    load_run_json,
+    writing,
 )
-from fastformer.train.rundir import load_checkpoint
-from fastformer.train.runtime import Launch, device_memory, quiet, resolve_amp, resolve_device, torchrun_launch
+
+if TYPE_CHECKING:
+    import torch
+
+    from fastformer.train.runtime import Launch
+
+# The options: TrainOptions and their checks.
+
+PATH_OPTIONS = ("train", "test", "vocab", "config")
+AMPS = ("auto", "bf16", "fp16", "off")
+DATASETS = ("demo", "rotten-tomatoes")  # --dataset: the embedded set, or what `fastformer data` prepared
+DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")  # the devices the job runs on
+MAX_VOCAB_PIECES = 2**31 - 1 - N_SPECIAL  # SentencePiece counts the pieces in a 32-bit int
+MAX_SEED = 2**32 - 1  # any 32-bit seed; with an epoch or a rank added it stays a valid 64-bit torch seed
+
+
+def _option(name):
+    return f"--{name.replace('_', '-')}"
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_numbers(**values):
+    """Raise ValueError naming the first option given (not None) that is not a real number (a
+    Decimal, a str, a bool), with its type: the run's options are written to JSON and given to torch."""
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise ValueError(f"{_option(name)} must be a float, got {value!r} (a {type(value).__name__})")
+
+
+def check_positive(**values):
+    """Raise ValueError naming the first option given (not None) that is not positive; the values
+    are numbers (check_numbers or check_integers passed them)."""
+    for name, value in values.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"{_option(name)} must be positive, got {value}")
+
+
+def check_integers(**values):
+    """Raise ValueError naming the first option given (not None) that is not an integer."""
+    for name, value in values.items():
+        if value is not None and not _is_int(value):
+            raise ValueError(f"{_option(name)} must be an integer, got {value!r}")
+
+
+def check_choice(option, value, choices):
+    if value not in choices:
+        raise ValueError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def check_device(name):
+    """Raise ValueError unless `name` (None: the default) names a device the job runs on: cpu,
+    cuda or cuda:N. Whether the machine has it is fastformer.train.runtime.resolve_device's to say."""
+    if name is not None and not DEVICE.fullmatch(str(name)):
+        raise ValueError(f"--device {name}: fastformer runs on cpu, cuda or cuda:N")
+
+
+def check_backend(backend_name, has_triton):
+    """Raise ValueError when --backend triton is asked for without the triton package."""
+    if backend_name == "triton" and not has_triton:
+        raise ValueError(
+            "--backend triton needs the triton package, which is not installed; pass --backend auto or reference"
+        )
+
+
+def check_on_device(device, backend_name, interpret, *, cuda_graphs=False, compile=False):
+    """Raise ValueError naming the option that cannot run on `device` (a checked name, or a
+    torch.device: its type decides): --backend triton off CUDA without Triton's interpreter,
+    --cuda-graphs off CUDA, --compile of the Triton kernels off CUDA (off CUDA "auto" and
+    "reference" run the reference). A job calls it once, as soon as the device is known: before
+    torch when --device is given, else on the device it resolves."""
+    if str(device).split(":")[0] == "cuda":
+        return
+    if backend_name == "triton" and not interpret:
+        raise ValueError(
+            f"--backend triton on {device} needs a CUDA GPU, or Triton's interpreter (TRITON_INTERPRET=1 in the "
+            "environment, which runs the kernels slowly on a CPU); pass --backend auto or reference"
+        )
+    if cuda_graphs:
+        raise ValueError(f"--cuda-graphs needs a CUDA device; the device is {device}")
+    if compile and backend_name == "triton":
+        raise ValueError(
+            f"--compile on {device} needs the reference kernels: torch.compile cannot trace the "
+            "Triton kernels through Triton's CPU interpreter; pass --backend auto or reference"
+        )
+
+
+class StepModes(NamedTuple):
+    """How a train job's steps run, resolved (step_modes): run.json records them; they change the
+    speed and the rounding, not the math."""
+
+    cuda_graphs: bool  # each step replayed from a CUDA graph
+    compile: bool  # the model through torch.compile(fullgraph=True)
+    pad_to_buckets: bool  # batches padded to bucket lengths
+    precompile: bool  # the bucket shapes' kernels compiled before the first step
+
+
+def step_modes(amp, distributed, *, cuda_graphs, compile, pad_to_buckets, precompile):
+    """The StepModes of --cuda-graphs, --compile, --pad-to-buckets and --precompile as given (the
+    last two None: not given), with --amp as given and `distributed` (under torchrun); raise
+    ValueError naming the option for a combination that cannot run. What the device decides is
+    check_on_device's. --pad-to-buckets defaults to --cuda-graphs, which needs it; --precompile to
+    --pad-to-buckets, which makes the batch shapes known, unless --compile, whose kernels
+    torch.compile builds. ("auto" amp is never fp16, so amp as given decides.)"""
+    if cuda_graphs:
+        if compile:
+            raise ValueError("--cuda-graphs and --compile are alternatives: pass one")
+        if amp == "fp16":
+            raise ValueError(
+                "--cuda-graphs does not take --amp fp16: its GradScaler reads the host at every step; "
+                "use --amp bf16 (the default on CUDA) or off"
+            )
+        if pad_to_buckets is False:
+            raise ValueError(
+                "--cuda-graphs needs --pad-to-buckets: a graph is captured per batch shape, and without "
+                "buckets every review length is a shape"
+            )
+        if distributed:
+            raise ValueError("--cuda-graphs is not supported under torchrun")
+    if compile and distributed:
+        raise ValueError("--compile is not supported under torchrun")
+    pad_to_buckets = cuda_graphs if pad_to_buckets is None else pad_to_buckets
+    if precompile and compile:
+        raise ValueError(
+            "--precompile and --compile are alternatives: torch.compile compiles the kernels of its "
+            "own graph at its first step"
+        )
+    if precompile and not pad_to_buckets:
+        raise ValueError(
+            "--precompile needs --pad-to-buckets: the kernels are compiled for the batch shapes, and "
+            "without buckets every review length is a shape"
+        )
+    precompile = pad_to_buckets and not compile if precompile is None else precompile
+    return StepModes(cuda_graphs, compile, pad_to_buckets, precompile)
+
+
+def parse_n_output(text):
+    """--n-output: "auto" or a positive integer."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or auto, got {text!r}")
+    return value
+
+
+BACKEND_HELP = (
+    "where the math runs (default: $FASTFORMER_BACKEND when set, else auto: Triton kernels on CUDA, "
+    "the PyTorch reference elsewhere)"
+)
+# The options every command that runs the model takes (train, evaluate, predict, demo): each field's
+# flag as argparse takes it ("flag": the option's name where it is not --the-field-name).
+RUNTIME_FLAGS = {
+    "device": {"help": "cpu, cuda, cuda:1, ... (default: cuda if available)"},
+    "backend_name": {"flag": "--backend", "choices": list(BACKENDS), "help": BACKEND_HELP},
+    "amp": {
+        "default": "auto",
+        "choices": list(AMPS),
+        "help": "autocast dtype (default auto: bf16 on CUDA, off on CPU)",
+    },
+}
+
+
+def flag(value=None, *, run=False, new_run=None, **parser_args):
+    """A TrainOptions field of default `value` with its `fastformer train` flag declared beside it:
+    argparse's arguments (help, type, action, its own default where it parses to another value
+    than the field's, ...; "flag" where the option is not --the-field-name), from which
+    fastformer.cli builds the command's parser, in the fields' order. `run`: the option makes the
+    run what it is (a RunOptions field: run.json records it, --resume refuses another value);
+    `new_run`: what a new run takes when it is not given (DEFAULTS)."""
+    return dataclasses.field(default=value, metadata={"argparse": parser_args, "run": run, "new_run": new_run})
+
+
+@dataclasses.dataclass
+class TrainOptions:
+    """What `fastformer train` and fastformer.train.job.train take, field for option (--backend is
+    backend_name), each field declared with its flag. None means not given: a new run takes
+    DEFAULTS (or a default that depends on the device), a resumed one the run's value. A new
+    option is a field here (its flag, whether it makes the run what it is and its default in a
+    new run declared in `flag`), its check in `check`, and its use."""
+
+    train: str | None = flag(run=True, metavar="FILE", help="training reviews (default: the embedded demo set)")
+    test: str | None = flag(
+        run=True, metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)"
+    )
+    dataset: str | None = flag(
+        choices=list(DATASETS),
+        help="instead of --train/--test: the embedded demo set (the default), or the Rotten Tomatoes snippets "
+        "`fastformer data rotten-tomatoes` prepared",
+    )
+    vocab: str | None = flag(run=True, metavar="MODEL", help="an existing SentencePiece model (default: train one)")
+    vocab_size: int | None = flag(
+        run=True, new_run=8000, type=int, help="BPE pieces besides the 7 special ones (default 8000)"
+    )
+    config: str | None = flag(
+        run=True, metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)"
+    )
+    n_output: int | str | None = flag(
+        run=True,
+        type=parse_n_output,
+        metavar="N|auto",
+        help="number of classes (default: the config's n_output, 2 in the tutorial's); auto: from the training labels",
+    )
+    epochs: int | None = flag(new_run=5, type=int, help="epochs in total (default 5)")
+    # per process, under torchrun
+    batch_size: int | None = flag(run=True, type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)")
+    lr: float | None = flag(run=True, new_run=5e-4, type=float, help="peak AdamW learning rate (default 5e-4)")
+    warmup: float | None = flag(
+        run=True, new_run=0.1, type=float, help="fraction of steps of linear warm-up (default 0.1)"
+    )
+    weight_decay: float | None = flag(
+        run=True, new_run=0.01, type=float, help="AdamW weight decay of the weight matrices (default 0.01)"
+    )
+    bucket: bool | None = flag(
+        run=True,
+        new_run=True,
+        action=argparse.BooleanOptionalAction,
+        help="batch reviews of similar length together to cut padding (default on)",
+    )
+    device: str | None = flag(**RUNTIME_FLAGS["device"])
+    # not given on the command line: $FASTFORMER_BACKEND's (from_args)
+    backend_name: str = flag("auto", **RUNTIME_FLAGS["backend_name"])
+    amp: str = flag("auto", **RUNTIME_FLAGS["amp"])
+    cuda_graphs: bool = flag(
+        False,
+        action="store_true",
+        help="capture each train and evaluation step as a CUDA graph once per batch shape and replay it "
+        "(CUDA only; bf16 or no autocast; implies --pad-to-buckets)",
+    )
+    compile: bool = flag(
+        False,
+        action="store_true",
+        help="run the model through torch.compile(model, fullgraph=True) (the Triton kernels only on CUDA)",
+    )
+    pad_to_buckets: bool | None = flag(
+        action=argparse.BooleanOptionalAction,
+        help="pad each batch to its longest review rounded up to a multiple of 16 (at most the config's n_enc_seq), "
+        "so that steps see few shapes (default: on with --cuda-graphs, else off)",
+    )
+    precompile: bool | None = flag(
+        action=argparse.BooleanOptionalAction,
+        help="compile the Triton kernels of every batch shape before the first step, in parallel, with a "
+        "progress bar (needs --pad-to-buckets, which makes the shapes known; default: on with it)",
+    )
+    autotune: bool = flag(
+        False,
+        action="store_true",
+        help="time every candidate config of each Triton kernel on first use and keep the fastest, cached on disk "
+        "per GPU model, instead of each kernel's rule picking one (as FASTFORMER_AUTOTUNE=1 does)",
+    )
+    out: str | None = flag(metavar="DIR", help="run directory (default runs/sentiment-<date>-<time>)")
+    seed: int | None = flag(
+        run=True, new_run=0, type=int, help="seed of the initial weights, the split and the data order (default 0)"
+    )
+    max_steps: int | None = flag(type=int, help="stop after this many optimizer steps")
+    resume: str | None = flag(
+        metavar="DIR", help="continue a run directory up to --epochs, with the options it started with"
+    )
+
+    @classmethod
+    def from_args(cls, args):
+        """The options of an argparse namespace that has an attribute per field (and maybe more); a
+        backend not given is $FASTFORMER_BACKEND's, else "auto" (default_backend)."""
+        options = {field.name: getattr(args, field.name) for field in dataclasses.fields(cls)}
+        if options["backend_name"] is None:
+            options["backend_name"] = default_backend()
+        return cls(**options)
+
+    def check(self):
+        """Raise ValueError naming the first option whose value cannot be right: its type and range
+        (the step modes together are step_modes' to check, what the device decides check_on_device's,
+        the files check_inputs')."""
+        counts = {name: getattr(self, name) for name in ("epochs", "batch_size", "max_steps", "vocab_size")}
+        check_integers(**counts, seed=self.seed)
+        check_numbers(lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup)
+        if isinstance(self.lr, float) and not math.isfinite(self.lr):
+            raise ValueError(f"--lr must be a finite number, got {self.lr}")
+        check_positive(**counts, lr=self.lr)
+        if self.weight_decay is not None and not (
+            isinstance(self.weight_decay, numbers.Real) and math.isfinite(self.weight_decay) and self.weight_decay >= 0
+        ):
+            raise ValueError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay}")
+        if self.warmup is not None and not (isinstance(self.warmup, numbers.Real) and 0 <= self.warmup < 1):
+            raise ValueError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.vocab_size is not None and self.vocab_size > MAX_VOCAB_PIECES:
+            raise ValueError(
+                f"--vocab-size must be at most {MAX_VOCAB_PIECES:,} (SentencePiece counts pieces in "
+                f"32 bits), got {self.vocab_size:,}"
+            )
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED:,}, got {self.seed}")
+        n_output = self.n_output
+        if n_output is not None and n_output != "auto" and not (_is_int(n_output) and n_output > 0):
+            raise ValueError(f"--n-output must be a positive integer or auto, got {n_output!r}")
+        for name in ("train", "test", "vocab", "config", "out", "resume"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (str, os.PathLike)) and str(value)):
+                raise ValueError(f"{_option(name)} must be a path, got {value!r}")
+        if self.dataset is not None:
+            check_choice("--dataset", self.dataset, DATASETS)
+        check_choice("--backend", self.backend_name, BACKENDS)
+        check_choice("--amp", self.amp, AMPS)
+        for name in ("bucket", "pad_to_buckets", "cuda_graphs", "compile", "precompile", "autotune"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{_option(name)} must be True or False, got {value!r}")
+        check_device(self.device)
+
+    def plain(self):
+        """These options with Python's own numbers: an integer or a float of another type that
+        passed check() (numpy's, say) becomes an int or a float, as json and torch take them."""
+        changes = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if type(value) in (int, float, bool, str) or value is None:
+                continue
+            if isinstance(value, numbers.Integral):
+                changes[field.name] = int(value)
+            elif isinstance(value, numbers.Real):
+                changes[field.name] = float(value)
+        return dataclasses.replace(self, **changes)
+
+    def given(self):
+        """The RUN_OPTIONS, None where not given."""
+        return {name: getattr(self, name) for name in RUN_OPTIONS}
+
+
+# The options that make a run what it is (flag(run=True)), resolved: new_run_options and
+# resumed_options make them, and the batch size is settled once the device is known (None till
+# then). run.json records them, and --resume refuses a value other than the run's for any. The
+# paths are absolute (train the demo set's without --train; test None: a split of train's);
+# vocab_size is None with a vocab given; n_output a number, "auto" (from the labels) or None (the
+# config's).
+RunOptions = dataclasses.make_dataclass(
+    "RunOptions",
+    [(field.name, field.type) for field in dataclasses.fields(TrainOptions) if field.metadata["run"]],
+    frozen=True,
+)
+RunOptions.__module__ = __name__
+RunOptions.__doc__ = "The options that make a run what it is, resolved (see the comment above it)."
+RUN_OPTIONS = tuple(field.name for field in dataclasses.fields(RunOptions))
+# what a new run takes for an option not given (flag's new_run); batch_size's depends on the device
+DEFAULTS = {
+    field.name: field.metadata["new_run"]
+    for field in dataclasses.fields(TrainOptions)
+    if field.metadata["new_run"] is not None
+}
+
+
+def default_backend():
+    """The commands' --backend when none is given: $FASTFORMER_BACKEND when it is set (ValueError
+    naming it when it is not a backend), else "auto"."""
+    name = os.environ.get(BACKEND_ENV, "auto")
+    check_choice(f"${BACKEND_ENV}", name, BACKENDS)
+    return name
+
+
+def check_run_options(device, backend_name, amp, batch_size=None):
+    """Raise ValueError naming the first of the options `evaluate`, `predict` and `demo` share that
+    cannot be right."""
+    check_integers(batch_size=batch_size)
+    check_positive(batch_size=batch_size)
+    check_device(device)
+    check_choice("--backend", backend_name, BACKENDS)
+    check_choice("--amp", amp, AMPS)
+
+
+def check_texts(texts):
+    """`predict`'s texts as a list: a str is one text, and any other iterable of str (a generator
+    too) is read once. At least one, none empty or only whitespace (the model would see padding
+    only, and still answer). TypeError for a value that is neither, or an item that is not a str."""
+    if isinstance(texts, str):
+        texts = [texts]
+    elif isinstance(texts, (bytes, bytearray)) or not isinstance(texts, collections.abc.Iterable):
+        raise TypeError(f"texts must be a str or an iterable of str, got {type(texts).__name__}")
+    else:
+        texts = list(texts)
+    if not texts:
+        raise ValueError("give at least one text to classify")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"text {i + 1} of {len(texts)} is a {type(text).__name__}, not a str")
+        if not text.strip():
+            raise ValueError(
+                f"text {i + 1} of {len(texts)} ({text!r}) is empty or only whitespace: nothing to classify"
+            )
+    return texts
+
+
+def check_demo_options(device, backend_name, amp, batch_size, seq_len, seed):
+    """Raise ValueError naming the first option of `demo` that cannot be right: the batch of random
+    reviews must fit the tutorial's model and this machine's memory."""
+    check_run_options(device, backend_name, amp, batch_size)
+    check_integers(seq_len=seq_len, seed=seed)
+    check_positive(seq_len=seq_len)
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
+    if seq_len > TUTORIAL["n_enc_seq"]:
+        raise ValueError(
+            f"--seq-len {seq_len} is longer than the tutorial config's n_enc_seq, "
+            f"{TUTORIAL['n_enc_seq']}: the longest review its model reads"
+        )
+    # a lower bound: every layer keeps at least its (bs, seq_len, d_hidn) fp32 output for the backward
+    kept = batch_size * seq_len * TUTORIAL["d_hidn"] * 4 * (2 * TUTORIAL["n_layer"] + 1)
+    memory = host_memory()
+    if memory is not None and kept > memory:
+        raise ValueError(
+            f"--batch-size {batch_size} with --seq-len {seq_len}: the forward would keep at least {kept:,} bytes "
+            f"({size_text(kept)}) of activations, more than this machine's memory ({size_text(memory)})"
+        )
+
+
+def new_run_options(given):
+    """The RunOptions of a new run from those `given` (TrainOptions.given): paths made absolute, the embedded demo set
+    without --train, DEFAULTS for the rest but batch_size, whose default depends on the device
+    (default_batch_size). Returns (options, whether the data is the demo set)."""
+    train, test, vocab, config = given["train"], given["test"], given["vocab"], given["config"]
+    using_demo = train is None
+    if using_demo:
+        train, test = demo.TRAIN_FILE, demo.TEST_FILE
+    options = {name: DEFAULTS.get(name) if value is None else value for name, value in given.items()}
+    options.update(
+        train=os.path.abspath(train),
+        test=test and os.path.abspath(test),
+        vocab=vocab and os.path.abspath(vocab),
+        config=config and os.path.abspath(config),
+        vocab_size=None if vocab else options["vocab_size"],
+    )
+    return RunOptions(**options), using_demo
+
+
+def default_batch_size(device_type):
+    return 128 if device_type == "cuda" else 64
+
+
+def default_out():
+    return os.path.join(RUNS, time.strftime("sentiment-%Y%m%d-%H%M%S"))
+
+
+def resumed_options(resume, previous, given):
+    """The run's options from its run.json; ValueError naming every given option that differs."""
+    conflicts = []
+    for name, value in given.items():
+        if value is not None and (os.path.abspath(value) if name in PATH_OPTIONS else value) != previous[name]:
+            conflicts.append((name, value, previous[name]))
+    if conflicts:
+        ours = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value, _ in conflicts)
+        theirs = ", ".join(f"{name} {value}" for name, _, value in conflicts)
+        raise ValueError(
+            f"--resume {resume}: {ours} {'differs' if len(conflicts) == 1 else 'differ'} from the run's ({theirs}); "
+            "leave them out to continue the run as it started, or start a new run"
+        )
+    return RunOptions(**{name: previous[name] for name in RUN_OPTIONS})
+
+
+def check_world_size(resume, previous, launch):
+    """--resume needs the number of processes the run trained on: it fixes the batches and steps."""
+    trained_on = previous.get("world_size", 1)
+    if trained_on != launch.world_size:
+        how = f"torchrun --nproc_per_node {trained_on} -m fastformer train" if trained_on > 1 else "fastformer train"
+        raise ValueError(
+            f"--resume {resume}: the run trained on {trained_on} process(es), this job has {launch.world_size}; "
+            f"continue it with `{how} --resume {resume}`"
+        )
+
+
+def check_resumable(resume, checkpoint, epochs, max_steps):
+    """Raise ValueError when the run's checkpoint (load_checkpoint's, or None) already has `epochs`
+    epochs or `max_steps` steps: there would be nothing left to train."""
+    done_epochs, done_steps = (checkpoint[2]["epoch"], checkpoint[2]["step"]) if checkpoint else (0, 0)
+    if done_epochs >= epochs:
+        raise ValueError(f"--resume {resume}: the run already has {done_epochs} epochs; pass --epochs > {done_epochs}")
+    if max_steps is not None and done_steps >= max_steps:
+        raise ValueError(f"--resume {resume}: the run already has {done_steps} steps; pass --max-steps > {done_steps}")
+
+
+# The inputs, checked before torch: check_inputs.
+
+# The tutorial's model is the CUDA default; on a CPU the job trains this smaller one (same shape
+# of network, 3 layers of width 128) so that the default run finishes in a few minutes.
+CPU_OVERRIDES = {"n_layer": 3, "d_hidn": 128, "n_head": 4, "d_head": 32, "d_ff": 512, "n_enc_seq": 128, "n_dec_seq": 8}
+DATA_FILES = ("train", "test")  # the options whose files run.json keeps a digest of
+
+
+def default_config(device_type, n_vocab, n_output):
+    """The config of a run given no --config: the tutorial's on CUDA, CPU_OVERRIDES elsewhere."""
+    overrides = {} if device_type == "cuda" else CPU_OVERRIDES
+    return Config.tutorial(n_enc_vocab=n_vocab, n_dec_vocab=n_vocab, n_output=n_output, **overrides)
+
+
+class Data(NamedTuple):
+    train: list  # of Review
+    test: list
+    n_classes: int
+
+
+class TrainInputs(NamedTuple):
+    """What check_inputs found: everything fastformer.train.job.train needs that is not torch's."""
+
+    options: TrainOptions  # as given, with --dataset's files as train and test
+    run_options: RunOptions  # batch_size None until the device is known
+    epochs: int  # in total
+    run_dir: str
+    config: Config | None  # None: the default config, built once the device and vocab are known
+    vocab: object  # the SentencePiece vocab, or None: trained on the data
+    checkpoint: str | None  # the checkpoint --resume continues from; None: from the start
+    previous: dict | None  # the run.json of the run resumed; None for a new run
+    using_demo: bool
+    data: Data | None = None  # None until read (check_inputs reads it)
+    digests: dict | None = None  # the sha256 of each data file: {"train": ..., "test": ... or None}
+    modes: StepModes | None = None  # how the steps run (check_inputs settles them)
+
+
+def check_inputs(options):
+    """Check `options` (a TrainOptions) and every file they name, read the data and settle its
+    classes, without torch; returns the TrainInputs, or raises ValueError or OSError in one line."""
+    options.check()
+    options = options.plain()
+    if options.dataset is not None:
+        options = dataclasses.replace(
+            options, **dict(zip(DATA_FILES, dataset_files(options.dataset, options.train, options.test)))
+        )
+    has_triton, interpret = triton_available()
+    check_backend(options.backend_name, has_triton)
+    if options.device is not None:  # else settle checks the device it resolves
+        check_on_device(
+            options.device, options.backend_name, interpret, cuda_graphs=options.cuda_graphs, compile=options.compile
+        )
+    modes = step_modes(
+        options.amp,
+        under_torchrun(),
+        cuda_graphs=options.cuda_graphs,
+        compile=options.compile,
+        pad_to_buckets=options.pad_to_buckets,
+        precompile=options.precompile,
+    )
+    resuming = options.resume is not None
+    inputs = _resumed_run(options) if resuming else _new_run(options)
+    data, digests = read_data(inputs.run_options, inputs.config, resuming)
+    if resuming:
+        _check_same_data(options.resume, inputs.previous, inputs.run_options, digests)
+    if inputs.vocab is None:
+        _check_vocab_to_train(inputs.run_options, inputs.config, data.train)
+    _check_fits_host(options, inputs.config, inputs.vocab, data.n_classes)
+    # the classes the data settled are the run's n_output
+    run_options = dataclasses.replace(inputs.run_options, n_output=data.n_classes)
+    return inputs._replace(run_options=run_options, data=data, digests=digests, modes=modes)
+
+
+def writes_run_dir():
+    """Whether this process writes the run directory: under torchrun rank 0 alone, else always."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@contextlib.contextmanager
+def run_dir_held(inputs):
+    """Inside the block this process is the one writer of the run directory (run_dir.writing), from
+    before the vocab is trained to the end of the job; under torchrun rank 0 holds it (the other
+    ranks write nothing there)."""
+    if not writes_run_dir():
+        yield
+        return
+    with writing(inputs.run_dir, "--out" if inputs.options.resume is None else "--resume"):
+        yield
+
+
+def triton_available():
+    """(whether Triton is installed, whether its interpreter is on), as fastformer.kernels sees them
+    or, before it is imported, will."""
+    kernels = sys.modules.get("fastformer.kernels")
+    if kernels is not None:
+        return kernels.HAS_TRITON, kernels.INTERPRET
+    return importlib.util.find_spec("triton") is not None, interpreter_requested()
+
+
+def dataset_files(dataset, train, test):
+    """The (train, test) files of --dataset: (None, None) for the embedded demo set, the files
+    `fastformer data rotten-tomatoes` wrote to its default cache; ValueError beside --train or
+    --test, or when those files are not there."""
+    if train is not None or test is not None:
+        raise ValueError(f"--dataset {dataset} and --train/--test are alternatives: pass one or the other")
+    if dataset == "demo":
+        return None, None
+    files = rotten_tomatoes.split_files()
+    missing = next((path for path in files.values() if not os.path.isfile(path)), None)
+    if missing is not None:
+        raise ValueError(
+            f"--dataset {dataset}: {missing} not found; run `fastformer data rotten-tomatoes` first "
+            "(it downloads 2.5 MB with pip), or pass the files with --train and --test"
+        )
+    return files["train"], files["test"]
+
+
+def _new_run(options):
+    """The TrainInputs of a new run but its data: its options, the config and vocab given (checked
+    together), and its directory, checked to be one it can create."""
+    run_options, using_demo = new_run_options(options.given())
+    config = load_config(options.config, f"--config {options.config}") if options.config is not None else None
+    if config is not None:
+        check_decoder_vocab(config, f"--config {options.config}")
+    vocab = load_vocab(options.vocab) if options.vocab is not None else None
+    if vocab is not None and config is not None:
+        check_vocab_matches(vocab, config, "--vocab")
+    run_dir = options.out or default_out()
+    if writes_run_dir():  # the other ranks of a torchrun job would see rank 0's lock
+        check_not_written(run_dir, "--out")
+    check_out(run_dir)
+    return TrainInputs(
+        options,
+        run_options,
+        epochs=options.epochs or DEFAULTS["epochs"],
+        run_dir=run_dir,
+        config=config,
+        vocab=vocab,
+        checkpoint=None,
+        previous=None,
+        using_demo=using_demo,
+    )
+
+
+def check_decoder_vocab(config, what):
+    """The classifier's decoder reads one token, [BOS]: its id must be in the decoder's vocab."""
+    if config.n_dec_vocab <= BOS[0]:
+        raise ValueError(
+            f"{what}: config.n_dec_vocab is {config.n_dec_vocab}, but the classifier's decoder reads {BOS[1]}, "
+            f"id {BOS[0]}: n_dec_vocab must be at least {BOS[0] + 1}"
+        )
+
+
+def _resumed_run(options):
+    """The TrainInputs of the run `options.resume` continues but its data: its options (any given
+    must be the run's), config, vocab and the checkpoint to continue from."""
+    resume = options.resume
+    previous = load_run_json(resume, required=("epochs", "demo_data", *RUN_OPTIONS))
+    if writes_run_dir():
+        check_not_written(resume, "--resume")
+    _check_resume_only_options(options, previous)
+    run_options = resumed_options(resume, previous, options.given())
+    config, vocab = load_run_files(resume)
+    check_pinned(resume, previous)
+    checkpoint = check_resumable_dir(resume)
+    return TrainInputs(
+        options,
+        run_options,
+        epochs=options.epochs or previous["epochs"],
+        run_dir=resume,
+        config=config,
+        vocab=vocab,
+        checkpoint=checkpoint,
+        previous=previous,
+        using_demo=previous["demo_data"],
+    )
+
+
+def _check_resume_only_options(options, previous):
+    """--out and --dataset say where a new run goes and what it trains on: with --resume they must
+    be the run's own (the run directory; its data set), as every run option must."""
+    resume = options.resume
+    if options.out is not None and os.path.realpath(options.out) != os.path.realpath(resume):
+        raise ValueError(
+            f"--resume {resume} writes into the run it continues; --out {options.out} differs: "
+            "leave --out out, or start a new run there"
+        )
+    if options.dataset is not None:
+        theirs = previous.get("dataset") or ("demo" if previous["demo_data"] else "the files of --train/--test")
+        if options.dataset != theirs:
+            raise ValueError(
+                f"--resume {resume}: --dataset {options.dataset} differs from the run's ({theirs}); "
+                "leave it out to continue the run as it started, or start a new run"
+            )
+
+
+def _check_same_data(resume, previous, run_options, digests):
+    """--resume continues on the data the run started with: each file's sha256 must be the one
+    run.json recorded (a run.json without them is not checked)."""
+    recorded = previous.get("data_sha256") or {}
+    for name in DATA_FILES:
+        if name in recorded and recorded[name] != digests[name]:
+            raise ValueError(
+                f"--resume {resume}: the {name} file {getattr(run_options, name)} is not the one the run started with "
+                f"(sha256 {str(digests[name])[:12]}..., the run's {str(recorded[name])[:12]}...); continue it "
+                "on the same data, or start a new run"
+            )
+
+
+def read_data(options, config, resuming):
+    """The run's reviews from its `options` (RunOptions), their labels checked against the classes:
+    the config's (always under --resume), inferred with n_output "auto", else n_output or the
+    tutorial's 2. Without a test file, 10% of the train reviews are held out. Sets n_output in
+    `config` (None: the default config, built later). Returns the Data and the sha256 of each data
+    file ({"train": ..., "test": ... or None}), from the pass that read it."""
+    train, test = options.train, options.test
+    if test is not None and not resuming and test == train:
+        raise ValueError("--test is the same file as --train")
+    train_reviews = read_reviews(train, "train", progress=True)
+    test_reviews = read_reviews(test, "test", progress=True) if test is not None else None
+    # the files' sha256, from the same pass as their reviews
+    digests = {"train": train_reviews.sha256, "test": test_reviews and test_reviews.sha256}
+    if config is not None and (resuming or options.n_output is None):
+        n_classes = config.n_output
+    elif options.n_output == "auto":
+        n_classes = infer_classes(train_reviews, f"train file {train}")
+    else:
+        n_classes = options.n_output or TUTORIAL["n_output"]
+    hint = "" if resuming else "; pass --n-output with the number of classes, or --n-output auto"
+    _check_labels(train_reviews, n_classes, f"train file {train}", hint)
+    if test_reviews is not None:
+        _check_labels(test_reviews, n_classes, f"test file {test}", hint)
+    else:
+        train_reviews, test_reviews = _split(train_reviews, 0.1, options.seed)
+    if config is not None:
+        config.n_output = n_classes
+    return Data(train_reviews, test_reviews, n_classes), digests
+
+
+def _check_labels(reviews, n_classes, source, hint):
+    try:
+        check_labels(reviews, n_classes, source)
+    except ValueError as error:
+        raise ValueError(f"{error}{hint}") from None
+
+
+def _split(reviews, fraction, seed):
+    order = list(range(len(reviews)))
+    random.Random(seed).shuffle(order)
+    n_test = max(1, int(len(reviews) * fraction))
+    if n_test >= len(reviews):
+        raise ValueError(f"--train has {len(reviews)} reviews: too few to hold out a test split; pass --test")
+    return reviews.take(order[n_test:]), reviews.take(order[:n_test])
+
+
+def _check_vocab_to_train(options, config, reviews):
+    """A vocab is trained on the train reviews' texts: they must be texts, and the vocab's ids must
+    fit `config` (None: the default config, built to fit the vocab)."""
+    if reviews.pieces:
+        raise ValueError(f"{options.train} holds pieces of an existing vocab (JSONL); pass that vocab with --vocab")
+    n_pieces = options.vocab_size
+    if config is not None and n_pieces + N_SPECIAL > config.n_enc_vocab:
+        raise ValueError(
+            f"--vocab-size {n_pieces} gives up to {n_pieces + N_SPECIAL} pieces but config.n_enc_vocab is "
+            f"{config.n_enc_vocab}: the ids would not fit the embedding; pass --vocab-size "
+            f"{config.n_enc_vocab - N_SPECIAL} or less"
+        )
+    if config is not None and config.i_pad != PAD[0]:
+        raise ValueError(f"config.i_pad is {config.i_pad} but a trained vocab pads with id {PAD[0]}")
+
+
+def _check_fits_host(options, config, vocab, n_classes):
+    """The model is built on the host before it moves to its device: its fp32 weights must fit this
+    machine's memory. A default config is checked with the smaller (CPU) sizes and a vocab yet to
+    be trained without its pieces; fastformer.train.job checks the rest once the device is known."""
+    if config is None:
+        device_type = None if options.device is None else options.device.split(":")[0]
+        config = default_config(device_type, vocab.get_piece_size() if vocab else N_SPECIAL, n_classes)
+    check_fits(config, host_memory(), "this machine's memory", BYTES_TO_BUILD, size_names(options))
+
+
+def size_names(options):
+    """How check_fits names a config size that an option set: --n-output."""
+    return {"n_output": "--n-output"} if options.n_output is not None else {}
+
+
+# The Run, settled once torch is imported: settle.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +829,9 @@ class Run:
 
     inputs: TrainInputs  # the options as given, the data, config, vocab, run directory, run resumed
     options: RunOptions  # what makes the run what it is (run.json's), batch_size settled
-    device: torch.device
+    device: "torch.device"
     amp: str  # "bf16", "fp16" or "off"
-    launch: Launch
+    launch: "Launch"
     cuda_graphs: bool  # each step replayed from a CUDA graph
     compile: bool  # the model through torch.compile(fullgraph=True)
     pad_to_buckets: bool  # batches padded to bucket lengths
@@ -69,11 +864,14 @@ class Run:
 
 
 def settle(inputs, log):
-    """The Run of checked inputs (inputs.check_inputs), after the checks that need torch, before
+    """The Run of checked inputs (check_inputs), after the checks that need torch, before
     any work. Raises ValueError/RuntimeError naming what does not fit."""
+    from fastformer import kernels
+    from fastformer.train import runtime
+
     options, modes = inputs.options, inputs.modes
-    launch = torchrun_launch()
-    device = resolve_device(options.device, launch.local_rank)
+    launch = runtime.torchrun_launch()
+    device = runtime.resolve_device(options.device, launch.local_rank)
     if options.device is None:  # a device given was checked before torch
         check_on_device(
             device, options.backend_name, kernels.INTERPRET, cuda_graphs=modes.cuda_graphs, compile=modes.compile
@@ -92,15 +890,17 @@ def settle(inputs, log):
         inputs,
         run_options,
         device,
-        resolve_amp(options.amp, device),
+        runtime.resolve_amp(options.amp, device),
         launch,
         **modes._asdict(),
-        log=log if launch.rank == 0 else quiet,
+        log=log if launch.rank == 0 else runtime.quiet,
         checkpoint=checkpoint,
     )
 
 
 def check_fits_device(inputs, config, device):
     """The model of `config` (its weights, gradients and AdamW state) must fit the device's memory."""
+    from fastformer.train.runtime import device_memory
+
     where = f"the memory of {device}" if device.type == "cuda" else "this machine's memory"
     check_fits(config, device_memory(device), where, BYTES_TO_TRAIN, size_names(inputs.options))

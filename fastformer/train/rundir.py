@@ -641,7 +641,7 @@ def load_run(run_dir, device=None):
     import torch
 
     from fastformer.model import MovieClassification
-    from fastformer.train.options import check_device
+    from fastformer.train.run import check_device
     from fastformer.train.runtime import resolve_device
 
     info = check_run_dir(run_dir)

@@ -10,7 +10,7 @@ Rank 0 trains the vocab and sends it to the others, and alone writes the run dir
 progress; the metrics are summed over the processes. A checkpoint keeps every process's RNG state
 (rng_state), and --resume needs the same N.
 
-How each step runs (fastformer.train.options.step_modes): eagerly by default; with --cuda-graphs, as
+How each step runs (fastformer.train.run.step_modes): eagerly by default; with --cuda-graphs, as
 replays of CUDA graphs captured once per batch shape (fastformer.train.graphs), the loaders padding
 the encoder ids to bucket lengths (fastformer.data.reviews.bucket_length) so that there are few
 shapes; with --compile, through torch.compile(model, fullgraph=True). These, and --pad-to-buckets,
@@ -44,7 +44,7 @@ def cpu_threads():
 
 
 def resolve_device(name, local_rank=None):
-    """The device `name` (a name fastformer.train.options.check_device passed) names (default: cuda if available,
+    """The device `name` (a name fastformer.train.run.check_device passed) names (default: cuda if available,
     else cpu). In a torchrun job (`local_rank` given) a CUDA device is the GPU of the process's
     local rank."""
     if name is None:
