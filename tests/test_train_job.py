@@ -212,14 +212,24 @@ def test_log_none_is_quiet_and_a_number_that_is_not_a_float_is_named(files, tmp_
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.parametrize("name", [field.name for field in dataclasses.fields(TrainOptions)])
+def test_every_option_refuses_a_value_of_no_kind_it_takes_naming_itself(name):
+    """Each TrainOptions field declares its check with its flag: a value of no kind any option
+    takes is refused in one line that starts with the option's flag (--backend for backend_name)."""
+    flag = "--backend" if name == "backend_name" else "--" + name.replace("_", "-")
+    with pytest.raises(ValueError, match=f"^{re.escape(flag)}[ :]") as refused:
+        TrainOptions(**{name: object()}).checked()
+    assert "\n" not in str(refused.value)
+    assert TrainOptions(**{name: None}).checked() == TrainOptions(**{name: None})  # None: not given
+
+
 def test_numbers_of_other_types_become_pythons_own():
-    """TrainOptions.plain: a NumPy integer or float that passed check() becomes an int or a float
+    """TrainOptions.checked: a NumPy integer or float that passes its check becomes an int or a float
     (run.json and torch take those); Python's own values, bools, strings and None stay as they are."""
     import numpy as np
 
     given = TrainOptions(epochs=np.int64(3), lr=np.float32(0.5), warmup=0.25, bucket=False, train="t.tsv")
-    given.check()
-    options = given.plain()
+    options = given.checked()
     assert (type(options.epochs), options.epochs) == (int, 3)
     assert (type(options.lr), options.lr) == (float, 0.5)
     assert (options.warmup, options.bucket, options.train, options.seed) == (0.25, False, "t.tsv", None)

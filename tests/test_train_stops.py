@@ -20,10 +20,10 @@ def test_the_job_reaches_its_first_step_running_each_check_once(tmp_path, capsys
 
 
 def test_a_check_called_again_on_the_same_arguments_is_reported():
-    """report() counts a check again only for the same arguments: check_choice of two options is two checks."""
+    """report() counts a check again only for the same arguments: check_values of two options is two checks."""
     stops = [
-        ("fastformer/train/run.py", "check_choice", (("option", "--amp"),)),
-        ("fastformer/train/run.py", "check_choice", (("option", "--backend"),)),
+        ("fastformer/train/run.py", "check_values", (("values", "--amp"),)),
+        ("fastformer/train/run.py", "check_values", (("values", "--backend"),)),
         ("fastformer/train/job.py", "check_fits", (("config", 1),)),
         ("fastformer/train/job.py", "check_fits", (("config", 1),)),
         ("fastformer/train/job.py", "_train", None),

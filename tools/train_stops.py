@@ -7,8 +7,9 @@ What a reader follows: `fastformer train` is run in this process on the embedded
 step on the CPU with the reference backend, under sys.settrace. A stop is a call of a function
 defined in fastformer/cli.py or fastformer/train/, from the moment cli._train is entered to the
 first call of an optimizer's `step`: the functions a reader steps into to see how the job comes to
-train. Comprehensions and generator expressions are not stops (they are part of the line that
-holds them), nor is what runs at import (module code and what it calls). The report gives the
+train. Comprehensions, generator expressions and lambdas (an option's declared check, say) are
+not stops: they are read where they are written, as part of the line that holds them. Nor is what
+runs at import (module code and what it calls). The report gives the
 stops, the files they are in, the calls per file and per function, and the checks (functions named
 check_*) called again with the same arguments, which the train wing's aim says should be none (the
 house, second step: at most 30 stops in at most 6 files, each check run once).
@@ -90,7 +91,7 @@ def _in_import(frame, entry):
 
 def report(stops):
     """The figures of `follow`'s stops; a check counts as run again when it is called again with
-    the same arguments (check_choice of two options is two checks)."""
+    the same arguments (check_values of two options is two checks)."""
     functions = collections.Counter(f"{where}:{name}" for where, name, _ in stops)
     files = collections.Counter(where for where, _, _ in stops)
     calls = collections.Counter((f"{where}:{name}", key) for where, name, key in stops if key is not None)

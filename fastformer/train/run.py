@@ -73,43 +73,74 @@ def _option(name):
     return f"--{name.replace('_', '-')}"
 
 
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+class Check(NamedTuple):
+    """What an option's value must be, declared with its flag (flag's `check`) and read by
+    check_values: `kind` int or float, which the value must be (a bool is neither; a float option
+    takes any real number, as json and torch take them), or None; then each rule in order, a pair
+    (valid(value), what the option must be: "must be positive, got {}", formatted with the value)."""
+
+    kind: type | None
+    rules: tuple = ()
 
 
-def check_numbers(**values):
-    """Raise ValueError naming the first option given (not None) that is not a real number (a
-    Decimal, a str, a bool), with its type: the run's options are written to JSON and given to torch."""
+POSITIVE = (lambda value: value > 0, "must be positive, got {}")
+COUNT = Check(int, (POSITIVE,))
+PATH = Check(
+    None, ((lambda value: isinstance(value, (str, os.PathLike)) and bool(str(value)), "must be a path, got {!r}"),)
+)
+SWITCH = Check(None, ((lambda value: isinstance(value, bool), "must be True or False, got {!r}"),))
+VOCAB_SIZE = Check(
+    int,
+    (
+        POSITIVE,
+        (
+            lambda value: value <= MAX_VOCAB_PIECES,
+            f"must be at most {MAX_VOCAB_PIECES:,} (SentencePiece counts pieces in 32 bits), got {{:,}}",
+        ),
+    ),
+)
+N_OUTPUT = Check(
+    None,
+    (
+        (
+            lambda value: (
+                value == "auto" or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0)
+            ),
+            "must be a positive integer or auto, got {!r}",
+        ),
+    ),
+)
+LR = Check(float, ((math.isfinite, "must be a finite number, got {}"), POSITIVE))
+WARMUP = Check(float, ((lambda value: 0 <= value < 1, "is a fraction of the steps in [0, 1), got {}"),))
+WEIGHT_DECAY = Check(
+    float, ((lambda value: math.isfinite(value) and value >= 0, "must be a finite number >= 0, got {}"),)
+)
+SEED = Check(int, ((lambda value: 0 <= value <= MAX_SEED, f"must be an integer from 0 to {MAX_SEED:,}, got {{}}"),))
+# whether the machine has the device is fastformer.train.runtime.resolve_device's to say
+DEVICE_NAME = Check(None, ((lambda value: DEVICE.fullmatch(str(value)), "{}: fastformer runs on cpu, cuda or cuda:N"),))
+
+
+def one_of(choices):
+    """The Check of an option that takes one of `choices`."""
+    return Check(None, ((lambda value: value in choices, f"must be one of {', '.join(choices)}, got {{!r}}"),))
+
+
+def check_values(values, checks=None):
+    """Raise ValueError naming the first option of `values` ({name: value}) that is given (not
+    None) and is not what its Check says: checks is {name: (option, Check)}, TrainOptions' by
+    default (CHECKS)."""
+    checks = CHECKS if checks is None else checks
     for name, value in values.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-            raise ValueError(f"{_option(name)} must be a float, got {value!r} (a {type(value).__name__})")
-
-
-def check_positive(**values):
-    """Raise ValueError naming the first option given (not None) that is not positive; the values
-    are numbers (check_numbers or check_integers passed them)."""
-    for name, value in values.items():
-        if value is not None and not value > 0:
-            raise ValueError(f"{_option(name)} must be positive, got {value}")
-
-
-def check_integers(**values):
-    """Raise ValueError naming the first option given (not None) that is not an integer."""
-    for name, value in values.items():
-        if value is not None and not _is_int(value):
-            raise ValueError(f"{_option(name)} must be an integer, got {value!r}")
-
-
-def check_choice(option, value, choices):
-    if value not in choices:
-        raise ValueError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
-
-
-def check_device(name):
-    """Raise ValueError unless `name` (None: the default) names a device the job runs on: cpu,
-    cuda or cuda:N. Whether the machine has it is fastformer.train.runtime.resolve_device's to say."""
-    if name is not None and not DEVICE.fullmatch(str(name)):
-        raise ValueError(f"--device {name}: fastformer runs on cpu, cuda or cuda:N")
+        if value is None:
+            continue
+        option, check = checks[name]
+        if check.kind is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise ValueError(f"{option} must be an integer, got {value!r}")
+        if check.kind is float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+            raise ValueError(f"{option} must be a float, got {value!r} (a {type(value).__name__})")
+        for valid, must in check.rules:
+            if not valid(value):
+                raise ValueError(f"{option} {must.format(value)}")
 
 
 def check_backend(backend_name, has_triton):
@@ -221,14 +252,16 @@ RUNTIME_FLAGS = {
 }
 
 
-def flag(value=None, *, run=False, new_run=None, **parser_args):
+def flag(value=None, *, check, run=False, new_run=None, **parser_args):
     """A TrainOptions field of default `value` with its `fastformer train` flag declared beside it:
     argparse's arguments (help, type, action, its own default where it parses to another value
     than the field's, ...; "flag" where the option is not --the-field-name), from which
     fastformer.cli builds the command's parser, in the fields' order. `run`: the option makes the
     run what it is (a RunOptions field: run.json records it, --resume refuses another value);
-    `new_run`: what a new run takes when it is not given (DEFAULTS)."""
-    return dataclasses.field(default=value, metadata={"argparse": parser_args, "run": run, "new_run": new_run})
+    `new_run`: what a new run takes when it is not given (DEFAULTS); `check`: what a value given
+    must be (a Check; TrainOptions.checked and the other commands' checks read it, in CHECKS)."""
+    metadata = {"argparse": parser_args, "check": check, "run": run, "new_run": new_run}
+    return dataclasses.field(default=value, metadata=metadata)
 
 
 @dataclasses.dataclass
@@ -237,84 +270,108 @@ class TrainOptions:
     backend_name), each field declared with its flag. None means not given: a new run takes
     DEFAULTS (or a default that depends on the device), a resumed one the run's value. A new
     option is a field here (its flag, whether it makes the run what it is and its default in a
-    new run declared in `flag`), its check in `check`, and its use."""
+    new run declared in `flag`) with its Check, and its use."""
 
-    train: str | None = flag(run=True, metavar="FILE", help="training reviews (default: the embedded demo set)")
+    train: str | None = flag(
+        check=PATH, run=True, metavar="FILE", help="training reviews (default: the embedded demo set)"
+    )
     test: str | None = flag(
-        run=True, metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)"
+        check=PATH, run=True, metavar="FILE", help="test reviews (default: the demo test set, or 10%% of --train)"
     )
     dataset: str | None = flag(
+        check=one_of(DATASETS),
         choices=list(DATASETS),
         help="instead of --train/--test: the embedded demo set (the default), or the Rotten Tomatoes snippets "
         "`fastformer data rotten-tomatoes` prepared",
     )
-    vocab: str | None = flag(run=True, metavar="MODEL", help="an existing SentencePiece model (default: train one)")
+    vocab: str | None = flag(
+        check=PATH, run=True, metavar="MODEL", help="an existing SentencePiece model (default: train one)"
+    )
     vocab_size: int | None = flag(
-        run=True, new_run=8000, type=int, help="BPE pieces besides the 7 special ones (default 8000)"
+        check=VOCAB_SIZE, run=True, new_run=8000, type=int, help="BPE pieces besides the 7 special ones (default 8000)"
     )
     config: str | None = flag(
-        run=True, metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)"
+        check=PATH, run=True, metavar="JSON", help="model config (default: the tutorial's on CUDA, smaller on CPU)"
     )
     n_output: int | str | None = flag(
+        check=N_OUTPUT,
         run=True,
         type=parse_n_output,
         metavar="N|auto",
         help="number of classes (default: the config's n_output, 2 in the tutorial's); auto: from the training labels",
     )
-    epochs: int | None = flag(new_run=5, type=int, help="epochs in total (default 5)")
+    epochs: int | None = flag(check=COUNT, new_run=5, type=int, help="epochs in total (default 5)")
     # per process, under torchrun
-    batch_size: int | None = flag(run=True, type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)")
-    lr: float | None = flag(run=True, new_run=5e-4, type=float, help="peak AdamW learning rate (default 5e-4)")
+    batch_size: int | None = flag(
+        check=COUNT, run=True, type=int, help="reviews per batch (default 128 on CUDA, 64 on CPU)"
+    )
+    lr: float | None = flag(
+        check=LR, run=True, new_run=5e-4, type=float, help="peak AdamW learning rate (default 5e-4)"
+    )
     warmup: float | None = flag(
-        run=True, new_run=0.1, type=float, help="fraction of steps of linear warm-up (default 0.1)"
+        check=WARMUP, run=True, new_run=0.1, type=float, help="fraction of steps of linear warm-up (default 0.1)"
     )
     weight_decay: float | None = flag(
-        run=True, new_run=0.01, type=float, help="AdamW weight decay of the weight matrices (default 0.01)"
+        check=WEIGHT_DECAY,
+        run=True,
+        new_run=0.01,
+        type=float,
+        help="AdamW weight decay of the weight matrices (default 0.01)",
     )
     bucket: bool | None = flag(
+        check=SWITCH,
         run=True,
         new_run=True,
         action=argparse.BooleanOptionalAction,
         help="batch reviews of similar length together to cut padding (default on)",
     )
-    device: str | None = flag(**RUNTIME_FLAGS["device"])
+    device: str | None = flag(check=DEVICE_NAME, **RUNTIME_FLAGS["device"])
     # not given on the command line: $FASTFORMER_BACKEND's (from_args)
-    backend_name: str = flag("auto", **RUNTIME_FLAGS["backend_name"])
-    amp: str = flag("auto", **RUNTIME_FLAGS["amp"])
+    backend_name: str = flag("auto", check=one_of(BACKENDS), **RUNTIME_FLAGS["backend_name"])
+    amp: str = flag("auto", check=one_of(AMPS), **RUNTIME_FLAGS["amp"])
     cuda_graphs: bool = flag(
         False,
+        check=SWITCH,
         action="store_true",
         help="capture each train and evaluation step as a CUDA graph once per batch shape and replay it "
         "(CUDA only; bf16 or no autocast; implies --pad-to-buckets)",
     )
     compile: bool = flag(
         False,
+        check=SWITCH,
         action="store_true",
         help="run the model through torch.compile(model, fullgraph=True) (the Triton kernels only on CUDA)",
     )
     pad_to_buckets: bool | None = flag(
+        check=SWITCH,
         action=argparse.BooleanOptionalAction,
         help="pad each batch to its longest review rounded up to a multiple of 16 (at most the config's n_enc_seq), "
         "so that steps see few shapes (default: on with --cuda-graphs, else off)",
     )
     precompile: bool | None = flag(
+        check=SWITCH,
         action=argparse.BooleanOptionalAction,
         help="compile the Triton kernels of every batch shape before the first step, in parallel, with a "
         "progress bar (needs --pad-to-buckets, which makes the shapes known; default: on with it)",
     )
     autotune: bool = flag(
         False,
+        check=SWITCH,
         action="store_true",
         help="time every candidate config of each Triton kernel on first use and keep the fastest, cached on disk "
         "per GPU model, instead of each kernel's rule picking one (as FASTFORMER_AUTOTUNE=1 does)",
     )
-    out: str | None = flag(metavar="DIR", help="run directory (default runs/sentiment-<date>-<time>)")
+    out: str | None = flag(check=PATH, metavar="DIR", help="run directory (default runs/sentiment-<date>-<time>)")
     seed: int | None = flag(
-        run=True, new_run=0, type=int, help="seed of the initial weights, the split and the data order (default 0)"
+        check=SEED,
+        run=True,
+        new_run=0,
+        type=int,
+        help="seed of the initial weights, the split and the data order (default 0)",
     )
-    max_steps: int | None = flag(type=int, help="stop after this many optimizer steps")
+    max_steps: int | None = flag(check=COUNT, type=int, help="stop after this many optimizer steps")
     resume: str | None = flag(
-        metavar="DIR", help="continue a run directory up to --epochs, with the options it started with"
+        check=PATH, metavar="DIR", help="continue a run directory up to --epochs, with the options it started with"
     )
 
     @classmethod
@@ -326,58 +383,22 @@ class TrainOptions:
             options["backend_name"] = default_backend()
         return cls(**options)
 
-    def check(self):
-        """Raise ValueError naming the first option whose value cannot be right: its type and range
-        (the step modes together are step_modes' to check, what the device decides check_on_device's,
-        the files check_inputs')."""
-        counts = {name: getattr(self, name) for name in ("epochs", "batch_size", "max_steps", "vocab_size")}
-        check_integers(**counts, seed=self.seed)
-        check_numbers(lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup)
-        if isinstance(self.lr, float) and not math.isfinite(self.lr):
-            raise ValueError(f"--lr must be a finite number, got {self.lr}")
-        check_positive(**counts, lr=self.lr)
-        if self.weight_decay is not None and not (
-            isinstance(self.weight_decay, numbers.Real) and math.isfinite(self.weight_decay) and self.weight_decay >= 0
-        ):
-            raise ValueError(f"--weight-decay must be a finite number >= 0, got {self.weight_decay}")
-        if self.warmup is not None and not (isinstance(self.warmup, numbers.Real) and 0 <= self.warmup < 1):
-            raise ValueError(f"--warmup is a fraction of the steps in [0, 1), got {self.warmup}")
-        if self.vocab_size is not None and self.vocab_size > MAX_VOCAB_PIECES:
-            raise ValueError(
-                f"--vocab-size must be at most {MAX_VOCAB_PIECES:,} (SentencePiece counts pieces in "
-                f"32 bits), got {self.vocab_size:,}"
-            )
-        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED:,}, got {self.seed}")
-        n_output = self.n_output
-        if n_output is not None and n_output != "auto" and not (_is_int(n_output) and n_output > 0):
-            raise ValueError(f"--n-output must be a positive integer or auto, got {n_output!r}")
-        for name in ("train", "test", "vocab", "config", "out", "resume"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (str, os.PathLike)) and str(value)):
-                raise ValueError(f"{_option(name)} must be a path, got {value!r}")
-        if self.dataset is not None:
-            check_choice("--dataset", self.dataset, DATASETS)
-        check_choice("--backend", self.backend_name, BACKENDS)
-        check_choice("--amp", self.amp, AMPS)
-        for name in ("bucket", "pad_to_buckets", "cuda_graphs", "compile", "precompile", "autotune"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, bool):
-                raise ValueError(f"{_option(name)} must be True or False, got {value!r}")
-        check_device(self.device)
-
-    def plain(self):
-        """These options with Python's own numbers: an integer or a float of another type that
-        passed check() (numpy's, say) becomes an int or a float, as json and torch take them."""
+    def checked(self):
+        """These options checked, each by the Check its field declares (ValueError naming the first
+        option whose value cannot be right: its type and range; the step modes together are
+        step_modes' to check, what the device decides check_on_device's, the files check_inputs'),
+        and with Python's own numbers: an integer or a float of another type (numpy's, say) becomes
+        an int or a float, as json and torch take them."""
+        values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        check_values(values)
         changes = {}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
+        for name, value in values.items():
             if type(value) in (int, float, bool, str) or value is None:
                 continue
             if isinstance(value, numbers.Integral):
-                changes[field.name] = int(value)
+                changes[name] = int(value)
             elif isinstance(value, numbers.Real):
-                changes[field.name] = float(value)
+                changes[name] = float(value)
         return dataclasses.replace(self, **changes)
 
     def given(self):
@@ -385,6 +406,11 @@ class TrainOptions:
         return {name: getattr(self, name) for name in RUN_OPTIONS}
 
 
+# {name: (option, Check)} of every TrainOptions field: what check_values checks a value given by
+CHECKS = {
+    field.name: (field.metadata["argparse"].get("flag", _option(field.name)), field.metadata["check"])
+    for field in dataclasses.fields(TrainOptions)
+}
 # The options that make a run what it is (flag(run=True)), resolved: new_run_options and
 # resumed_options make them, and the batch size is settled once the device is known (None till
 # then). run.json records them, and --resume refuses a value other than the run's for any. The
@@ -411,18 +437,14 @@ def default_backend():
     """The commands' --backend when none is given: $FASTFORMER_BACKEND when it is set (ValueError
     naming it when it is not a backend), else "auto"."""
     name = os.environ.get(BACKEND_ENV, "auto")
-    check_choice(f"${BACKEND_ENV}", name, BACKENDS)
+    check_values({"backend_name": name}, {"backend_name": (f"${BACKEND_ENV}", CHECKS["backend_name"][1])})
     return name
 
 
 def check_run_options(device, backend_name, amp, batch_size=None):
     """Raise ValueError naming the first of the options `evaluate`, `predict` and `demo` share that
     cannot be right."""
-    check_integers(batch_size=batch_size)
-    check_positive(batch_size=batch_size)
-    check_device(device)
-    check_choice("--backend", backend_name, BACKENDS)
-    check_choice("--amp", amp, AMPS)
+    check_values({"batch_size": batch_size, "device": device, "backend_name": backend_name, "amp": amp})
 
 
 def check_texts(texts):
@@ -451,10 +473,7 @@ def check_demo_options(device, backend_name, amp, batch_size, seq_len, seed):
     """Raise ValueError naming the first option of `demo` that cannot be right: the batch of random
     reviews must fit the tutorial's model and this machine's memory."""
     check_run_options(device, backend_name, amp, batch_size)
-    check_integers(seq_len=seq_len, seed=seed)
-    check_positive(seq_len=seq_len)
-    if not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"--seed must be an integer from 0 to {MAX_SEED:,}, got {seed}")
+    check_values({"seq_len": seq_len, "seed": seed}, {**CHECKS, "seq_len": ("--seq-len", COUNT)})
     if seq_len > TUTORIAL["n_enc_seq"]:
         raise ValueError(
             f"--seq-len {seq_len} is longer than the tutorial config's n_enc_seq, "
@@ -574,8 +593,7 @@ class TrainInputs(NamedTuple):
 def check_inputs(options):
     """Check `options` (a TrainOptions) and every file they name, read the data and settle its
     classes, without torch; returns the TrainInputs, or raises ValueError or OSError in one line."""
-    options.check()
-    options = options.plain()
+    options = options.checked()
     if options.dataset is not None:
         options = dataclasses.replace(
             options, **dict(zip(DATA_FILES, dataset_files(options.dataset, options.train, options.test)))

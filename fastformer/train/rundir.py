@@ -641,13 +641,13 @@ def load_run(run_dir, device=None):
     import torch
 
     from fastformer.model import MovieClassification
-    from fastformer.train.run import check_device
+    from fastformer.train.run import check_values
     from fastformer.train.runtime import resolve_device
 
     info = check_run_dir(run_dir)
     model_file = os.path.join(run_dir, "model.pt")
     if not isinstance(device, torch.device):
-        check_device(device)
+        check_values({"device": device})
         device = resolve_device(device)
     config_file = os.path.join(run_dir, "config.json")
     config = load_config(config_file, config_file)
