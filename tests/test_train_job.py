@@ -16,7 +16,7 @@ from fastformer.cli import main
 from fastformer.data import load_vocab
 from fastformer.train import job, runtime
 from fastformer.train.loop import adamw, predict_proba
-from fastformer.train.run import RUN_OPTIONS, TrainOptions, default_batch_size
+from fastformer.train.run import DEFAULT_BATCH_SIZE, RUN_OPTIONS, TrainOptions
 from tests import tutorial
 from tests.helpers import TINY, pin_thread_count, tiny_job_files, train_args, write_reviews
 
@@ -72,7 +72,7 @@ def test_one_frozen_run_goes_to_every_step_and_run_json_records_its_options(file
         run.amp = "fp16"
     recorded = json.loads((out / "run.json").read_text())
     assert {name: recorded[name] for name in RUN_OPTIONS} == dataclasses.asdict(run.options)
-    assert run.options.batch_size == default_batch_size("cpu") and run.options.lr == 3e-3
+    assert run.options.batch_size == DEFAULT_BATCH_SIZE["cpu"] and run.options.lr == 3e-3
     assert main(["train", "--resume", str(out), "--max-steps", "2"]) == 0
     assert runs[1].options == run.options and runs[1].checkpoint is not None
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDED_ROTTEN_TOMATOES = REPO / "tests" / "data" / "rotten_tomatoes_200.tsv"
-BATCH_SIZE = 128  # the CUDA job's default (fastformer.train.run.default_batch_size)
+BATCH_SIZE = 128  # the CUDA job's default (fastformer.train.run.DEFAULT_BATCH_SIZE)
 # --quick: a model of the tutorial's shape at a fraction of its width, on the first batches
 QUICK_CONFIG = {"n_layer": 1, "d_hidn": 64, "n_head": 2, "d_head": 32, "d_ff": 128, "n_enc_seq": 64, "n_dec_seq": 8}
 QUICK_BATCHES = 3
@@ -181,7 +181,7 @@ def _reviews(dataset, rotten_tomatoes):
     and where it came from."""
     from fastformer.data import demo
     from fastformer.data import rotten_tomatoes as rt
-    from fastformer.train.run import RUN_OPTIONS, new_run_options, read_data
+    from fastformer.train.run import DEFAULTS, RUN_OPTIONS, RunOptions, read_data
 
     if dataset == "demo":
         files, source = {"train": demo.TRAIN_FILE, "test": demo.TEST_FILE}, "demo set"
@@ -194,7 +194,7 @@ def _reviews(dataset, rotten_tomatoes):
                 "Rotten Tomatoes, 200 embedded snippets",
             )
     # a new run's options on these files, the defaults for the rest (seed 0, n_output from the labels' 2)
-    options, _ = new_run_options({**dict.fromkeys(RUN_OPTIONS), "train": files["train"], "test": files["test"]})
+    options = RunOptions(**({name: DEFAULTS.get(name) for name in RUN_OPTIONS} | files))
     return read_data(options, None, resuming=False)[0], source
 
 

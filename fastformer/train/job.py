@@ -268,15 +268,9 @@ def _position(trainer):
 
 def train_run_vocab(n_pieces, reviews, launch, model_file, log):
     """The run's BPE vocab of n_pieces pieces (besides the special ones), trained on the train
-    reviews into `model_file` (check_inputs checked that it fits the config). Returns it
-    loaded."""
+    reviews' texts into `model_file` (check_inputs checked that it fits the config); in a torchrun
+    job rank 0 trains it and sends the file to the other processes. Returns it loaded."""
     log(f"Training a BPE vocab of up to {n_pieces} + {N_SPECIAL} pieces on {len(reviews)} reviews")
-    return _shared_vocab(launch, reviews, model_file, n_pieces)
-
-
-def _shared_vocab(launch, reviews, model_file, n_pieces):
-    """train_vocab on the reviews' texts into `model_file`; in a torchrun job rank 0 trains it and
-    sends the file to the other processes. Returns the loaded vocab."""
     if launch.rank == 0:
         train_vocab(reviews.texts(), model_file, n_pieces=n_pieces, progress=True)
     if launch.distributed:

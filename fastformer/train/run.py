@@ -401,17 +401,13 @@ class TrainOptions:
                 changes[name] = float(value)
         return dataclasses.replace(self, **changes)
 
-    def given(self):
-        """The RUN_OPTIONS, None where not given."""
-        return {name: getattr(self, name) for name in RUN_OPTIONS}
-
 
 # {name: (option, Check)} of every TrainOptions field: what check_values checks a value given by
 CHECKS = {
     field.name: (field.metadata["argparse"].get("flag", _option(field.name)), field.metadata["check"])
     for field in dataclasses.fields(TrainOptions)
 }
-# The options that make a run what it is (flag(run=True)), resolved: new_run_options and
+# The options that make a run what it is (flag(run=True)), resolved: _new_run and
 # resumed_options make them, and the batch size is settled once the device is known (None till
 # then). run.json records them, and --resume refuses a value other than the run's for any. The
 # paths are absolute (train the demo set's without --train; test None: a split of train's);
@@ -489,27 +485,7 @@ def check_demo_options(device, backend_name, amp, batch_size, seq_len, seed):
         )
 
 
-def new_run_options(given):
-    """The RunOptions of a new run from those `given` (TrainOptions.given): paths made absolute, the embedded demo set
-    without --train, DEFAULTS for the rest but batch_size, whose default depends on the device
-    (default_batch_size). Returns (options, whether the data is the demo set)."""
-    train, test, vocab, config = given["train"], given["test"], given["vocab"], given["config"]
-    using_demo = train is None
-    if using_demo:
-        train, test = demo.TRAIN_FILE, demo.TEST_FILE
-    options = {name: DEFAULTS.get(name) if value is None else value for name, value in given.items()}
-    options.update(
-        train=os.path.abspath(train),
-        test=test and os.path.abspath(test),
-        vocab=vocab and os.path.abspath(vocab),
-        config=config and os.path.abspath(config),
-        vocab_size=None if vocab else options["vocab_size"],
-    )
-    return RunOptions(**options), using_demo
-
-
-def default_batch_size(device_type):
-    return 128 if device_type == "cuda" else 64
+DEFAULT_BATCH_SIZE = {"cuda": 128, "cpu": 64}  # by device type: a new run's batch size when none is given
 
 
 def default_out():
@@ -580,6 +556,7 @@ class TrainInputs(NamedTuple):
     run_options: RunOptions  # batch_size None until the device is known
     epochs: int  # in total
     run_dir: str
+    writes: bool  # whether this process writes the run directory: rank 0 under torchrun, else always
     config: Config | None  # None: the default config, built once the device and vocab are known
     vocab: object  # the SentencePiece vocab, or None: trained on the data
     checkpoint: str | None  # the checkpoint --resume continues from; None: from the start
@@ -613,7 +590,8 @@ def check_inputs(options):
         precompile=options.precompile,
     )
     resuming = options.resume is not None
-    inputs = _resumed_run(options) if resuming else _new_run(options)
+    writes = int(os.environ.get("RANK", "0")) == 0  # under torchrun rank 0 alone writes the run directory
+    inputs = _resumed_run(options, writes) if resuming else _new_run(options, writes)
     data, digests = read_data(inputs.run_options, inputs.config, resuming)
     if resuming:
         _check_same_data(options.resume, inputs.previous, inputs.run_options, digests)
@@ -625,17 +603,12 @@ def check_inputs(options):
     return inputs._replace(run_options=run_options, data=data, digests=digests, modes=modes)
 
 
-def writes_run_dir():
-    """Whether this process writes the run directory: under torchrun rank 0 alone, else always."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 @contextlib.contextmanager
 def run_dir_held(inputs):
     """Inside the block this process is the one writer of the run directory (run_dir.writing), from
     before the vocab is trained to the end of the job; under torchrun rank 0 holds it (the other
     ranks write nothing there)."""
-    if not writes_run_dir():
+    if not inputs.writes:
         yield
         return
     with writing(inputs.run_dir, "--out" if inputs.options.resume is None else "--resume"):
@@ -669,10 +642,20 @@ def dataset_files(dataset, train, test):
     return files["train"], files["test"]
 
 
-def _new_run(options):
+def _new_run(options, writes):
     """The TrainInputs of a new run but its data: its options, the config and vocab given (checked
     together), and its directory, checked to be one it can create."""
-    run_options, using_demo = new_run_options(options.given())
+    # paths made absolute, the embedded demo set without --train, DEFAULTS for the rest but the
+    # batch size, whose default depends on the device (settle)
+    given = {name: getattr(options, name) for name in RUN_OPTIONS}
+    using_demo = given["train"] is None
+    if using_demo:
+        given.update(train=demo.TRAIN_FILE, test=demo.TEST_FILE)
+    run_options = {name: DEFAULTS.get(name) if value is None else value for name, value in given.items()}
+    for name in PATH_OPTIONS:
+        run_options[name] = given[name] and os.path.abspath(given[name])
+    if given["vocab"] is not None:  # the vocab's pieces are its own
+        run_options["vocab_size"] = None
     config = load_config(options.config, f"--config {options.config}") if options.config is not None else None
     if config is not None:
         check_decoder_vocab(config, f"--config {options.config}")
@@ -680,14 +663,15 @@ def _new_run(options):
     if vocab is not None and config is not None:
         check_vocab_matches(vocab, config, "--vocab")
     run_dir = options.out or default_out()
-    if writes_run_dir():  # the other ranks of a torchrun job would see rank 0's lock
+    if writes:  # the other ranks of a torchrun job would see rank 0's lock
         check_not_written(run_dir, "--out")
     check_out(run_dir)
     return TrainInputs(
         options,
-        run_options,
+        RunOptions(**run_options),
         epochs=options.epochs or DEFAULTS["epochs"],
         run_dir=run_dir,
+        writes=writes,
         config=config,
         vocab=vocab,
         checkpoint=None,
@@ -705,15 +689,15 @@ def check_decoder_vocab(config, what):
         )
 
 
-def _resumed_run(options):
+def _resumed_run(options, writes):
     """The TrainInputs of the run `options.resume` continues but its data: its options (any given
     must be the run's), config, vocab and the checkpoint to continue from."""
     resume = options.resume
     previous = load_run_json(resume, required=("epochs", "demo_data", *RUN_OPTIONS))
-    if writes_run_dir():
+    if writes:
         check_not_written(resume, "--resume")
     _check_resume_only_options(options, previous)
-    run_options = resumed_options(resume, previous, options.given())
+    run_options = resumed_options(resume, previous, {name: getattr(options, name) for name in RUN_OPTIONS})
     config, vocab = load_run_files(resume)
     check_pinned(resume, previous)
     checkpoint = check_resumable_dir(resume)
@@ -722,6 +706,7 @@ def _resumed_run(options):
         run_options,
         epochs=options.epochs or previous["epochs"],
         run_dir=resume,
+        writes=writes,
         config=config,
         vocab=vocab,
         checkpoint=checkpoint,
@@ -781,21 +766,18 @@ def read_data(options, config, resuming):
     else:
         n_classes = options.n_output or TUTORIAL["n_output"]
     hint = "" if resuming else "; pass --n-output with the number of classes, or --n-output auto"
-    _check_labels(train_reviews, n_classes, f"train file {train}", hint)
-    if test_reviews is not None:
-        _check_labels(test_reviews, n_classes, f"test file {test}", hint)
-    else:
+    for reviews, source in ((train_reviews, f"train file {train}"), (test_reviews, f"test file {test}")):
+        if reviews is None:  # no test file: the test reviews are held out of the train reviews
+            continue
+        try:
+            check_labels(reviews, n_classes, source)
+        except ValueError as error:
+            raise ValueError(f"{error}{hint}") from None
+    if test_reviews is None:
         train_reviews, test_reviews = _split(train_reviews, 0.1, options.seed)
     if config is not None:
         config.n_output = n_classes
     return Data(train_reviews, test_reviews, n_classes), digests
-
-
-def _check_labels(reviews, n_classes, source, hint):
-    try:
-        check_labels(reviews, n_classes, source)
-    except ValueError as error:
-        raise ValueError(f"{error}{hint}") from None
 
 
 def _split(reviews, fraction, seed):
@@ -856,11 +838,7 @@ class Run:
     precompile: bool  # the bucket shapes' kernels compiled before the first step
     log: Callable  # the job's `log` on rank 0, quiet on the others
     checkpoint: tuple | None  # load_checkpoint's (model state, its file, trainer state); None: from the start
-
-    @property
-    def epochs(self):
-        """The run's epochs in total."""
-        return self.inputs.epochs
+    epochs: int  # the run's epochs in total
 
     @property
     def run_dir(self):
@@ -903,7 +881,7 @@ def settle(inputs, log):
         check_resumable(options.resume, checkpoint, inputs.epochs, options.max_steps)
     run_options = inputs.run_options
     if run_options.batch_size is None:
-        run_options = dataclasses.replace(run_options, batch_size=default_batch_size(device.type))
+        run_options = dataclasses.replace(run_options, batch_size=DEFAULT_BATCH_SIZE[device.type])
     return Run(
         inputs,
         run_options,
@@ -913,6 +891,7 @@ def settle(inputs, log):
         **modes._asdict(),
         log=log if launch.rank == 0 else runtime.quiet,
         checkpoint=checkpoint,
+        epochs=inputs.epochs,
     )
 
 

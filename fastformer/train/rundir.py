@@ -417,14 +417,6 @@ def load_run_files(run_dir):
     return config, vocab
 
 
-def _is_unstarted_run(path):
-    """Whether `path` is a run directory stopped before its first checkpoint (or before all of its
-    files were written, when it holds this module's lock file): nothing in it but run files."""
-    names = set(os.listdir(path))
-    ours = names - {LOCK, STAGING} - {f"{name}.tmp" for name in RUN_FILES}
-    return ours <= set(RUN_FILES) and (LOCK in names or ours == set(RUN_FILES))
-
-
 def enclosing_run(path):
     """The nearest directory above `path` that is a run directory, or None."""
     path = os.path.realpath(path)
@@ -472,7 +464,11 @@ def check_out(run_dir):
 def check_replaceable(run_dir):
     """Raise ValueError unless the existing directory `run_dir` is empty or a run that stopped
     before its first checkpoint."""
-    if os.listdir(run_dir) and not _is_unstarted_run(run_dir):
+    # a run stopped before its first checkpoint (or before all of its files were written, when it
+    # holds this module's lock file) holds nothing but run files
+    names = set(os.listdir(run_dir))
+    ours = names - {LOCK, STAGING} - {f"{name}.tmp" for name in RUN_FILES}
+    if names and not (ours <= set(RUN_FILES) and (LOCK in names or ours == set(RUN_FILES))):
         raise ValueError(f"--out {run_dir} exists and is not empty; choose another, or --resume it")
 
 
@@ -543,18 +539,6 @@ def _being_written(option, run_dir, holder):
     )
 
 
-def _acquire(fd):
-    deadline = time.monotonic() + LOCK_WAIT
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.02)
-
-
 @contextlib.contextmanager
 def writing(run_dir, option):
     """Hold `run_dir`'s writer lock inside the block: an exclusive flock on <run_dir>/.lock, with
@@ -577,9 +561,15 @@ def writing(run_dir, option):
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     held = False
     try:
-        held = _acquire(fd)
-        if not held:
-            raise _being_written(option, run_dir, _holder_of(fd))
+        deadline = time.monotonic() + LOCK_WAIT
+        while not held:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise _being_written(option, run_dir, _holder_of(fd)) from None
+                time.sleep(0.02)
         since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}).encode(), 0)
