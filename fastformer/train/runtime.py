@@ -44,8 +44,8 @@ def cpu_threads():
 
 
 def resolve_device(name, local_rank=None):
-    """The device `name` (a name fastformer.train.run.check_device passed) names (default: cuda if available,
-    else cpu). In a torchrun job (`local_rank` given) a CUDA device is the GPU of the process's
+    """The device `name` names (a name fastformer.train.run's Check of --device passed; default: cuda
+    if available, else cpu). In a torchrun job (`local_rank` given) a CUDA device is the GPU of the process's
     local rank."""
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
