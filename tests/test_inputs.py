@@ -187,7 +187,7 @@ def paths(tmp_path_factory):
     paths["run"] = _run_dir(root / "run", paths)
     paths["changed"] = _run_dir(root / "changed", paths, data_sha256={"train": "0" * 64})
     paths["nesting"] = _run_dir(root / "nesting", paths)
-    _run_dir(root / "nesting" / "checkpoint-2", paths)  # a run made inside another before this was refused
+    _run_dir(root / "nesting" / "checkpoint-2", paths)  # a run inside another, named like a checkpoint: refused
     paths["unstarted"] = _run_dir(root / "unstarted", paths)
     os.remove(root / "unstarted" / "model.pt")
     return paths
