@@ -418,11 +418,11 @@ def load_run_files(run_dir):
 
 
 def enclosing_run(path):
-    """The nearest directory above `path` that is a run directory, or None."""
+    """The nearest directory above `path` that is a run directory (is_run_dir), or None."""
     path = os.path.realpath(path)
     parent = os.path.dirname(path)
     while parent != path:
-        if is_run_dir(parent):
+        if all(os.path.isfile(os.path.join(parent, name)) for name in RUN_FILES):  # is_run_dir(parent)
             return parent
         path, parent = parent, os.path.dirname(parent)
     return None
