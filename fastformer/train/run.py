@@ -73,56 +73,53 @@ def _option(name):
     return f"--{name.replace('_', '-')}"
 
 
-class Check(NamedTuple):
-    """What an option's value must be, declared with its flag (flag's `check`) and read by
-    check_values: `kind` int or float, which the value must be (a bool is neither; a float option
-    takes any real number, as json and torch take them), or None; then each rule in order, a pair
-    (valid(value), what the option must be: "must be positive, got {}", formatted with the value)."""
+class Check:
+    """Check(kind, *rules): what an option's value must be, declared with its flag (flag's `check`)
+    and read by check_values. `kind`: int or float, which the value must be (a bool is neither; a
+    float option takes any real number, as json and torch take them), or None; each rule, tried in
+    order, a pair (valid(value), what the option must be: "must be positive, got {}", formatted
+    with the value)."""
 
-    kind: type | None
-    rules: tuple = ()
+    __slots__ = ("kind", "rules")
+
+    def __init__(self, kind, *rules):
+        self.kind, self.rules = kind, rules
 
 
 POSITIVE = (lambda value: value > 0, "must be positive, got {}")
-COUNT = Check(int, (POSITIVE,))
+COUNT = Check(int, POSITIVE)
 PATH = Check(
-    None, ((lambda value: isinstance(value, (str, os.PathLike)) and bool(str(value)), "must be a path, got {!r}"),)
+    None, (lambda value: isinstance(value, (str, os.PathLike)) and bool(str(value)), "must be a path, got {!r}")
 )
-SWITCH = Check(None, ((lambda value: isinstance(value, bool), "must be True or False, got {!r}"),))
+SWITCH = Check(None, (lambda value: isinstance(value, bool), "must be True or False, got {!r}"))
 VOCAB_SIZE = Check(
     int,
+    POSITIVE,
     (
-        POSITIVE,
-        (
-            lambda value: value <= MAX_VOCAB_PIECES,
-            f"must be at most {MAX_VOCAB_PIECES:,} (SentencePiece counts pieces in 32 bits), got {{:,}}",
-        ),
+        lambda value: value <= MAX_VOCAB_PIECES,
+        f"must be at most {MAX_VOCAB_PIECES:,} (SentencePiece counts pieces in 32 bits), got {{:,}}",
     ),
 )
 N_OUTPUT = Check(
     None,
     (
-        (
-            lambda value: (
-                value == "auto" or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0)
-            ),
-            "must be a positive integer or auto, got {!r}",
+        lambda value: (
+            value == "auto" or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0)
         ),
+        "must be a positive integer or auto, got {!r}",
     ),
 )
-LR = Check(float, ((math.isfinite, "must be a finite number, got {}"), POSITIVE))
-WARMUP = Check(float, ((lambda value: 0 <= value < 1, "is a fraction of the steps in [0, 1), got {}"),))
-WEIGHT_DECAY = Check(
-    float, ((lambda value: math.isfinite(value) and value >= 0, "must be a finite number >= 0, got {}"),)
-)
-SEED = Check(int, ((lambda value: 0 <= value <= MAX_SEED, f"must be an integer from 0 to {MAX_SEED:,}, got {{}}"),))
+LR = Check(float, (math.isfinite, "must be a finite number, got {}"), POSITIVE)
+WARMUP = Check(float, (lambda value: 0 <= value < 1, "is a fraction of the steps in [0, 1), got {}"))
+WEIGHT_DECAY = Check(float, (lambda value: math.isfinite(value) and value >= 0, "must be a finite number >= 0, got {}"))
+SEED = Check(int, (lambda value: 0 <= value <= MAX_SEED, f"must be an integer from 0 to {MAX_SEED:,}, got {{}}"))
 # whether the machine has the device is fastformer.train.runtime.resolve_device's to say
-DEVICE_NAME = Check(None, ((lambda value: DEVICE.fullmatch(str(value)), "{}: fastformer runs on cpu, cuda or cuda:N"),))
+DEVICE_NAME = Check(None, (lambda value: DEVICE.fullmatch(str(value)), "{}: fastformer runs on cpu, cuda or cuda:N"))
 
 
 def one_of(choices):
     """The Check of an option that takes one of `choices`."""
-    return Check(None, ((lambda value: value in choices, f"must be one of {', '.join(choices)}, got {{!r}}"),))
+    return Check(None, (lambda value: value in choices, f"must be one of {', '.join(choices)}, got {{!r}}"))
 
 
 def check_values(values, checks=None):
