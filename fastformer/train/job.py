@@ -11,9 +11,9 @@ train runs in steps, a function each:
    (fastformer.train.run.settle): the device and backend, checked to be there, the model's memory
    on the device, autocast, torchrun, CUDA graphs or torch.compile (fastformer.train.runtime), the
    run's options with the device's batch size, and the checkpoint --resume continues from;
-3. the vocab, trained (the long part) only now that every input has been checked;
-4. the model, the loaders, the optimizer and the schedule, restored from the checkpoint under
-   --resume (_trainer);
+3. the vocab, trained (train_run_vocab, the long part) only now that every input has been checked;
+4. the model, the loaders (loaders), the optimizer and the schedule, restored from the checkpoint
+   under --resume (_trainer);
 5. the run directory (fastformer.train.rundir), created or its run.json extended by rank 0 once every
    process has checked its inputs (_open_run_dir);
 6. with --pad-to-buckets, the Triton kernels of every batch shape compiled before the first step
