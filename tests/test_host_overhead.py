@@ -30,6 +30,8 @@ def test_a_quick_run_writes_every_row(tmp_path):
     assert all(row["us"] > 0 and row["x_triton_op"] > 0 for row in ops.values())
     step = report["train_step"]
     assert step["triton_us"] > 0 and step["reference_us"] > 0
+    assert step["fused_adamw"]["triton_us"] > 0 and step["fused_adamw"]["reference_us"] > 0
+    assert "the same with the fused AdamW `fastformer train` steps" in proc.stdout
     optimizer = report["optimizer_step"]
     assert optimizer["foreach"] > 0 and optimizer["fused"] > 0 and "AdamW step alone: foreach" in proc.stdout
     assert "| attention, key padding: forward |" in proc.stdout and "x the reference's host time" in proc.stdout

@@ -18,7 +18,8 @@ microseconds per call:
               call); linear_gelu; add_layer_norm with dropout, as the model calls it
   train step  MovieClassification at the tutorial's depth (6 layers, 4 heads) with tiny widths,
               batch 2 of 16 tokens, bf16 autocast, forward, loss, backward and a foreach AdamW step,
-              on the Triton path and on the reference, their rounds interleaved
+              on the Triton path and on the reference, their rounds interleaved; and the same
+              with the fused AdamW `fastformer train` steps (train.loop.adamw), on both paths
   optimizer   the AdamW step alone on that model's 255 trainable parameters, gradients set:
               foreach (torch's CUDA default, the step above) and fused (`fastformer train`'s,
               train.loop.adamw), interleaved; the CPU runs their arithmetic too, a few
@@ -30,6 +31,7 @@ The kernels must be imported without TRITON_INTERPRET: run this in a process tha
 """
 
 import argparse
+import itertools
 import platform
 import sys
 import time
@@ -144,11 +146,14 @@ def _config():
 
 
 def _train_steps():
-    """{backend: step()} of a MovieClassification train step at the tutorial's depth."""
+    """{name: step()} of a MovieClassification train step at the tutorial's depth, on each backend
+    ("triton", "reference"), with a foreach AdamW and (", fused AdamW") with the optimizer
+    `fastformer train` steps (train.loop.adamw, fused)."""
     import torch
 
     import fastformer
     from fastformer import MovieClassification
+    from fastformer.train.loop import adamw
 
     config = _config()
     g = torch.Generator().manual_seed(0)
@@ -157,10 +162,13 @@ def _train_steps():
     dec = torch.full((SHAPE["B"], 1), 2)
     labels = torch.tensor([0, 1])
     steps = {}
-    for backend in ("triton", "reference"):
+    for backend, fused in itertools.product(("triton", "reference"), (False, True)):
         torch.manual_seed(0)
         model = MovieClassification(config).train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        if fused:
+            optimizer = adamw(model, 1e-4, 0.01, fused=True)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
 
         def step(model=model, optimizer=optimizer, backend=backend):
             with fastformer.use_backend(backend), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -169,7 +177,7 @@ def _train_steps():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        steps[backend] = step
+        steps[f"{backend}, fused AdamW" if fused else backend] = step
     return steps
 
 
@@ -233,6 +241,11 @@ def measure(calls=200, repeats=15, step_calls=10):
             "triton_us": times["triton"],
             "reference_us": times["reference"],
             "triton_over_reference": times["triton"] / times["reference"],
+            "fused_adamw": {
+                "triton_us": times["triton, fused AdamW"],
+                "reference_us": times["reference, fused AdamW"],
+                "triton_over_reference": times["triton, fused AdamW"] / times["reference, fused AdamW"],
+            },
         },
         "optimizer_step": {
             **optimizer_times,
@@ -259,6 +272,11 @@ def table(report):
         f"train step, tutorial depth: Triton path {step['triton_us'] / 1e3:.2f} ms, reference "
         f"{step['reference_us'] / 1e3:.2f} ms: {step['triton_over_reference']:.2f}x the reference's host time",
     ]
+    fused = step["fused_adamw"]
+    lines.append(
+        f"the same with the fused AdamW `fastformer train` steps: Triton path {fused['triton_us'] / 1e3:.2f} ms, "
+        f"reference {fused['reference_us'] / 1e3:.2f} ms: {fused['triton_over_reference']:.2f}x"
+    )
     opt = report["optimizer_step"]
     lines.append(
         f"AdamW step alone: foreach {opt['foreach'] / 1e3:.2f} ms, fused {opt['fused'] / 1e3:.2f} ms "
