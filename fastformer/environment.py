@@ -1,6 +1,9 @@
-"""Environment variables fastformer reads before torch or Triton is imported."""
+"""What fastformer reads of its environment before torch or Triton is imported: the variables it
+takes, and whether Triton is installed."""
 
+import importlib.util
 import os
+import sys
 
 BACKENDS = ("auto", "triton", "reference")  # fastformer.backend's choices
 BACKEND_ENV = "FASTFORMER_BACKEND"  # the backend when none is chosen in Python or on the command line
@@ -19,3 +22,12 @@ def interpreter_requested(environ=os.environ):
 def under_torchrun(environ=os.environ):
     """Whether torchrun started this process (fastformer.train.runtime.torchrun_launch reads its values)."""
     return all(name in environ for name in TORCHRUN_ENV)
+
+
+def triton_available():
+    """(whether Triton is installed, whether its interpreter is on), as fastformer.kernels sees them
+    or, before it is imported, will."""
+    kernels = sys.modules.get("fastformer.kernels")
+    if kernels is not None:
+        return kernels.HAS_TRITON, kernels.INTERPRET
+    return importlib.util.find_spec("triton") is not None, interpreter_requested()

@@ -73,8 +73,7 @@ def test_an_env_setting_is_read_live_and_parsed_once_per_value(monkeypatch):
 def test_triton_interpret_is_read_as_triton_reads_it(value, monkeypatch):
     """fastformer reads TRITON_INTERPRET before importing Triton (the CLI's checks) and after (the
     kernels); both must agree with Triton's own reading, which decides whether kernels are interpreted."""
-    from fastformer.environment import interpreter_requested
-    from fastformer.train.run import triton_available
+    from fastformer.environment import interpreter_requested, triton_available
 
     getenv_bool = pytest.importorskip("triton._C.libtriton").getenv_bool
     monkeypatch.setenv("TRITON_INTERPRET", value)

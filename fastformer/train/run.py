@@ -25,13 +25,11 @@ import argparse
 import collections.abc
 import contextlib
 import dataclasses
-import importlib.util
 import math
 import numbers
 import os
 import random
 import re
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
@@ -40,7 +38,7 @@ from fastformer.config import BYTES_TO_BUILD, BYTES_TO_TRAIN, TUTORIAL, Config, 
 from fastformer.data import demo, rotten_tomatoes
 from fastformer.data.files import check_labels, infer_classes, read_reviews
 from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
-from fastformer.environment import BACKEND_ENV, BACKENDS, interpreter_requested, under_torchrun
+from fastformer.environment import BACKEND_ENV, BACKENDS, triton_available, under_torchrun
 from fastformer.train.rundir import (
     RUNS,
     check_not_written,
@@ -610,15 +608,6 @@ def run_dir_held(inputs):
         return
     with writing(inputs.run_dir, "--out" if inputs.options.resume is None else "--resume"):
         yield
-
-
-def triton_available():
-    """(whether Triton is installed, whether its interpreter is on), as fastformer.kernels sees them
-    or, before it is imported, will."""
-    kernels = sys.modules.get("fastformer.kernels")
-    if kernels is not None:
-        return kernels.HAS_TRITON, kernels.INTERPRET
-    return importlib.util.find_spec("triton") is not None, interpreter_requested()
 
 
 def dataset_files(dataset, train, test):
