@@ -31,6 +31,7 @@ def test_a_quick_run_writes_every_row(tmp_path):
     step = report["train_step"]
     assert step["triton_us"] > 0 and step["reference_us"] > 0
     assert step["fused_adamw"]["triton_us"] > 0 and step["fused_adamw"]["reference_us"] > 0
+    assert step["triton_over_reference_paired"] > 0 and step["fused_adamw"]["triton_over_reference_paired"] > 0
     assert "the same with the fused AdamW `fastformer train` steps" in proc.stdout
     optimizer = report["optimizer_step"]
     assert optimizer["foreach"] > 0 and optimizer["fused"] > 0 and "AdamW step alone: foreach" in proc.stdout
@@ -42,3 +43,14 @@ def test_it_refuses_the_interpreter():
     command = [sys.executable, "-m", "tools.host_overhead", "--quick"]
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "unset TRITON_INTERPRET" in proc.stderr
+
+
+def test_the_paired_ratio_is_the_median_of_each_rounds_ratio():
+    """A round where the machine was slow for both rows leaves the paired ratio as it is; the ratio
+    of best times takes each row's best from rounds of different speeds."""
+    from tools.host_overhead import _paired
+
+    rounds = {"triton": [8.0, 16.0, 8.8], "reference": [10.0, 20.0, 11.0]}  # round 2: all twice as slow
+    assert _paired(rounds, "triton", "reference") == 0.8
+    rounds = {"triton": [8.0, 6.0, 8.0], "reference": [10.0, 10.0, 10.0]}  # a fast moment of one row alone
+    assert _paired(rounds, "triton", "reference") == 0.8 and min(rounds["triton"]) / min(rounds["reference"]) == 0.6

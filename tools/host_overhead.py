@@ -25,7 +25,9 @@ microseconds per call:
               train.loop.adamw), interleaved; the CPU runs their arithmetic too, a few
               microseconds at these widths
 Each op row is also given as a ratio to the triton_op floor measured in the same run, the step as
-the Triton path's time over the reference's.
+the Triton path's time over the reference's: their best times', and the median over the rounds of
+the ratio of the two times of each round (paired), which a machine whose speed moves between
+rounds moves less.
 
 The kernels must be imported without TRITON_INTERPRET: run this in a process that has not set it.
 """
@@ -33,6 +35,7 @@ The kernels must be imported without TRITON_INTERPRET: run this in a process tha
 import argparse
 import itertools
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -57,15 +60,27 @@ def _timed(fn, calls, repeats):
     return best * 1e6
 
 
-def _interleaved(fns, calls, repeats):
-    """name -> the best of `repeats` rounds of `calls` calls of fns[name](), in microseconds per
-    call, the rows taking turns in every round: a busy moment of the machine slows a floor and the
-    ops measured against it alike, not one row alone."""
-    best = dict.fromkeys(fns, float("inf"))
+def _rounds(fns, calls, repeats):
+    """name -> [microseconds per call of fns[name]() in each of `repeats` rounds of `calls` calls],
+    the rows taking turns in every round: a busy moment of the machine slows a floor and the ops
+    measured against it alike, not one row alone."""
+    times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            best[name] = min(best[name], _timed(fn, calls, 1))
-    return best
+            times[name].append(_timed(fn, calls, 1))
+    return times
+
+
+def _interleaved(fns, calls, repeats):
+    """name -> the best of _rounds' times of fns[name]."""
+    return {name: min(times) for name, times in _rounds(fns, calls, repeats).items()}
+
+
+def _paired(rounds, name, reference):
+    """The median over the rounds of rounds[name] / rounds[reference], each ratio of two rows timed
+    one after the other in a round: robust to the machine's speed moving between rounds, which can
+    give two rows' best times from moments of different speeds."""
+    return statistics.median(t / r for t, r in zip(rounds[name], rounds[reference]))
 
 
 def _floors():
@@ -218,7 +233,8 @@ def measure(calls=200, repeats=15, step_calls=10):
         steps = _train_steps()
         for step in steps.values():
             step()
-        times = _interleaved(steps, step_calls, repeats)
+        step_rounds = _rounds(steps, step_calls, repeats)
+        times = {name: min(rounds) for name, rounds in step_rounds.items()}
         optimizers = _optimizer_steps()
         for step in optimizers.values():
             step()
@@ -241,10 +257,12 @@ def measure(calls=200, repeats=15, step_calls=10):
             "triton_us": times["triton"],
             "reference_us": times["reference"],
             "triton_over_reference": times["triton"] / times["reference"],
+            "triton_over_reference_paired": _paired(step_rounds, "triton", "reference"),
             "fused_adamw": {
                 "triton_us": times["triton, fused AdamW"],
                 "reference_us": times["reference, fused AdamW"],
                 "triton_over_reference": times["triton, fused AdamW"] / times["reference, fused AdamW"],
+                "triton_over_reference_paired": _paired(step_rounds, "triton, fused AdamW", "reference, fused AdamW"),
             },
         },
         "optimizer_step": {
@@ -270,12 +288,14 @@ def table(report):
     lines += [
         "",
         f"train step, tutorial depth: Triton path {step['triton_us'] / 1e3:.2f} ms, reference "
-        f"{step['reference_us'] / 1e3:.2f} ms: {step['triton_over_reference']:.2f}x the reference's host time",
+        f"{step['reference_us'] / 1e3:.2f} ms: {step['triton_over_reference']:.2f}x the reference's host time "
+        f"(per round, paired: median {step['triton_over_reference_paired']:.2f}x)",
     ]
     fused = step["fused_adamw"]
     lines.append(
         f"the same with the fused AdamW `fastformer train` steps: Triton path {fused['triton_us'] / 1e3:.2f} ms, "
-        f"reference {fused['reference_us'] / 1e3:.2f} ms: {fused['triton_over_reference']:.2f}x"
+        f"reference {fused['reference_us'] / 1e3:.2f} ms: {fused['triton_over_reference']:.2f}x "
+        f"(paired: {fused['triton_over_reference_paired']:.2f}x)"
     )
     opt = report["optimizer_step"]
     lines.append(
