@@ -137,6 +137,21 @@ def test_smoke_stage_details(smoke):
     assert determinism["training"]["steps"] == gpu_check.SMOKE.reps.train_steps
     assert determinism["training"]["mismatch"] is None
     assert stages["bench"]["failed"] == 0 and stages["bench"]["measured"] >= 5
+    # the kernels of the pairs KERNEL_PROFILE names that smoke runs (its attention_fwd is not causal
+    # at a length the others run), fastformer's beside the peer's; on a CPU, operators
+    kernels = stages["bench"]["kernel_profile"]
+    assert [tuple(case.split("-")[:2]) for case in kernels] == [
+        ("ffn_fwd_bwd", "fastformer"),
+        ("ffn_fwd_bwd", "eager"),
+        ("attention_fwd_bwd", "fastformer"),
+        ("attention_fwd_bwd", "sdpa"),
+    ]
+    for rows in kernels.values():
+        whole, *named = rows
+        assert whole["kernel"] == "every kernel of the case" and whole["us_per_run"] > 0
+        assert 0 < len(named) <= gpu_check.KERNEL_ROWS
+        assert sum(r["us_per_run"] for r in named) <= whole["us_per_run"] * 1.001
+        assert [r["us_per_run"] for r in named] == sorted((r["us_per_run"] for r in named), reverse=True)
     model = stages["model"]
     assert {(r["bench"], r["provider"]) for r in model["rows"]} == {
         (b, p) for b in ("model_train", "model_infer") for p in ("fastformer", "fastformer_autotune", "reference_fp32")
@@ -316,6 +331,33 @@ def test_first_mismatch_names_the_tensor_the_index_and_both_values():
     signed = gpu_check.first_mismatch({"x": torch.tensor([0.0])}, {"x": torch.tensor([-0.0])})
     assert signed["index"] == [0]  # equal as numbers, not bitwise
     assert gpu_check.first_mismatch({"x": torch.zeros(2)}, {"x": torch.zeros(3)})["index"] is None
+
+
+def test_kernel_rows_sum_each_device_kernel_by_name_per_call_of_the_case():
+    """On CUDA a kernel's row is the durations of its launches on the device; the CPU operators the
+    profiler records beside them are not counted (the smoke run covers the CPU's rows)."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(name, device_type, start, end):
+        kwargs = dict(id=0, name=name, thread=0, start_us=start, end_us=end)
+        return FunctionEvent(**kwargs, device_type=device_type, use_device="cuda" if device_type else None)
+
+    events = [
+        event("gemm", DeviceType.CUDA, 0, 30),
+        event("aten::mm", DeviceType.CPU, 0, 500),  # the launch on the host: not a kernel
+        event("gelu", DeviceType.CUDA, 30, 40),
+        event("gemm", DeviceType.CUDA, 40, 60),
+        event("gemm", DeviceType.CUDA, 100, 130),
+        event("gelu", DeviceType.CUDA, 130, 140),
+        event("gemm", DeviceType.CUDA, 140, 160),
+    ]
+    rows = gpu_check._kernel_rows(events, DeviceType.CUDA, calls=2)
+    assert rows == [
+        {"kernel": "every kernel of the case", "calls_per_run": 3.0, "us_per_run": 60.0, "share": 1.0},
+        {"kernel": "gemm", "calls_per_run": 2.0, "us_per_run": 50.0, "share": 0.833},
+        {"kernel": "gelu", "calls_per_run": 1.0, "us_per_run": 10.0, "share": 0.167},
+    ]
 
 
 def test_graph_breaks_are_reported_by_reason_and_place():

@@ -20,7 +20,9 @@ installs nothing and needs no network. The stages run in this order, whatever or
                train steps of the tutorial model from one seed, twice: every output, gradient and
                final weight bitwise equal, or the first mismatch (tensor, index, the two values)
   bench        the cases `python -m bench.report --targets` runs, fastformer against the peers
-               measured in the same run
+               measured in the same run; then, for the pairs where fastformer trailed a peer on the
+               last GPU run (KERNEL_PROFILE), each one's kernels under torch.profiler: device time
+               per kernel per call, the most first (where the time goes, ours beside the peer's)
   model        MovieClassification with the tutorial's config on batches of NSMC-like reviews (8 to
                128 tokens, padded): train step and inference for fastformer (bf16 autocast), the
                reference in fp32, under bf16 autocast, and compiled: tokens/s on real tokens, peak
@@ -78,7 +80,9 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
       determinism   attention: {shape, dtype, mask, settings: [{setting, repetitions, mismatch}]},
                     training: {config, batch, amp, steps, mismatch}; a mismatch is {tensor, at,
                     index, first, second} (the first differing element of the first differing tensor)
-      bench, model  cases, measured, skipped, failed, not_run; model also rows (bench, provider,
+      bench, model  cases, measured, skipped, failed, not_run; bench also kernel_profile: {case
+                    id: [{kernel, calls_per_run, us_per_run, share}], the first row the case's
+                    total, or {error}}, or {not_run}; model also rows (bench, provider,
                     ms, tokens_per_s, peak_mem_mb, tflops, mfu; the providers include
                     MODEL_VARIANTS), mfu_note and convergence: {config,
                     batch, steps, reviews, amp, lr, curve: [{step, fastformer_loss, reference_loss,
@@ -113,6 +117,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from torch.autograd import DeviceType
 
 # Triton reads this when a kernel is decorated, so it must be set before `fastformer.kernels` is imported.
 if not torch.cuda.is_available():
@@ -160,6 +165,10 @@ UNITS = {
     "calls_per_step, own_ms_per_step, cum_ms_per_step": (
         "the model stage's host profile, per eager train step under cProfile: a function's calls, the "
         "milliseconds in its own code, and in it with what it calls"
+    ),
+    "calls_per_run, us_per_run, share": (
+        "the bench stage's kernel profile, per call of a case: a kernel's launches, its microseconds on "
+        "the device (on a CPU, an operator's own CPU time), and its fraction of the case's total"
     ),
 }
 # The cuda tests --quick and --smoke leave out: the dense-mask attention path (the models never
@@ -981,7 +990,8 @@ def _train_trace(run, config, batches, deadline):
 
 
 def stage_bench(run):
-    details = _measure(run, "bench", _bench_cases(run))
+    cases = _bench_cases(run)
+    details = _measure(run, "bench", cases)
     targets = run.targets()
     met = sum(t["met"] is True for t in targets)
     judged = sum(t["met"] is not None for t in targets)
@@ -992,8 +1002,97 @@ def stage_bench(run):
         f"{details['measured']} measured, {details['skipped']} skipped, {details['failed']} failed, "
         f"{details['not_run']} not run; {verdict}"
     )
+    details["kernel_profile"] = _kernel_profile(run, cases)
     _raise_for_cases(details)
     return details
+
+
+# The bench cases whose kernels the bench stage lists, fastformer's beside a peer's, for each pair
+# fastformer trailed on the last GPU run (bench/results/gpu/h200-2026-11-28): (bench, the mask or the
+# op, providers). Each takes the stage's first case of its bench and mask or op (in --quick: D 64,
+# L 4096; the tutorial's FFN layer).
+KERNEL_PROFILE = (
+    ("ffn_fwd_bwd", "feed_forward", ("fastformer", "eager")),
+    ("attention_fwd", "causal", ("fastformer", "sdpa")),
+    ("attention_fwd_bwd", "causal", ("fastformer", "sdpa")),
+)
+KERNEL_ROWS = 8  # kernels listed per case, the most device time first
+
+
+def _profiled_cases(cases):
+    """The cases KERNEL_PROFILE names, in its order, from the stage's cases."""
+    chosen = []
+    for bench, kind, providers in KERNEL_PROFILE:
+        for provider in providers:
+            chosen += [
+                c
+                for c in cases
+                if c.bench == bench and c.provider == provider and kind in (c.params.get("mask"), c.params.get("op"))
+            ][:1]
+    return chosen
+
+
+def _kernel_profile(run, cases):
+    """{case id: rows} for the KERNEL_PROFILE cases: torch.profiler over the plan's timed calls of
+    each case after its warm-up calls, each kernel's device time (on a CPU: each operator's own CPU
+    time, the code path only); the KERNEL_ROWS kernels with the most, per call of the case: calls,
+    µs and share of the case's total, which the first row gives (calls: every kernel launched).
+    {"not_run": reason} when the bench stage's budget is spent; a case that fails gives {"error"}."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if time.monotonic() > run.deadline("bench"):
+        return {"not_run": f"the bench stage's budget of {run.plan.budget_seconds['bench']} s was spent"}
+    activity, device_type = (
+        (ProfilerActivity.CUDA, DeviceType.CUDA) if run.cuda else (ProfilerActivity.CPU, DeviceType.CPU)
+    )
+    calls, profiles = max(run.plan.reps.measure, 1), {}
+    for case in _profiled_cases(cases):
+        try:
+            fn, _ = case.setup()
+            for _ in range(max(run.plan.reps.warmup, 1)):
+                fn()
+            synchronize(run.device)
+            with profile(activities=[activity]) as profiler:
+                for _ in range(calls):
+                    fn()
+                synchronize(run.device)
+            profiles[case.id] = _kernel_rows(profiler.events(), device_type, calls)
+        except Exception as error:  # noqa: BLE001 (a profile is a diagnosis: the stage's figures stand without it)
+            profiles[case.id] = {"error": _error_text(error)}
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return profiles
+
+
+def _kernel_rows(events, device_type, calls):
+    """Rows of _kernel_profile from a profiler's events: those of device_type summed by name (on
+    CUDA the kernels, copies and fills, each its duration on the device; on a CPU each operator's
+    own time), per call of the case."""
+    totals, counts = Counter(), Counter()
+    for event in events:
+        if event.device_type == device_type:
+            cpu = device_type == DeviceType.CPU
+            totals[event.name] += event.self_cpu_time_total if cpu else event.time_range.elapsed_us()
+            counts[event.name] += 1
+    whole = sum(totals.values())
+    rows = [
+        {
+            "kernel": "every kernel of the case",
+            "calls_per_run": sum(counts.values()) / calls,
+            "us_per_run": round(whole / calls, 2),
+            "share": 1.0,
+        }
+    ]
+    for name, total in totals.most_common(KERNEL_ROWS):
+        rows.append(
+            {
+                "kernel": name if len(name) <= 90 else name[:87] + "...",
+                "calls_per_run": counts[name] / calls,
+                "us_per_run": round(total / calls, 2),
+                "share": round(total / whole, 3) if whole else None,
+            }
+        )
+    return rows
 
 
 def _bench_cases(run):
