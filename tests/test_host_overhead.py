@@ -33,6 +33,9 @@ def test_a_quick_run_writes_every_row(tmp_path):
     assert step["fused_adamw"]["triton_us"] > 0 and step["fused_adamw"]["reference_us"] > 0
     assert step["triton_over_reference_paired"] > 0 and step["fused_adamw"]["triton_over_reference_paired"] > 0
     assert "the same with the fused AdamW `fastformer train` steps" in proc.stdout
+    ffn = report["ffn_forward_backward"]
+    assert ffn["feed_forward_us"] > 0 and ffn["eager_us"] > 0 and ffn["feed_forward_over_eager_paired"] > 0
+    assert "FFN forward + backward, fp32: feed_forward" in proc.stdout
     optimizer = report["optimizer_step"]
     assert optimizer["foreach"] > 0 and optimizer["fused"] > 0 and "AdamW step alone: foreach" in proc.stdout
     assert "| attention, key padding: forward |" in proc.stdout and "x the reference's host time" in proc.stdout

@@ -20,6 +20,11 @@ microseconds per call:
               batch 2 of 16 tokens, bf16 autocast, forward, loss, backward and a foreach AdamW step,
               on the Triton path and on the reference, their rounds interleaved; and the same
               with the fused AdamW `fastformer train` steps (train.loop.adamw), on both paths
+  FFN         the FFN's forward + backward as the bench's ffn_fwd_bwd case calls it (the output's
+              gradient taken for x and the four weights) through kernels.feed_forward and through
+              eager PyTorch (linear, gelu, linear), interleaved, in fp32 at tiny widths: the CPU's
+              fp32 products take a microsecond, where its bf16 ones take tens, which on a GPU
+              would be launches. On a GPU whose host sets the case's time, its ratio is the bench's
   optimizer   the AdamW step alone on that model's 255 trainable parameters, gradients set:
               foreach (torch's CUDA default, the step above) and fused (`fastformer train`'s,
               train.loop.adamw), interleaved; the CPU runs their arithmetic too, a few
@@ -151,6 +156,29 @@ def _ops():
     return rows
 
 
+def _ffn_pair():
+    """name -> fn() of the FFN's forward + backward, fastformer's and eager PyTorch's (see the docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    from fastformer import kernels
+
+    g = torch.Generator().manual_seed(0)
+    M, d, d_ff = 16, SHAPE["d"] // 2, SHAPE["d_ff"] // 2
+    inputs = [
+        torch.randn(*shape, generator=g).requires_grad_() for shape in ((M, d), (d_ff, d), (d_ff,), (d, d_ff), (d,))
+    ]
+    dy = torch.randn(M, d, generator=g)
+
+    def eager(x, w1, b1, w2, b2):
+        return F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+
+    def forward_backward(ffn):
+        return lambda: torch.autograd.grad(ffn(*inputs), inputs, dy)
+
+    return {"feed_forward": forward_backward(kernels.feed_forward), "eager": forward_backward(eager)}
+
+
 def _config():
     """The tutorial's depth (6 layers, 4 heads) at tiny widths: what the host does, not the CPU's arithmetic."""
     from fastformer import Config
@@ -235,6 +263,10 @@ def measure(calls=200, repeats=15, step_calls=10):
             step()
         step_rounds = _rounds(steps, step_calls, repeats)
         times = {name: min(rounds) for name, rounds in step_rounds.items()}
+        ffn = _ffn_pair()
+        for fn in ffn.values():
+            fn()
+        ffn_rounds = _rounds(ffn, calls, repeats)
         optimizers = _optimizer_steps()
         for step in optimizers.values():
             step()
@@ -264,6 +296,12 @@ def measure(calls=200, repeats=15, step_calls=10):
                 "triton_over_reference": times["triton, fused AdamW"] / times["reference, fused AdamW"],
                 "triton_over_reference_paired": _paired(step_rounds, "triton, fused AdamW", "reference, fused AdamW"),
             },
+        },
+        "ffn_forward_backward": {
+            "feed_forward_us": min(ffn_rounds["feed_forward"]),
+            "eager_us": min(ffn_rounds["eager"]),
+            "feed_forward_over_eager": min(ffn_rounds["feed_forward"]) / min(ffn_rounds["eager"]),
+            "feed_forward_over_eager_paired": _paired(ffn_rounds, "feed_forward", "eager"),
         },
         "optimizer_step": {
             **optimizer_times,
@@ -296,6 +334,11 @@ def table(report):
         f"the same with the fused AdamW `fastformer train` steps: Triton path {fused['triton_us'] / 1e3:.2f} ms, "
         f"reference {fused['reference_us'] / 1e3:.2f} ms: {fused['triton_over_reference']:.2f}x "
         f"(paired: {fused['triton_over_reference_paired']:.2f}x)"
+    )
+    ffn = report["ffn_forward_backward"]
+    lines.append(
+        f"FFN forward + backward, fp32: feed_forward {ffn['feed_forward_us']:.1f} µs, eager {ffn['eager_us']:.1f} µs: "
+        f"{ffn['feed_forward_over_eager']:.2f}x (paired: {ffn['feed_forward_over_eager_paired']:.2f}x)"
     )
     opt = report["optimizer_step"]
     lines.append(
