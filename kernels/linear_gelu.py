@@ -400,14 +400,21 @@ class _PlannedLinearGelu(torch.autograd.Function):
             return None, None, None, None
         x, weight, pre = ctx.saved_tensors
         plan = ctx.plan
-        dy = dy.reshape(pre.shape)
+        # the model hands over rows (M, K): then x, dy and dx need no view, which costs more than
+        # the product's call on the host (x.shape alone builds a torch.Size)
+        rows = x.dim() == 2
+        if not rows:
+            dy = dy.reshape(pre.shape)
         needs_dx, needs_dw, needs_db = ctx.needs_input_grad[:3]
         if planning():
             dpre, db = plan.activation_backward(dy, pre, needs_db)
         else:  # a dispatch mode or transform over the backward sees the registered op
             dpre, db = _activation_backward_op(dy, pre, plan.activation, needs_db)
-        dx = (dpre @ weight).view(x.shape) if needs_dx else None
-        dw = dpre.t() @ x.view(plan.rows) if needs_dw else None
+        dx = dw = None
+        if needs_dx:
+            dx = torch.mm(dpre, weight) if rows else torch.mm(dpre, weight).view(x.shape)
+        if needs_dw:
+            dw = torch.mm(dpre.t(), x if rows else x.view(plan.rows))
         return dx, dw, db if needs_db else None, None
 
 
