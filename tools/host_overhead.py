@@ -253,6 +253,10 @@ def measure(calls=200, repeats=15, step_calls=10):
     from tools import sm90
 
     torch.set_num_threads(1)
+    # the driver launches nothing, so a kernel's outputs hold whatever their memory held; the aten
+    # ops after them (the FFN's second product, the backward's products) then do arithmetic on it,
+    # and a denormal in it slows the CPU's arithmetic many times over, a cost no GPU pays
+    torch.set_flush_denormal(True)
     with sm90.dry_run(time_configs=False):
         floors, ops = _floors(), _ops()
         for fn in [*floors.values(), *ops.values()]:
