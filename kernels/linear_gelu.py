@@ -367,6 +367,13 @@ class LinearGeluPlan(Plan):
         self.forward(x, weight, bias, y, pre)
         return y, pre
 
+    def activation_grad(self, dy, pre, bias_grad):
+        """dpre and db of a planned backward: by prepared launches (activation_backward), or when a
+        dispatch mode or transform is over the backward, through the registered op, which it sees."""
+        if planning():
+            return self.activation_backward(dy, pre, bias_grad)
+        return _activation_backward_op(dy, pre, self.activation, bias_grad)
+
     def activation_backward(self, dy, pre, bias_grad):
         """dpre and db, as _activation_backward, by prepared launches."""
         dy = last_dim_contiguous(dy)
@@ -406,10 +413,7 @@ class _PlannedLinearGelu(torch.autograd.Function):
         if not rows:
             dy = dy.reshape(pre.shape)
         needs_dx, needs_dw, needs_db = ctx.needs_input_grad[:3]
-        if planning():
-            dpre, db = plan.activation_backward(dy, pre, needs_db)
-        else:  # a dispatch mode or transform over the backward sees the registered op
-            dpre, db = _activation_backward_op(dy, pre, plan.activation, needs_db)
+        dpre, db = plan.activation_grad(dy, pre, needs_db)
         dx = dw = None
         if needs_dx:
             dx = torch.mm(dpre, weight) if rows else torch.mm(dpre, weight).view(x.shape)

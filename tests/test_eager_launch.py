@@ -272,6 +272,33 @@ def test_each_planned_op_is_its_registered_op_bitwise():
             assert torch.equal(a, c)
 
 
+@pytest.mark.parametrize("x_shape", [(14, 8), (2, 7, 8)], ids=["rows", "3-D"])
+@pytest.mark.parametrize("biases", [True, False], ids=["biases", "no_biases"])
+@pytest.mark.parametrize("wanted", ["all", "x", "w2", "w1"])
+def test_the_planned_feed_forward_is_its_ordinary_path_bitwise(x_shape, biases, wanted):
+    """feed_forward's plan runs the FFN as one autograd node (its backward computes the second
+    product's gradients itself): its output and every gradient asked for equal bit for bit what the
+    registered linear_gelu op followed by F.linear give, for the model's rows and a 3-D x, with and
+    without biases, and when only some inputs need a gradient (only those are computed)."""
+    g = torch.Generator().manual_seed(0)
+    x, w1, b1, w2, b2 = _leaves(g, x_shape, (12, 8), (12,), (8, 12), (8,))
+    if not biases:
+        b1 = b2 = None
+    tensors = {"x": x, "w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    for name, t in tensors.items():
+        if t is not None and wanted != "all" and name != wanted:
+            t.requires_grad_(False)
+    leaves = [t for t in tensors.values() if t is not None and t.requires_grad]
+    for _ in range(2):  # the plan's first call and a later one
+        planned = kernels.feed_forward(x, w1, b1, w2, b2)
+        assert type(planned.grad_fn).__name__ == "_PlannedFeedForwardBackward"
+        h, _ = linear_gelu_module._linear_gelu_forward_op(x.reshape(14, 8), w1, b1, "gelu", True)
+        ordinary = torch.nn.functional.linear(h, w2, b2).view(planned.shape)
+        assert torch.equal(planned, ordinary)
+        for a, c in zip(_grads(planned, *leaves), _grads(ordinary, *leaves)):
+            assert torch.equal(a, c)
+
+
 def test_self_attention_is_the_registered_attention_on_its_heads_bitwise():
     """self_attention's plan (qkv in, the context out, dqkv written by the kernels: one autograd
     node) against the registered attention op on qkv's views: the context and qkv's gradient equal
