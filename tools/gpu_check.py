@@ -34,7 +34,8 @@ installs nothing and needs no network. The stages run in this order, whatever or
                optimizer's part of the step). Then where the eager train step's host time goes:
                cProfile over the timed steps of fastformer and of the fp32 reference, each one's
                PROFILE_ROWS functions with the most time of their own (the host runs Python while
-               the GPU waits). Then convergence: the same config
+               the GPU waits), and what single calls cost this host (host_calls: an allocation, an
+               aten op, the products, a Triton launch three ways). Then convergence: the same config
                (dropout 0) trained from one seed for a few dozen steps on real reviews
                (tests/data/rotten_tomatoes_200.tsv) on the Triton kernels and on the reference,
                both under the run's autocast, and on the reference in fp64; at every step
@@ -84,7 +85,8 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                     id: [{kernel, calls_per_run, us_per_run, share}], the first row the case's
                     total, or {error}}, or {not_run}; model also rows (bench, provider,
                     ms, tokens_per_s, peak_mem_mb, tflops, mfu; the providers include
-                    MODEL_VARIANTS), mfu_note and convergence: {config,
+                    MODEL_VARIANTS), mfu_note, host_profile, host_calls ([{call, us_per_call}]) and
+                    convergence: {config,
                     batch, steps, reviews, amp, lr, curve: [{step, fastformer_loss, reference_loss,
                     reference_fp64_loss}], max_loss_diff, reference_max_loss_diff, loss_atol,
                     loss_tolerance, worst_step, agree}, or {not_run} when the budget was spent
@@ -166,6 +168,7 @@ UNITS = {
         "the model stage's host profile, per eager train step under cProfile: a function's calls, the "
         "milliseconds in its own code, and in it with what it calls"
     ),
+    "us_per_call": "the model stage's host_calls: microseconds of the host per call, enqueued back to back",
     "calls_per_run, us_per_run, share": (
         "the bench stage's kernel profile, per call of a case: a kernel's launches, its microseconds on "
         "the device (on a CPU, an operator's own CPU time), and its fraction of the case's total"
@@ -1144,6 +1147,7 @@ def stage_model(run):
                 for p, r in variants.items()
             ]
     details["host_profile"] = _host_profile(run)
+    details["host_calls"] = _host_calls(run)
     convergence = details["convergence"] = _convergence(run)
     parts.append(_convergence_note(convergence))
     details["summary"] = "; ".join(p for p in parts if p) or "nothing measured"
@@ -1199,6 +1203,69 @@ def _host_profile(run):
             for (file, line, name), (_, calls, own, cum, _) in top
         ]
     return profile
+
+
+HOST_CALLS = 2000  # calls of each kind per round on CUDA (2 on a CPU, where it only checks the code)
+
+
+def _host_calls(run):
+    """[{call, us_per_call}]: single launches and an allocation on this machine's host, each kind
+    enqueued back to back, the device synchronized between rounds, best of 3 rounds: an aten
+    allocation, an elementwise op, bf16 products (torch.mm, F.linear with and without a bias, under
+    autocast as the model calls them), and a one-pointer Triton kernel launched three ways (Triton's
+    `kernel[grid]`, fastformer's `launch(kernel)[grid]`, a PreparedLaunch as the ops' plans launch
+    it). Each kernel is tiny, so the host sets the pace: what one call costs here, to read the
+    host profile against (tools.host_overhead measures the same floors on a CPU, without a driver).
+    {"not_run": reason} when the model stage's budget is spent."""
+    import triton
+    import triton.language as tl
+
+    from fastformer.kernels._runtime import PreparedLaunch, launch
+
+    if time.monotonic() > run.deadline("model"):
+        return {"not_run": f"the model stage's budget of {run.plan.budget_seconds['model']} s was spent"}
+
+    @triton.jit
+    def _touch(X):
+        tl.store(X, tl.load(X) + 1)
+
+    device, calls = run.device, HOST_CALLS if run.cuda else 2
+    a, w, b = (torch.randn(*shape, device=device, dtype=torch.bfloat16) for shape in ((64, 64), (64, 64), (64,)))
+    x = torch.zeros(16, device=device)
+    prepared = PreparedLaunch(_touch, (1,), (x,), {})
+    autocast_type = "cuda" if run.cuda else "cpu"
+
+    def autocast_linear(bias):
+        def call():
+            with torch.autocast(autocast_type, dtype=torch.bfloat16):
+                return F.linear(a, w, bias)
+
+        return call
+
+    kinds = {
+        "torch.empty(1024)": lambda: torch.empty(1024, device=device),
+        "x.add_(1)": lambda: x.add_(1),
+        "torch.mm, bf16 64 x 64": lambda: torch.mm(a, w),
+        "F.linear with a bias, bf16 64 x 64": lambda: F.linear(a, w, b),
+        "F.linear without a bias": lambda: F.linear(a, w),
+        "F.linear with a bias, under bf16 autocast": autocast_linear(b),
+        "kernel[grid], one pointer": lambda: _touch[(1,)](x),
+        "launch(kernel)[grid]": lambda: launch(_touch)[(1,)](x),
+        "PreparedLaunch": lambda: prepared(x),
+    }
+    rows = []
+    for name, call in kinds.items():
+        call()  # compiles, or allocates the library's handles
+        synchronize(device)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(calls):
+                call()
+            best = min(best, time.perf_counter() - start)
+            synchronize(device)
+        rows.append({"call": name, "us_per_call": round(best / calls * 1e6, 2)})
+    return rows
 
 
 def _where(file, line, name):
