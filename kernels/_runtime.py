@@ -13,6 +13,7 @@ what a compiler can see):
 
 import contextlib
 import contextvars
+import functools
 import os
 import warnings
 from typing import ClassVar
@@ -147,6 +148,32 @@ def eager():
     )
 
 
+# what a backward through a fused op with create_graph=True raises (first_order)
+SECOND_DERIVATIVE = (
+    "fastformer's fused kernels have no second derivative, so their backward cannot build a graph of "
+    "the gradients (create_graph=True); run the model on the reference backend "
+    "(fastformer.use_backend('reference')) for double backward"
+)
+
+
+def first_order(backward):
+    """An autograd.Function's backward that refuses to build a graph of its gradients. The fused
+    backwards launch Triton kernels, whose outputs autograd cannot differentiate: with
+    create_graph=True (grad mode on inside the backward) their gradients would come back without
+    those kernels' part of a second derivative, and a later derivative would be silently wrong.
+    Torch's once_differentiable only guards gradients whose incoming gradient requires grad (not
+    a loss's first backward), and its guard is not on the path that autograd.grad(..., inputs)
+    follows; so this raises SECOND_DERIVATIVE at once. An ordinary backward runs as it is."""
+
+    @functools.wraps(backward)
+    def checked(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError(SECOND_DERIVATIVE)
+        return backward(ctx, *grads)
+
+    return checked
+
+
 def eager_twin(forward, setup_context, backward):
     """The autograd.Function an op's public function calls in eager mode in place of its registered
     torch.library op (the op serves torch.compile, fake tensors and transforms): the same Python
@@ -163,7 +190,7 @@ def eager_twin(forward, setup_context, backward):
     return type(
         f"_{forward.__name__}_eager",
         (torch.autograd.Function,),
-        {"forward": staticmethod(forward_with_ctx), "backward": staticmethod(backward)},
+        {"forward": staticmethod(forward_with_ctx), "backward": staticmethod(first_order(backward))},
     ).apply
 
 

@@ -88,6 +88,7 @@ from ._runtime import (
     dot_precision,
     eager,
     eager_twin,
+    first_order,
     kept,
     launch,
     needs_grad,
@@ -1263,6 +1264,7 @@ class _PlannedAttention(torch.autograd.Function):
         return o
 
     @staticmethod
+    @first_order
     def backward(ctx, do):
         if do is None:
             return (None,) * 7
@@ -1366,6 +1368,7 @@ class _PlannedSelfAttention(torch.autograd.Function):
         return _context(o, plan.rows)
 
     @staticmethod
+    @first_order
     def backward(ctx, dcontext):
         if dcontext is None:
             return (None,) * 5

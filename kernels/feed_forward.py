@@ -29,6 +29,7 @@ from ._runtime import (
     autograd_apply,
     cdiv,
     dot_precision,
+    first_order,
     kept,
     needs_grad,
     next_power_of_2,
@@ -324,6 +325,7 @@ class _PlannedFeedForward(torch.autograd.Function):
         return out if rows else out.view(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
+    @first_order
     def backward(ctx, dout):
         if dout is None:
             return (None,) * 6

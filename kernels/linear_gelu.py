@@ -37,6 +37,7 @@ from ._runtime import (
     dot_precision,
     eager,
     eager_twin,
+    first_order,
     kept,
     launch,
     needs_grad,
@@ -402,6 +403,7 @@ class _PlannedLinearGelu(torch.autograd.Function):
         return y
 
     @staticmethod
+    @first_order
     def backward(ctx, dy):
         if dy is None:
             return None, None, None, None

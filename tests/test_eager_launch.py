@@ -329,3 +329,45 @@ def test_self_attention_is_the_registered_attention_on_its_heads_bitwise():
         (grad,) = _grads(context, qkv)
     assert "fastformer.attention_backward.default" in mode.ops
     assert torch.equal(grad, expected_grad)
+
+
+def _fused_calls(g):
+    """name -> (fn(), leaves): a call of each fused op on its planned path and on its eager twin
+    (the ordinary path in eager mode), the tensors it is differentiated against."""
+    x, w1, b1, w2, b2 = _leaves(g, (6, 8), (12, 8), (12,), (8, 12), (8,))
+    h, r, lw, lb = _leaves(g, (6, 8), (6, 8), (8,), (8,))
+    (qkv,) = _leaves(g, (2, 3, 3 * 2 * 8))
+    q, k, v = _inputs()[:3]
+    return {
+        "attention": (lambda: kernels.attention(q, k, v, causal=True), [q, k, v]),
+        "self_attention": (lambda: kernels.self_attention(qkv, 2), [qkv]),
+        "linear_gelu": (lambda: kernels.linear_gelu(x, w1, b1), [x, w1, b1]),
+        "feed_forward": (lambda: kernels.feed_forward(x, w1, b1, w2, b2), [x, w1, b1, w2, b2]),
+        "add_layer_norm": (lambda: kernels.add_layer_norm(h, r, lw, lb, 1e-6), [h, r, lw, lb]),
+        # the registered op's body as an autograd.Function: what an op runs in eager mode without a plan
+        "linear_gelu, eager twin": (
+            lambda: linear_gelu_module._linear_gelu_forward_eager(x, w1, b1, "gelu", True)[0],
+            [x, w1, b1],
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["attention", "self_attention", "linear_gelu", "feed_forward", "add_layer_norm", "linear_gelu, eager twin"],
+)
+def test_a_graph_of_a_fused_ops_gradients_is_refused_rather_than_missing_its_part(name):
+    """A fused op's backward launches kernels that autograd cannot differentiate, so a gradient
+    taken through it with create_graph=True would miss the op's part of any second derivative,
+    silently (torch's own path gives it; this op gave None before). The backward refuses,
+    naming the reference backend, for a loss's first backward too (whose incoming gradient does
+    not require grad); without create_graph it gives the gradients as before."""
+    fn, leaves = _fused_calls(torch.Generator().manual_seed(0))[name]
+    expected = _grads(fn(), *leaves)
+    for incoming in ("weighted", "ones"):
+        out = fn()
+        loss = (out * torch.randn_like(out)).sum() if incoming == "weighted" else out.sum()
+        with pytest.raises(RuntimeError, match=r"no second derivative.*fastformer.use_backend\('reference'\)"):
+            torch.autograd.grad(loss, leaves, create_graph=True)
+    for a, b in zip(_grads(fn(), *leaves), expected):
+        assert torch.equal(a, b)

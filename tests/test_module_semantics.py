@@ -359,3 +359,30 @@ def test_the_forward_plan_reads_what_the_modules_hold_at_each_call(autocast):
     change(lambda transformer: transformer.decoder.layers[1].pos_ffn.conv2.weight.data.mul_(-3))
     change(new_linear)
     change(lambda transformer: transformer.encoder.layers.__delitem__(0))
+
+
+def test_double_backward_works_on_the_reference_and_is_refused_by_the_fused_kernels():
+    """A gradient penalty (the parameters' gradients taken with create_graph=True, then the
+    backward of their squared norm): on the reference backend, the tutorial's second derivative;
+    the fused kernels have none, so their backward refuses with the fix, rather than hand back
+    gradients that would leave their part out of it."""
+    ref, ours, batch = paired()
+    labels = torch.tensor([0, 1, 0])
+
+    def penalty(model):
+        loss = nn.functional.cross_entropy(model(*batch)[0], labels)
+        params = [p for p in model.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+        value = sum(g.pow(2).sum() for g in grads if g is not None)
+        return value, torch.autograd.grad(value, params, allow_unused=True)
+
+    expected, expected_grads = penalty(ref)
+    with fastformer.use_backend("reference"):
+        value, grads = penalty(ours)
+    assert_max_diff("penalty", value, expected, TOL)
+    for i, (got, want) in enumerate(zip(grads, expected_grads)):
+        assert (got is None) == (want is None), i
+        if got is not None:
+            assert_max_diff(f"the penalty's gradient {i}", got, want, TOL)
+    with fastformer.use_backend("triton"), pytest.raises(RuntimeError, match="use_backend\\('reference'\\)"):
+        penalty(ours)
