@@ -306,8 +306,9 @@ class _PlannedFeedForward(torch.autograd.Function):
     autograd node: its backward computes what the second product's AddmmBackward and the first
     product's node would, the same products on the same layouts (so the same bits), where the
     engine would visit three nodes, two of them between Python and C++. The FFN's forward +
-    backward cost 1.08x eager PyTorch's host time as two nodes and 0.8x as one (docs/host-path.md).
-    Each tensor is saved only where a gradient asked for needs it."""
+    backward cost 1.06x to 1.08x eager PyTorch's host time as two nodes and 0.96x to 0.98x as one
+    (tools.host_overhead; docs/host-path.md). Each tensor is saved only where a gradient asked for
+    needs it."""
 
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, plan):
