@@ -148,27 +148,41 @@ def eager():
     )
 
 
-# what a backward through a fused op with create_graph=True raises (first_order)
+# what a fused op's backward raises where it cannot run (plain_backward)
 SECOND_DERIVATIVE = (
     "fastformer's fused kernels have no second derivative, so their backward cannot build a graph of "
     "the gradients (create_graph=True); run the model on the reference backend "
     "(fastformer.use_backend('reference')) for double backward"
 )
+BATCHED_BACKWARD = (
+    "fastformer's fused kernels' backward cannot run batched (autograd.grad(..., is_grads_batched=True), "
+    "or a torch.func transform over the backward); run the model on the reference backend "
+    "(fastformer.use_backend('reference')) for batched gradients"
+)
 
 
-def first_order(backward):
-    """An autograd.Function's backward that refuses to build a graph of its gradients. The fused
-    backwards launch Triton kernels, whose outputs autograd cannot differentiate: with
-    create_graph=True (grad mode on inside the backward) their gradients would come back without
-    those kernels' part of a second derivative, and a later derivative would be silently wrong.
-    Torch's once_differentiable only guards gradients whose incoming gradient requires grad (not
-    a loss's first backward), and its guard is not on the path that autograd.grad(..., inputs)
-    follows; so this raises SECOND_DERIVATIVE at once. An ordinary backward runs as it is."""
+_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+
+
+def plain_backward(backward):
+    """An autograd.Function's backward that runs only as an ordinary backward does, first order and
+    unbatched, and otherwise raises, naming the reference backend. The fused backwards launch Triton
+    kernels, whose outputs autograd cannot differentiate: with create_graph=True (grad mode on
+    inside the backward) their gradients would come back without those kernels' part of a second
+    derivative, and a later derivative would be silently wrong (torch's once_differentiable guards
+    only gradients whose incoming gradient requires grad, not a loss's first backward, and its
+    guard is off the path autograd.grad(..., inputs) takes). Under vmap (is_grads_batched) the
+    kernels would be handed batched tensors, which have no storage to launch on."""
 
     @functools.wraps(backward)
     def checked(ctx, *grads):
         if torch.is_grad_enabled():
             raise RuntimeError(SECOND_DERIVATIVE)
+        if torch._C._functorch.peek_interpreter_stack() is not None:  # a torch.func vmap
+            raise RuntimeError(BATCHED_BACKWARD)
+        for grad in grads:  # is_grads_batched runs the backward under torch's older vmap
+            if grad is not None and _legacy_batched(grad):
+                raise RuntimeError(BATCHED_BACKWARD)
         return backward(ctx, *grads)
 
     return checked
@@ -190,7 +204,7 @@ def eager_twin(forward, setup_context, backward):
     return type(
         f"_{forward.__name__}_eager",
         (torch.autograd.Function,),
-        {"forward": staticmethod(forward_with_ctx), "backward": staticmethod(first_order(backward))},
+        {"forward": staticmethod(forward_with_ctx), "backward": staticmethod(plain_backward(backward))},
     ).apply
 
 

@@ -40,11 +40,11 @@ from ._runtime import (
     cdiv,
     eager,
     eager_twin,
-    first_order,
     kept,
     launch,
     needs_grad,
     next_power_of_2,
+    plain_backward,
     planning,
     require_interpreter_bf16,
     require_launchable,
@@ -560,7 +560,7 @@ class _PlannedAddLayerNorm(torch.autograd.Function):
         return y if plan.lowp_dtype is None else (y, y_low)
 
     @staticmethod
-    @first_order
+    @plain_backward
     def backward(ctx, dy, dy_low=None):
         if dy is None and dy_low is None:  # neither y nor y_low took part in what is differentiated
             return (None,) * 7

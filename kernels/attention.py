@@ -88,11 +88,11 @@ from ._runtime import (
     dot_precision,
     eager,
     eager_twin,
-    first_order,
     kept,
     launch,
     needs_grad,
     next_power_of_2,
+    plain_backward,
     planning,
     require_launchable,
     signature,
@@ -1264,7 +1264,7 @@ class _PlannedAttention(torch.autograd.Function):
         return o
 
     @staticmethod
-    @first_order
+    @plain_backward
     def backward(ctx, do):
         if do is None:
             return (None,) * 7
@@ -1368,7 +1368,7 @@ class _PlannedSelfAttention(torch.autograd.Function):
         return _context(o, plan.rows)
 
     @staticmethod
-    @first_order
+    @plain_backward
     def backward(ctx, dcontext):
         if dcontext is None:
             return (None,) * 5

@@ -29,10 +29,10 @@ from ._runtime import (
     autograd_apply,
     cdiv,
     dot_precision,
-    first_order,
     kept,
     needs_grad,
     next_power_of_2,
+    plain_backward,
     planning,
     require_launchable,
     signature,
@@ -326,7 +326,7 @@ class _PlannedFeedForward(torch.autograd.Function):
         return out if rows else out.view(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
-    @first_order
+    @plain_backward
     def backward(ctx, dout):
         if dout is None:
             return (None,) * 6

@@ -37,11 +37,11 @@ from ._runtime import (
     dot_precision,
     eager,
     eager_twin,
-    first_order,
     kept,
     launch,
     needs_grad,
     next_power_of_2,
+    plain_backward,
     planning,
     require_launchable,
     signature,
@@ -403,7 +403,7 @@ class _PlannedLinearGelu(torch.autograd.Function):
         return y
 
     @staticmethod
-    @first_order
+    @plain_backward
     def backward(ctx, dy):
         if dy is None:
             return None, None, None, None

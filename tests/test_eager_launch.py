@@ -356,12 +356,15 @@ def _fused_calls(g):
     "name",
     ["attention", "self_attention", "linear_gelu", "feed_forward", "add_layer_norm", "linear_gelu, eager twin"],
 )
-def test_a_graph_of_a_fused_ops_gradients_is_refused_rather_than_missing_its_part(name):
+def test_a_fused_ops_backward_refuses_a_graph_of_its_gradients_and_batched_gradients(name):
     """A fused op's backward launches kernels that autograd cannot differentiate, so a gradient
     taken through it with create_graph=True would miss the op's part of any second derivative,
-    silently (torch's own path gives it; this op gave None before). The backward refuses,
-    naming the reference backend, for a loss's first backward too (whose incoming gradient does
-    not require grad); without create_graph it gives the gradients as before."""
+    silently (torch's own path gives it; this op gave None before). The backward refuses, naming
+    the reference backend, for a loss's first backward too (whose incoming gradient does not
+    require grad). Batched gradients (is_grads_batched: a vmap over the backward) would hand the
+    kernels tensors with no storage, which failed with torch's "Cannot access storage of
+    BatchedTensorImpl": the backward refuses them too. An ordinary backward gives the gradients
+    as before."""
     fn, leaves = _fused_calls(torch.Generator().manual_seed(0))[name]
     expected = _grads(fn(), *leaves)
     for incoming in ("weighted", "ones"):
@@ -369,5 +372,9 @@ def test_a_graph_of_a_fused_ops_gradients_is_refused_rather_than_missing_its_par
         loss = (out * torch.randn_like(out)).sum() if incoming == "weighted" else out.sum()
         with pytest.raises(RuntimeError, match=r"no second derivative.*fastformer.use_backend\('reference'\)"):
             torch.autograd.grad(loss, leaves, create_graph=True)
+    out = fn()
+    batch = torch.randn(3, *out.shape)
+    with pytest.raises(RuntimeError, match=r"cannot run batched.*fastformer.use_backend\('reference'\)"):
+        torch.autograd.grad(out, leaves, batch, is_grads_batched=True)
     for a, b in zip(_grads(fn(), *leaves), expected):
         assert torch.equal(a, b)
