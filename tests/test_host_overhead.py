@@ -23,7 +23,7 @@ def test_a_quick_run_writes_every_row(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(out.read_text())
     assert report["schema"] == "fastformer.host_overhead/1"
-    assert set(report["floors"]) == {"kernel[grid]", "launch(kernel)[grid]", "triton_op"}
+    assert set(report["floors"]) == {"kernel[grid]", "launch(kernel)[grid]", "PreparedLaunch", "triton_op"}
     ops = report["ops"]
     for op in ("attention, key padding", "attention, causal", "attention, key padding + dropout", "linear_gelu"):
         assert {f"{op}: forward", f"{op}: forward + backward"} <= set(ops)

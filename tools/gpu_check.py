@@ -35,7 +35,7 @@ installs nothing and needs no network. The stages run in this order, whatever or
                cProfile over the timed steps of fastformer and of the fp32 reference, each one's
                PROFILE_ROWS functions with the most time of their own (the host runs Python while
                the GPU waits), and what single calls cost this host (host_calls: an allocation, an
-               aten op, the products, a Triton launch three ways). Then convergence: the same config
+               aten op, the products, a Triton launch four ways). Then convergence: the same config
                (dropout 0) trained from one seed for a few dozen steps on real reviews
                (tests/data/rotten_tomatoes_200.tsv) on the Triton kernels and on the reference,
                both under the run's autocast, and on the reference in fp64; at every step
@@ -1072,9 +1072,9 @@ def _kernel_rows(events, device_type, calls):
     CUDA the kernels, copies and fills, each its duration on the device; on a CPU each operator's
     own time), per call of the case."""
     totals, counts = Counter(), Counter()
+    cpu = device_type == DeviceType.CPU
     for event in events:
         if event.device_type == device_type:
-            cpu = device_type == DeviceType.CPU
             totals[event.name] += event.self_cpu_time_total if cpu else event.time_range.elapsed_us()
             counts[event.name] += 1
     whole = sum(totals.values())
@@ -1212,35 +1212,24 @@ def _host_calls(run):
     """[{call, us_per_call}]: single launches and an allocation on this machine's host, each kind
     enqueued back to back, the device synchronized between rounds, best of 3 rounds: an aten
     allocation, an elementwise op, bf16 products (torch.mm, F.linear with and without a bias, under
-    autocast as the model calls them), and a one-pointer Triton kernel launched three ways (Triton's
-    `kernel[grid]`, fastformer's `launch(kernel)[grid]`, a PreparedLaunch as the ops' plans launch
-    it). Each kernel is tiny, so the host sets the pace: what one call costs here, to read the
-    host profile against (tools.host_overhead measures the same floors on a CPU, without a driver).
+    autocast as the model calls them), and tools.host_overhead's floors, a one-pointer Triton
+    kernel launched four ways (Triton's `kernel[grid]`, fastformer's `launch(kernel)[grid]`, a
+    PreparedLaunch as the ops' plans launch it, a torch.library triton_op). Each kernel is tiny,
+    so the host sets the pace: what one call costs here, to read the host profile against (the
+    instrument times the floors on a CPU, without a driver).
     {"not_run": reason} when the model stage's budget is spent."""
-    import triton
-    import triton.language as tl
-
-    from fastformer.kernels._runtime import PreparedLaunch, launch
+    from tools.host_overhead import _floors
 
     if time.monotonic() > run.deadline("model"):
         return {"not_run": f"the model stage's budget of {run.plan.budget_seconds['model']} s was spent"}
-
-    @triton.jit
-    def _touch(X):
-        tl.store(X, tl.load(X) + 1)
-
     device, calls = run.device, HOST_CALLS if run.cuda else 2
     a, w, b = (torch.randn(*shape, device=device, dtype=torch.bfloat16) for shape in ((64, 64), (64, 64), (64,)))
     x = torch.zeros(16, device=device)
-    prepared = PreparedLaunch(_touch, (1,), (x,), {})
     autocast_type = "cuda" if run.cuda else "cpu"
 
-    def autocast_linear(bias):
-        def call():
-            with torch.autocast(autocast_type, dtype=torch.bfloat16):
-                return F.linear(a, w, bias)
-
-        return call
+    def autocast_linear():
+        with torch.autocast(autocast_type, dtype=torch.bfloat16):
+            return F.linear(a, w, b)
 
     kinds = {
         "torch.empty(1024)": lambda: torch.empty(1024, device=device),
@@ -1248,10 +1237,8 @@ def _host_calls(run):
         "torch.mm, bf16 64 x 64": lambda: torch.mm(a, w),
         "F.linear with a bias, bf16 64 x 64": lambda: F.linear(a, w, b),
         "F.linear without a bias": lambda: F.linear(a, w),
-        "F.linear with a bias, under bf16 autocast": autocast_linear(b),
-        "kernel[grid], one pointer": lambda: _touch[(1,)](x),
-        "launch(kernel)[grid]": lambda: launch(_touch)[(1,)](x),
-        "PreparedLaunch": lambda: prepared(x),
+        "F.linear with a bias, under bf16 autocast": autocast_linear,
+        **{f"one-pointer Triton kernel, {name}": call for name, call in _floors(device).items()},
     }
     rows = []
     for name, call in kinds.items():

@@ -11,8 +11,9 @@ kernels._runtime.launch) and the driver launches nothing. Kernels compile once, 
 Rows, each the best of `repeats` rounds of `calls` calls, the rows taking turns in each round, in
 microseconds per call:
   floors      a one-pointer kernel: `kernel[grid](x)` (Triton's JITFunction.run), the same through
-              fastformer's launch(), and through a torch.library.triton_op with wrap_triton
-              (how a custom op launches a Triton kernel for torch.compile)
+              fastformer's launch(), as a PreparedLaunch (how the ops' plans launch), and through a
+              torch.library.triton_op with wrap_triton (how a custom op launches a Triton kernel
+              for torch.compile)
   ops         each public op's forward call, and its forward + backward, at small shapes (bf16):
               attention with key padding, causal, key padding + dropout (the model's training
               call); linear_gelu; add_layer_norm with dropout, as the model calls it
@@ -88,13 +89,14 @@ def _paired(rounds, name, reference):
     return statistics.median(t / r for t, r in zip(rounds[name], rounds[reference]))
 
 
-def _floors():
-    """name -> fn() of the one-pointer kernel launched three ways."""
+def _floors(device="cpu"):
+    """name -> fn() of the one-pointer kernel launched four ways, on a tensor on `device` (the GPU
+    check times the same calls on a GPU machine's host: tools.gpu_check's host_calls)."""
     import torch
     import triton
     import triton.language as tl
 
-    from fastformer.kernels._runtime import launch
+    from fastformer.kernels._runtime import PreparedLaunch, launch
 
     @triton.jit
     def _touch(X):
@@ -104,10 +106,12 @@ def _floors():
     def touch(x: torch.Tensor) -> None:
         torch.library.wrap_triton(_touch)[(1,)](x)
 
-    x = torch.zeros(16)
+    x = torch.zeros(16, device=device)
+    prepared = PreparedLaunch(_touch, (1,), (x,), {})
     return {
         "kernel[grid]": lambda: _touch[(1,)](x),
         "launch(kernel)[grid]": lambda: launch(_touch)[(1,)](x),
+        "PreparedLaunch": lambda: prepared(x),
         "triton_op": lambda: touch(x),
     }
 
