@@ -2,10 +2,8 @@
 32-bit counters and no per-element multiply. In a (rows, cols) view (add + LayerNorm), element
 (row, col) is decided by output col % 4 of Philox4x32 with PHILOX_ROUNDS rounds on the counter
 (col // 4, row, 0, 0) (dropout_keep); attention's probabilities are decided in 2 x 2 squares that
-suit its tiles (attention_keep), in the kernels' loops or, at the model's lengths, once per call
-into keep bits that the loops read (draw_keep_bits, attention_keep_bits). A backward regenerates
-the forward's mask from the seed alone, and a test can ask for either (`dropout_mask`,
-`attention_mask`).
+suit its tiles (attention_keep). A backward regenerates the forward's mask from the seed alone, and
+a test can ask for either (`dropout_mask`, `attention_mask`).
 
 Seven rounds, not the ten of Philox's default: the rounds are most of what dropout costs the
 attention kernels' hot loops (about 49 instructions a round per warp and key block of the
@@ -17,7 +15,7 @@ neighbouring decisions, across a call's words, across calls and across rows.
 
 import torch
 
-from ._runtime import INTERPRET, PreparedLaunch, cdiv, launch, require_launchable, tl, triton
+from ._runtime import INTERPRET, cdiv, launch, require_launchable, tl, triton
 
 MAX_DROPOUT_ROWS = 2**32  # rows are a 32-bit Philox counter word
 PHILOX_ROUNDS = tl.constexpr(7)  # see the module docstring
@@ -124,40 +122,6 @@ def dropout_keep(seed, rows, col_start, dropout_p, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _square_words(
-    seed, bh, start_m, start_n, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WIDE: tl.constexpr
-):
-    """attention_keep's four keep decisions of each square of the (BLOCK_M, BLOCK_N) tile at
-    (start_m, start_n): four (BLOCK_M // 2, BLOCK_N // 2) bool tensors, word i of the call on the
-    counter (pair(n), pair(m), bh, 0) of each square. WIDE: Philox's products as widening
-    multiplies (philox), else tl.philox's; the words are the same."""
-    pm = start_m // 2 + tl.arange(0, BLOCK_M // 2)
-    pn = start_n // 2 + tl.arange(0, BLOCK_N // 2)
-    c0 = (pn[None, :] + 0 * pm[:, None]).to(tl.uint32)
-    c1 = (pm[:, None] + 0 * pn[None, :]).to(tl.uint32)
-    zero = c0 * 0
-    if WIDE:
-        r0, r1, r2, r3 = philox(seed, c0, c1, zero + bh.to(tl.uint32), zero)
-    else:
-        r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero, n_rounds=PHILOX_ROUNDS)
-    threshold = (tl.cast(dropout_p, tl.float32) * 4294967296.0).to(tl.uint32)  # exact: a power-of-two scale
-    return r0 >= threshold, r1 >= threshold, r2 >= threshold, r3 >= threshold
-
-
-@triton.jit
-def _place_squares(k0, k1, k2, k3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_FIRST: tl.constexpr):
-    """The (BLOCK_M, BLOCK_N) keep-mask (or (BLOCK_N, BLOCK_M) with KEYS_FIRST) of the four words of
-    each square, (BLOCK_M // 2, BLOCK_N // 2) tensors indexed by (pair(m), pair(n))."""
-    # (pair(m), pair(n), n // 8 % 2, m // 8 % 2), then split into (m // 16, m % 8, n // 16, n % 8, ...)
-    keep = tl.join(tl.join(k0, k1), tl.join(k2, k3))
-    keep = tl.reshape(keep, (BLOCK_M // 16, 8, BLOCK_N // 16, 8, 2, 2))
-    if KEYS_FIRST:  # (n // 16, n // 8 % 2, n % 8, m // 16, m // 8 % 2, m % 8)
-        return tl.reshape(tl.permute(keep, (2, 4, 3, 0, 5, 1)), (BLOCK_N, BLOCK_M))
-    else:
-        return tl.reshape(tl.permute(keep, (0, 5, 1, 2, 4, 3)), (BLOCK_M, BLOCK_N))
-
-
-@triton.jit
 def attention_keep(
     seed, bh, start_m, start_n, dropout_p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_FIRST: tl.constexpr
 ):
@@ -179,112 +143,23 @@ def attention_keep(
     1.59), in the 64 x 64 tiles they add some (forward 736 -> 752 instructions at L64) or spill
     (dQ and dK/dV with key padding on Triton 3.9), so those take tl.philox (python -m tools.sass)."""
     tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0, "attention_keep decides 16 x 16 squares")
-    wide: tl.constexpr = (BLOCK_M >= 128) if not KEYS_FIRST else (BLOCK_M <= 32)  # see the docstring's end
-    k0, k1, k2, k3 = _square_words(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, wide)
-    return _place_squares(k0, k1, k2, k3, BLOCK_M, BLOCK_N, KEYS_FIRST)
-
-
-# The keep bits: attention's decisions drawn once per call, before its passes, and read by them
-# from memory (attention_keep_bits) instead of drawn in their loops. A (batch, head) has
-# cdiv(Lq, KEEP_BITS_BLOCK) * KEEP_BITS_BLOCK / 2 rows of cdiv(Lk, KEEP_BITS_BLOCK) *
-# KEEP_BITS_BLOCK / 4 bytes: row pair(m) holds the squares {m, m + 8} x {n, n + 8} (attention_keep)
-# of its queries, byte pair(n) // 2 two of them, the low nibble the square of the even pair(n), bit
-# i of a nibble word i of its Philox call. Padded to whole blocks, so that no tile reads past them.
-KEEP_BITS_BLOCK = tl.constexpr(128)  # the attention kernels' largest tile side
-
-
-def keep_bits_shape(n_bh, Lq, Lk):
-    """The (n_bh, rows, bytes) shape of the keep bits of n_bh (batch, head) slices."""
-    block = KEEP_BITS_BLOCK.value
-    return n_bh, cdiv(Lq, block) * block // 2, cdiv(Lk, block) * block // 4
-
-
-@triton.jit
-def keep_bits_row(Lk):
-    """The bytes of a row of keep bits (keep_bits_shape)."""
-    return tl.cdiv(Lk, KEEP_BITS_BLOCK) * (KEEP_BITS_BLOCK // 4)
-
-
-@triton.jit
-def keep_bits_slice(BITS, bh, Lq, Lk):
-    """The keep bits of the (batch, head) bh (keep_bits_shape)."""
-    return BITS + bh.to(tl.int64) * (tl.cdiv(Lq, KEEP_BITS_BLOCK) * (KEEP_BITS_BLOCK // 2)) * keep_bits_row(Lk)
-
-
-@triton.jit
-def attention_keep_bits(
-    bits_bh, Lk, start_m, start_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_FIRST: tl.constexpr
-):
-    """attention_keep's mask of the tile, read from the keep bits of its (batch, head)
-    (keep_bits_slice): one byte for every two squares, its nibbles split by a join and placed as
-    attention_keep places the words of its calls, by register moves."""
-    tl.static_assert(BLOCK_M % 16 == 0 and BLOCK_N % 16 == 0, "attention_keep_bits reads 16 x 16 squares")
-    rows = start_m // 2 + tl.arange(0, BLOCK_M // 2)
-    cols = start_n // 4 + tl.arange(0, BLOCK_N // 4)
-    byte = tl.load(bits_bh + rows[:, None] * keep_bits_row(Lk) + cols[None, :]).to(tl.int32)
-    nibble = tl.reshape(tl.join(byte & 15, byte >> 4), (BLOCK_M // 2, BLOCK_N // 2))
-    k0, k1, k2, k3 = (nibble & 1) != 0, (nibble & 2) != 0, (nibble & 4) != 0, (nibble & 8) != 0
-    return _place_squares(k0, k1, k2, k3, BLOCK_M, BLOCK_N, KEYS_FIRST)
-
-
-@triton.jit
-def _keep_bits_kernel(BITS, SEED, Lq, Lk, dropout_p):
-    """The keep bits of one (BLOCK, BLOCK) tile of one (batch, head), drawn as attention_keep draws
-    them. Grid: (batch * heads, cdiv(Lq, KEEP_BITS_BLOCK), cdiv(Lk, KEEP_BITS_BLOCK)).
-
-    Args:
-        BITS: (batch * heads, rows, bytes) uint8, contiguous (keep_bits_shape): the output.
-        SEED: (1,) int64, the dropout seed.
-        Lq, Lk: queries and keys.
-        dropout_p: probability of dropping an element, in [0, 1).
-    """
-    BLOCK: tl.constexpr = KEEP_BITS_BLOCK
-    dropout_p = tl.cast(dropout_p, tl.float32)  # Inductor passes a Python float as fp64
-    bh = tl.program_id(0)
-    start_m, start_n = tl.program_id(1) * BLOCK, tl.program_id(2) * BLOCK
-    k0, k1, k2, k3 = _square_words(tl.load(SEED), bh, start_m, start_n, dropout_p, BLOCK, BLOCK, True)
-    nibble = k0.to(tl.int32) | (k1.to(tl.int32) << 1) | (k2.to(tl.int32) << 2) | (k3.to(tl.int32) << 3)
-    low, high = tl.split(tl.reshape(nibble, (BLOCK // 2, BLOCK // 4, 2)))
-    rows = start_m // 2 + tl.arange(0, BLOCK // 2)
-    cols = start_n // 4 + tl.arange(0, BLOCK // 4)
-    byte = (low | (high << 4)).to(tl.uint8)
-    tl.store(keep_bits_slice(BITS, bh, Lq, Lk) + rows[:, None] * keep_bits_row(Lk) + cols[None, :], byte)
-
-
-def _keep_bits_launch(bits, seed, n_bh, Lq, Lk, dropout_p):
-    """(grid, args, kwargs) of _keep_bits_kernel's launch into `bits` (keep_bits_shape)."""
-    block = KEEP_BITS_BLOCK.value
-    return (n_bh, cdiv(Lq, block), cdiv(Lk, block)), (bits, seed, Lq, Lk, dropout_p), {}
-
-
-def draw_keep_bits(seed, n_bh, Lq, Lk, dropout_p):
-    """The keep bits (keep_bits_shape) of `seed` over n_bh (batch, head) slices, in one launch."""
-    bits = torch.empty(keep_bits_shape(n_bh, Lq, Lk), dtype=torch.uint8, device=seed.device)
-    grid, args, kwargs = _keep_bits_launch(bits, seed, n_bh, Lq, Lk, dropout_p)
-    launch(_keep_bits_kernel)[grid](*args, **kwargs)
-    return bits
-
-
-class KeepBitsDraw:
-    """draw_keep_bits of one shape made ready, for a plan: `draw(seed)` allocates the bits and
-    launches the kernel through a PreparedLaunch. Equal when they draw the same."""
-
-    __slots__ = ("launch", "shape")
-
-    def __init__(self, n_bh, Lq, Lk, dropout_p, device):
-        self.shape = keep_bits_shape(n_bh, Lq, Lk)
-        stand_ins = torch.empty(0, dtype=torch.uint8, device=device), torch.empty(1, dtype=torch.int64, device=device)
-        self.launch = PreparedLaunch(_keep_bits_kernel, *_keep_bits_launch(*stand_ins, n_bh, Lq, Lk, dropout_p))
-
-    def __eq__(self, other):
-        return isinstance(other, KeepBitsDraw) and (self.shape, self.launch) == (other.shape, other.launch)
-
-    __hash__ = None
-
-    def __call__(self, seed):
-        bits = torch.empty(self.shape, dtype=torch.uint8, device=seed.device)
-        self.launch(bits, seed)
-        return bits
+    pm = start_m // 2 + tl.arange(0, BLOCK_M // 2)
+    pn = start_n // 2 + tl.arange(0, BLOCK_N // 2)
+    c0 = (pn[None, :] + 0 * pm[:, None]).to(tl.uint32)
+    c1 = (pm[:, None] + 0 * pn[None, :]).to(tl.uint32)
+    zero = c0 * 0
+    if (BLOCK_M >= 128) if not KEYS_FIRST else (BLOCK_M <= 32):  # see the docstring's last paragraph
+        r0, r1, r2, r3 = philox(seed, c0, c1, zero + bh.to(tl.uint32), zero)
+    else:
+        r0, r1, r2, r3 = tl.philox(seed, c0, c1, zero + bh.to(tl.uint32), zero, n_rounds=PHILOX_ROUNDS)
+    threshold = (tl.cast(dropout_p, tl.float32) * 4294967296.0).to(tl.uint32)  # exact: a power-of-two scale
+    # (pair(m), pair(n), n // 8 % 2, m // 8 % 2), then split into (m // 16, m % 8, n // 16, n % 8, ...)
+    keep = tl.join(tl.join(r0 >= threshold, r1 >= threshold), tl.join(r2 >= threshold, r3 >= threshold))
+    keep = tl.reshape(keep, (BLOCK_M // 16, 8, BLOCK_N // 16, 8, 2, 2))
+    if KEYS_FIRST:  # (n // 16, n // 8 % 2, n % 8, m // 16, m // 8 % 2, m % 8)
+        return tl.reshape(tl.permute(keep, (2, 4, 3, 0, 5, 1)), (BLOCK_N, BLOCK_M))
+    else:
+        return tl.reshape(tl.permute(keep, (0, 5, 1, 2, 4, 3)), (BLOCK_M, BLOCK_N))
 
 
 @triton.jit

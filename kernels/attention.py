@@ -21,10 +21,6 @@ Dropout is Philox keyed by a seed, a one-element int64 tensor on the device, whi
 and the probabilities regenerate the mask from. It is an input of the op: the model draws the
 seeds of a whole forward in one launch (`_dropout.draw_seeds`) and hands each call a view
 `seeds[i:i + 1]`; without one, `attention` draws its own (`draw_seed`, one launch) before the op.
-Where the decisions fit in no more memory than q (_draws_keep_bits: the model's lengths), the
-forward and the backward each draw them from the seed in one launch of their own, as keep bits
-(`_dropout.draw_keep_bits`), and their passes read those instead of running Philox in their loops
-(_dropout_source, _keep): the same decisions, bit for bit, at a fraction of the loops' instructions.
 
 File order: kernels and their jit helpers, each kernel's candidate configs and rule, the launches
 with their configs (`_attn_fwd`, and the backward kernel's two, `_attn_bwd_dq` and
@@ -70,17 +66,12 @@ import torch.nn.functional as F
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, switches
 from ._dropout import (
-    KeepBitsDraw,
     attention_keep,
-    attention_keep_bits,
     attention_mask,
     check_dropout_p,
     check_dropout_rows,
     check_seed,
-    draw_keep_bits,
     draw_seed,
-    keep_bits_shape,
-    keep_bits_slice,
     load_seed,
     planned_seed,
 )
@@ -293,30 +284,6 @@ def _query_key_range(
 
 
 @triton.jit
-def _dropout_source(SEED, BITS, bh, Lq, Lk, HAS_DROPOUT: tl.constexpr):
-    """Where a kernel's keep decisions come from: the keep bits of its (batch, head), a pointer,
-    when the call drew them (BITS, kernels._dropout.draw_keep_bits), else the seed, which the
-    loops draw Philox from; 0 without dropout (never read)."""
-    if HAS_DROPOUT and BITS is not None:
-        return keep_bits_slice(BITS, bh, Lq, Lk)
-    else:
-        return load_seed(SEED, HAS_DROPOUT)
-
-
-@triton.jit
-def _keep(
-    source, bh, Lk, start_m, start_n, dropout_p,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_FIRST: tl.constexpr,
-):
-    """The keep-mask of a tile (kernels._dropout.attention_keep's), read from the keep bits when
-    `source` (_dropout_source) points at them, else drawn from the seed it is."""
-    if source.dtype.is_ptr():
-        return attention_keep_bits(source, Lk, start_m, start_n, BLOCK_M, BLOCK_N, KEYS_FIRST)
-    else:
-        return attention_keep(source, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, KEYS_FIRST)
-
-
-@triton.jit
 def _masked_rows_value(
     v_bh, stride_vn, start_m, offs_d, seed, bh, Lq, Lk, D, dropout_p,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, ROW_ALIGN: tl.constexpr,
@@ -329,7 +296,7 @@ def _masked_rows_value(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         p = tl.where(offs_n[None, :] < Lk, 1.0 / Lk, 0.0) + tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if HAS_DROPOUT:
-            keep = _keep(seed, bh, Lk, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
+            keep = attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, D, ROW_ALIGN)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -369,7 +336,7 @@ def _fwd_step(
     p = tl.exp2(qk * qk_scale - m_safe[:, None])  # one FFMA per score
     l_i = l_i * alpha + tl.sum(p, 1)
     if HAS_DROPOUT:  # the kept probabilities; 1 / (1 - p) scales the output once, after the loop
-        p = tl.where(_keep(seed, bh, Lk, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False), p, 0.0)
+        p = tl.where(attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False), p, 0.0)
     if MASKED:
         v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
     else:
@@ -395,7 +362,7 @@ def _dq_step(
     the pass scales dq once, after its loop, not dP per element."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m tools.sm90_report)
-        keep = _keep(seed, bh, Lk, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
+        keep = attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
     if MASKED:
         k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
         v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
@@ -429,7 +396,7 @@ def _dkdv_step(
     come out 1 - p times their gradients (as dq in _dq_step): scaled once, after the loop."""
     offs_m = m + tl.arange(0, BLOCK_M)
     if HAS_DROPOUT:
-        keep = _keep(seed, bh, Lk, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)  # (BLOCK_N, BLOCK_M)
+        keep = attention_keep(seed, bh, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)  # (BLOCK_N, BLOCK_M)
     if MASKED:
         q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
         do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
@@ -525,7 +492,7 @@ _UNSPECIALIZED = ["LQ_BUCKET", "LK_BUCKET"]
 
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _attn_fwd_kernel(
-    Q, K, V, O, LSE, SEED, BITS,
+    Q, K, V, O, LSE, SEED,
     PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -546,11 +513,7 @@ def _attn_fwd_kernel(
         O: (B, H, Lq, D) output in Q's dtype, laid out as (B, Lq, H, D) contiguous (_interleaved).
         LSE: (B, H, Lq) fp32, contiguous, output: each row's log-sum-exp in base 2, +inf for a row
             whose keys are all masked.
-        SEED: (1,) int64 dropout seed, which the loops draw the keep decisions from (attention_keep);
-            None without dropout or with BITS.
-        BITS: the keep bits drawn from the seed before the launch (kernels._dropout.draw_keep_bits,
-            keep_bits_shape), read instead of drawing; None without dropout or when the call draws
-            in its loops (_draws_keep_bits).
+        SEED: (1,) int64 dropout seed; None when HAS_DROPOUT is off.
         PAD: (B, Lk) bool key-padding mask, True = padding; None when HAS_PAD is off.
         stride_pb, stride_pn: PAD's strides in elements (batch, key); 0 when absent.
         MASK: (B, H or 1, Lq, Lk) bool dense mask, True = masked (a (B, Lq, Lk) mask viewed with a head
@@ -569,7 +532,7 @@ def _attn_fwd_kernel(
         HAS_PAD: PAD is read: keys flagged True are masked, and key blocks past the batch's last real key skipped.
         IS_CAUSAL: key j > query i is masked (top-left aligned), and key blocks above the diagonal skipped.
         HAS_MASK: MASK is read: the general, slower path.
-        HAS_DROPOUT: SEED or BITS, and dropout_p, are read: probabilities dropped (_keep).
+        HAS_DROPOUT: SEED and dropout_p are read: probabilities dropped with Philox (attention_keep).
         DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
         HEAD_DIM: D, a constexpr so that the mask of the columns past D is known when compiling.
         ROW_ALIGN: every (batch, head, row) stride of Q, K and V is a multiple of it (_row_align: the
@@ -590,7 +553,7 @@ def _attn_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     # (BLOCK_M, BLOCK_D)
     q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-    seed = _dropout_source(SEED, BITS, bh, Lq, Lk, HAS_DROPOUT)
+    seed = load_seed(SEED, HAS_DROPOUT)
     clean_end, end_n = _query_key_range(
         pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, BLOCK_D, BLOCK_M, BLOCK_N
     )
@@ -656,8 +619,6 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
         return launch["BLOCK_D"] <= 64 and not (launch["HAS_PAD"] or launch["HAS_DROPOUT"] or launch["HAS_MASK"])
     if tile == (64, 64) and launch["HAS_DROPOUT"] and launch["IS_CAUSAL"]:
         return False  # spills 20 to 28 B with key padding on Triton 3.9
-    if tile == (64, 64) and launch["HAS_DROPOUT"] and launch["HAS_PAD"] and num_stages == 2:
-        return False  # with keep bits, spills 40 B on Triton 3.9 (in 3 stages it does not)
     if launch["BLOCK_D"] == 128:
         if launch["HAS_DROPOUT"]:
             return tile == (32, 64) and num_stages == 2
@@ -693,7 +654,7 @@ def _dq_fits(meta, num_warps, num_stages, launch):
 
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _attn_bwd_kernel(
-    Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, SEED, BITS,
+    Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, SEED,
     PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -724,8 +685,8 @@ def _attn_bwd_kernel(
             side (_interleaved); written by the dQ pass, None in the dK/dV pass.
         DK, DV: (B, H, Lk, D) outputs in Q's dtype, laid out as DQ; written by the dK/dV pass, None in
             the dQ pass.
-        SEED, BITS: the forward's dropout seed, or the keep bits drawn from it, so the backward
-            drops what the forward dropped (as in _attn_fwd_kernel).
+        SEED: the forward's dropout seed, so the backward drops what the forward dropped; None
+            when HAS_DROPOUT is off.
         stride_dob, stride_doh, stride_dom: DO's strides in elements (batch, head, row).
         stride_gm: the row stride of DQ, DK and DV in elements: H * D (each its own tensor), or 3 * H *
             D (views of one fused QKV projection's gradient, self_attention).
@@ -755,7 +716,7 @@ def _attn_bwd_kernel(
     pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
     mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
     offs_d = tl.arange(0, BLOCK_D)
-    seed = _dropout_source(SEED, BITS, bh, Lq, Lk, HAS_DROPOUT)
+    seed = load_seed(SEED, HAS_DROPOUT)
 
     if DQ_PASS:
         # dQ of one query block, looping over the key blocks it can see. It also writes its rows'
@@ -876,7 +837,7 @@ def _attn_bwd_kernel(
                     # (BLOCK_N, BLOCK_M)
                     pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
                     if HAS_DROPOUT:  # scaled with the rest of dV, below
-                        keep = _keep(seed, bh, Lk, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)
+                        keep = attention_keep(seed, bh, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)
                         pt = tl.where(keep, pt, 0.0)
                     do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
                     dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -1052,40 +1013,18 @@ def _forward_outputs(q):
     return _interleaved_empty(B, H, Lq, D, q), torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
 
 
-def _draws_keep_bits(q, k, dropout_p):
-    """Whether a call with dropout draws its keep decisions once, up front, as keep bits
-    (kernels._dropout.draw_keep_bits) that every pass reads, rather than in each pass's loops: when
-    the bits take no more memory than q does (Lq * Lk / 8 bytes per batch and head, padded to
-    blocks of 128), which holds for key lengths up to 16 head dims at fp16, the model's."""
-    if dropout_p == 0.0:
-        return False
-    B, H, Lq, _ = q.shape
-    n_bh, rows, row = keep_bits_shape(B * H, Lq, k.shape[2])
-    return n_bh * rows * row <= q.numel() * q.element_size()
-
-
-def _dropout_args(q, k, seed, masking):
-    """The SEED and BITS of a launch: (seed, None), or (None, the keep bits drawn from the seed now)
-    for a call that draws them (_draws_keep_bits)."""
-    if not _draws_keep_bits(q, k, masking.dropout_p):
-        return seed, None
-    B, H, Lq, _ = q.shape
-    return None, draw_keep_bits(seed, B * H, Lq, k.shape[2], masking.dropout_p)
-
-
-def _forward_launch(q, k, v, o, lse, seed, bits, masking):
+def _forward_launch(q, k, v, o, lse, seed, masking):
     """(grid, args, kwargs) of the forward kernel's launch: o (B, H, Lq, D) as _forward_outputs lays
     it out and lse (B, H, Lq) in base 2 (+inf for rows whose keys are all masked). `seed`: the
-    one-element int64 dropout seed, or `bits`, the keep bits drawn from it (_dropout_args); both
-    None without dropout."""
-    if masking.dropout_p > 0.0 and seed is None and bits is None:
+    one-element int64 dropout seed, None without dropout."""
+    if masking.dropout_p > 0.0 and seed is None:
         raise ValueError("attention: dropout needs a seed (`attention` draws one when none is given)")
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     pad, mask = masking.tensors
     args = (
-        q, k, v, o, lse, seed, bits, pad, *masking.pad_strides, mask, *masking.mask_strides,
-        *_row_strides(q, k, v), H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk),
+        q, k, v, o, lse, seed, pad, *masking.pad_strides, mask, *masking.mask_strides, *_row_strides(q, k, v),
+        H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk),
     )
     return lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,), args, {**masking.flags, "ROW_ALIGN": _row_align(q, k, v)}
 
@@ -1093,7 +1032,7 @@ def _forward_launch(q, k, v, o, lse, seed, bits, masking):
 def _attn_forward(q, k, v, masking, seed):
     """o and lse (_forward_launch)."""
     o, lse = _forward_outputs(q)
-    grid, args, kwargs = _forward_launch(q, k, v, o, lse, *_dropout_args(q, k, seed, masking), masking)
+    grid, args, kwargs = _forward_launch(q, k, v, o, lse, seed, masking)
     _attn_fwd[grid](*args, **kwargs)
     return o, lse
 
@@ -1116,11 +1055,10 @@ def _gradient_rows(dq, dk, dv):
     return row
 
 
-def _backward_launches(do, q, k, v, o, lse, seed, bits, dq, dk, dv, delta, masking):
+def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking):
     """[(grid, args, kwargs)] of the backward kernel's two launches: the dQ pass, which also
     writes delta (B, H, Lq) = rowsum(dO * O) for the dK/dV pass, then that pass. `do` has a unit
-    last stride; `o` is the forward's output in its layout; dq, dk and dv as _gradient_rows takes
-    them; seed and bits as _forward_launch takes them."""
+    last stride; `o` is the forward's output in its layout; dq, dk and dv as _gradient_rows takes them."""
     B, H, Lq, _ = q.shape
     Lk = k.shape[2]
     pad, mask = masking.tensors
@@ -1132,12 +1070,12 @@ def _backward_launches(do, q, k, v, o, lse, seed, bits, dq, dk, dv, delta, maski
     return [
         (
             lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,),
-            (q, k, v, o, do, lse, delta, dq, None, None, seed, bits, *masks, *strides, *scalars),
+            (q, k, v, o, do, lse, delta, dq, None, None, seed, *masks, *strides, *scalars),
             {"DQ_PASS": True, **kwargs},
         ),
         (
             lambda meta: (cdiv(Lk, meta["BLOCK_N"]) * B * H,),
-            (q, k, v, None, do, lse, delta, None, dk, dv, seed, bits, *masks, *strides, *scalars),
+            (q, k, v, None, do, lse, delta, None, dk, dv, seed, *masks, *strides, *scalars),
             {"DQ_PASS": False, **kwargs},
         ),
     ]
@@ -1150,7 +1088,7 @@ def _attn_backward(do, q, k, v, o, lse, seed, masking):
     if o.stride() != (Lq * H * D, D, H * D, 1):  # the forward wrote it so; torch.compile may not keep it
         o = _interleaved_empty(B, H, Lq, D, o).copy_(o)
     dq, dk, dv, delta = _backward_outputs(q, k, v, lse)
-    launches = _backward_launches(do, q, k, v, o, lse, *_dropout_args(q, k, seed, masking), dq, dk, dv, delta, masking)
+    launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking)
     for configs, (grid, args, kwargs) in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches):
         configs[grid](*args, **kwargs)
     return dq, dk, dv
@@ -1259,11 +1197,7 @@ class _Plan(Plan):
         elif dropout_p == 0.0:
             seed = None
         o, lse = _forward_outputs(q)
-        self.keep_bits = None  # the keep bits' draw, when the calls draw them (_draws_keep_bits)
-        if _draws_keep_bits(q, k, dropout_p):
-            B, H, Lq, _ = q.shape
-            self.keep_bits = KeepBitsDraw(B * H, Lq, k.shape[2], dropout_p, q.device)
-        self.forward = _attn_fwd.prepare(*_forward_launch(q, k, v, o, lse, *self.stand_in_dropout_args(seed), masking))
+        self.forward = _attn_fwd.prepare(*_forward_launch(q, k, v, o, lse, seed, masking))
         # the outputs' layouts as _forward_outputs and _backward_outputs make them, for `run` and the
         # backward to allocate without working them out
         self.o_layout, self.lse_size = (tuple(o.shape), o.stride()), tuple(lse.shape)
@@ -1272,16 +1206,7 @@ class _Plan(Plan):
         self.backwards = {}
 
     def _made(self):
-        return self.causal, self.dropout_p, self.scale, self.draws_seed, self.keep_bits, self.forward
-
-    def stand_in_dropout_args(self, seed):
-        """dropout_args for preparing a launch: the seed (or its stand-in), or a stand-in for the bits."""
-        return (seed, None) if self.keep_bits is None else (None, torch.empty(0, dtype=torch.uint8, device=seed.device))
-
-    def dropout_args(self, seed):
-        """The SEED and BITS of the plan's launches: (seed, None), or (None, the keep bits drawn
-        from the seed now) when the plan's calls draw them."""
-        return (seed, None) if self.keep_bits is None else (None, self.keep_bits(seed))
+        return self.causal, self.dropout_p, self.scale, self.draws_seed, self.forward
 
     def __repr__(self):
         return f"attention._Plan(causal={self.causal}, dropout_p={self.dropout_p}, scale={self.scale}, {self.forward})"
@@ -1291,7 +1216,7 @@ class _Plan(Plan):
         o = torch.empty_strided(*self.o_layout, dtype=q.dtype, device=q.device)
         lse = torch.empty(*self.lse_size, dtype=torch.float32, device=q.device)
         mask = None if attn_mask is None else _dense_mask_view(attn_mask)
-        self.forward(q, k, v, o, lse, *self.dropout_args(seed), key_padding_mask, mask)
+        self.forward(q, k, v, o, lse, seed, key_padding_mask, mask)
         return o, lse
 
     def backward_launches(self, do, q, k, v, o, lse, seed, key_padding_mask, attn_mask):
@@ -1301,8 +1226,7 @@ class _Plan(Plan):
 
     def _backward_launches(self, do, q, k, v, o, lse, seed, key_padding_mask, attn_mask):
         masking = _masking(q, key_padding_mask, attn_mask, self.causal, self.dropout_p, self.scale)
-        seed_bits = self.stand_in_dropout_args(seed)
-        launches = _backward_launches(do, q, k, v, o, lse, *seed_bits, *_backward_outputs(q, k, v, lse), masking)
+        launches = _backward_launches(do, q, k, v, o, lse, seed, *_backward_outputs(q, k, v, lse), masking)
         return [configs.prepare(*launch) for configs, launch in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches)]
 
 
@@ -1358,9 +1282,8 @@ class _PlannedAttention(torch.autograd.Function):
         dv = torch.empty_strided(*plan.dkv_layout, dtype=v.dtype, device=q.device)
         delta = torch.empty(*plan.lse_size, dtype=torch.float32, device=q.device)
         mask = None if attn_mask is None else _dense_mask_view(attn_mask)
-        seed_bits = plan.dropout_args(seed)
-        dq_pass(q, k, v, o, do, lse, delta, dq, None, None, *seed_bits, key_padding_mask, mask)
-        dkdv_pass(q, k, v, None, do, lse, delta, None, dk, dv, *seed_bits, key_padding_mask, mask)
+        dq_pass(q, k, v, o, do, lse, delta, dq, None, None, seed, key_padding_mask, mask)
+        dkdv_pass(q, k, v, None, do, lse, delta, None, dk, dv, seed, key_padding_mask, mask)
         return dq, dk, dv, None, None, None, None
 
 
@@ -1428,9 +1351,7 @@ class _SelfPlan(_Plan):
         q, k, v = self.heads(qkv)
         masking = _masking(q, key_padding_mask, attn_mask, self.causal, self.dropout_p, self.scale)
         dq, dk, dv = self.heads(torch.empty(self.qkv_shape, dtype=q.dtype, device=q.device))
-        launches = _backward_launches(
-            do, q, k, v, o, lse, *self.stand_in_dropout_args(seed), dq, dk, dv, torch.empty_like(lse), masking
-        )
+        launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, torch.empty_like(lse), masking)
         return [configs.prepare(*launch) for configs, launch in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches)]
 
 
@@ -1468,9 +1389,8 @@ class _PlannedSelfAttention(torch.autograd.Function):
         dqkv, dq, dk, dv = plan.backward_outputs(qkv)
         delta = torch.empty(*plan.lse_size, dtype=torch.float32, device=q.device)
         mask = None if attn_mask is None else _dense_mask_view(attn_mask)
-        seed_bits = plan.dropout_args(seed)
-        dq_pass(q, k, v, o, do, lse, delta, dq, None, None, *seed_bits, key_padding_mask, mask)
-        dkdv_pass(q, k, v, None, do, lse, delta, None, dk, dv, *seed_bits, key_padding_mask, mask)
+        dq_pass(q, k, v, o, do, lse, delta, dq, None, None, seed, key_padding_mask, mask)
+        dkdv_pass(q, k, v, None, do, lse, delta, None, dk, dv, seed, key_padding_mask, mask)
         return dqkv, None, None, None, None
 
 

@@ -161,7 +161,7 @@ def _planned_cases():
         ran = _ran()
         masking = attention._masking(q, key_padding_mask, None, False, 0.0, D**-0.5)
         o, lse = attention._forward_outputs(q)
-        grid, args, kwargs = attention._forward_launch(q, k, v, o, lse, None, None, masking)
+        grid, args, kwargs = attention._forward_launch(q, k, v, o, lse, None, masking)
         meta, num_warps, num_stages = attention._attn_fwd.pick(args, kwargs)
         expected = attention._attn_fwd.kernel.warmup(
             *args, **kwargs, **meta, num_warps=num_warps, num_stages=num_stages, grid=grid

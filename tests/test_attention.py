@@ -4,7 +4,6 @@ On a CPU the kernels run through Triton's interpreter (tests/conftest.py), so sh
 bf16 runs there too, through the interpreter as tests/interpreter_bf16.py corrects it.
 """
 
-import importlib
 import warnings
 
 import pytest
@@ -13,10 +12,7 @@ import torch
 import fastformer
 from fastformer import kernels
 from fastformer.kernels import _dropout
-from fastformer.kernels._runtime import forget_launches
 from tests.helpers import assert_max_diff, assert_within_torch_error, small_config, token_batch
-
-attention_module = importlib.import_module("fastformer.kernels.attention")
 
 # dtype with its atol for the 2x-torch-error rule
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
@@ -184,28 +180,6 @@ def test_return_probs_matches_the_reference(device):
     assert_max_diff("out", out, ref_out, 1e-5)
 
 
-def decide_keep_bits(monkeypatch, bits):
-    """Make every attention call with dropout read keep bits (bits) or draw in its loops, whatever
-    its shape would pick (_draws_keep_bits), with no plan made the other way kept; returns
-    {"bits": the count of keep bits drawn}, by the op's path and by plans'."""
-    monkeypatch.setattr(attention_module, "_draws_keep_bits", lambda q, k, p: bits and p > 0.0)
-    drawn = {"bits": 0}
-    draw, plan_draw = _dropout.draw_keep_bits, _dropout.KeepBitsDraw.__call__
-
-    def counted(*args):
-        drawn["bits"] += 1
-        return draw(*args)
-
-    def plan_counted(self, seed):
-        drawn["bits"] += 1
-        return plan_draw(self, seed)
-
-    monkeypatch.setattr(attention_module, "draw_keep_bits", counted)
-    monkeypatch.setattr(_dropout.KeepBitsDraw, "__call__", plan_counted)
-    forget_launches()
-    return drawn
-
-
 class TestDropout:
     p = 0.3
 
@@ -215,49 +189,8 @@ class TestDropout:
         sigma = (self.p * (1 - self.p) / n) ** 0.5
         assert abs(keep.float().mean().item() - (1 - self.p)) <= 3 * sigma
 
-    @pytest.fixture(params=["keep bits", "drawn in the loops"])
-    def keep_bits(self, request, monkeypatch):
-        """Each way a call decides what it drops (whichever its shape would pick): keep bits drawn
-        once and read by every pass, or Philox drawn in each pass's loops. Yields the count of
-        keep bits drawn."""
-        yield decide_keep_bits(monkeypatch, request.param == "keep bits")
-        forget_launches()
-
-    def test_a_call_draws_keep_bits_when_they_are_no_larger_than_q(self):
-        q = torch.empty(2, 4, 256, 64, dtype=torch.float16)  # the model's
-        assert attention_module._draws_keep_bits(q, q, 0.1)
-        assert not attention_module._draws_keep_bits(q, q, 0.0)
-        long = torch.empty(2, 4, 2048, 64, dtype=torch.float16)  # keys past 16 head dims
-        assert not attention_module._draws_keep_bits(long, long, 0.1)
-        assert attention_module._draws_keep_bits(long.float(), long[:, :, :1024], 0.1)
-
-    @pytest.mark.parametrize("planned", [True, False], ids=["planned", "registered op"])
-    def test_keep_bits_drop_what_the_loops_drop(self, planned, device, monkeypatch):
-        """A call that reads its keep decisions from keep bits and one whose passes draw them in
-        their loops drop the same probabilities: the output and the three gradients are equal bit
-        for bit (the forward, the dQ pass and the transposed dK/dV pass), with key padding that
-        masks whole rows, causal, Lq != Lk, planned and through the registered op."""
-        B, H, Lq, Lk, D = 2, 3, 37, 45, 16
-        q, k, v, do = (t.float() for t in make_inputs(B, H, Lq, Lk, D, device, seed=9))
-        pad = padding(B, Lk, "all", device)
-        seed = _dropout.draw_seeds(2, device)[1:2]
-        results = {}
-        for bits in (True, False):
-            drawn = decide_keep_bits(monkeypatch, bits)
-            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            if planned:
-                out = kernels.attention(*leaves, key_padding_mask=pad, causal=True, dropout_p=self.p, seed=seed)
-            else:
-                out = attention_module._attention_forward_op(*leaves, pad, None, True, self.p, D**-0.5, seed)[0]
-            out.backward(do)
-            results[bits] = [out, *(t.grad for t in leaves)]
-            assert drawn["bits"] == (2 if bits else 0)  # once for the forward, once for the backward
-        forget_launches()
-        for name, a, b in zip(("out", "dq", "dk", "dv"), results[True], results[False]):
-            assert torch.equal(a, b), name
-
     @pytest.mark.parametrize("dtype, atol", [FP32, BF16])
-    def test_matches_the_reference_with_the_kernels_mask(self, dtype, atol, device, keep_bits):
+    def test_matches_the_reference_with_the_kernels_mask(self, dtype, atol, device):
         B, H, Lq, Lk, D = 2, 2, 23, 30, 16
         q, k, v, do = make_inputs(B, H, Lq, Lk, D, device, seed=5)
         pad = padding(B, Lk, "all", device)  # includes rows whose keys are all masked
@@ -270,7 +203,6 @@ class TestDropout:
             probs = kernels.attention_reference(q, k, v, key_padding_mask=pad, return_probs=True)[1]
             return (probs * keep / (1 - self.p)) @ v
 
-        assert (keep_bits["bits"] > 0) == (attention_module._draws_keep_bits(q, k, self.p))
         reference = run(with_mask, q, k, v, do, torch.float64)
         torch_same = run(with_mask, q, k, v, do, dtype)
         for name, a, r, t in zip(("out", "dq", "dk", "dv"), ours, reference, torch_same):
