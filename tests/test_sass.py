@@ -60,7 +60,39 @@ def test_a_loop_is_measured_per_warp_and_iteration():
     assert row["per_kflop"] == pytest.approx(8 / (flops / 4) * 1000)
     assert row["ex2_per_kflop"] == pytest.approx(2 / (flops / 4) * 1000)
     # MMA 64 clocks, issue 8 * 4 / 4 = 8, MUFU 3 * 4 * 32 / 16 = 24: the tensor cores bound it
-    assert row["tc_bound"] == 1.0
+    assert row["tc_bound"] == 1.0 and row["clocks"] == 64
+    # with pre-Hopper MMAs, which it does not count, the loop is MUFU's: 24 clocks
+    instructions, labels = sass.read_sass(LISTING.replace("HGMMA.64x64x16.F32", "HMMA.16816.F32"))
+    (hot,) = sass.hot_loops(instructions, sass.find_loops(instructions, labels))
+    assert sass.measure_loop(instructions, hot)["clocks"] == 24
+
+
+def test_attention_loops_are_costed_per_score_and_a_call_adds_its_three_passes():
+    # a warp group's iteration covers BLOCK_M x BLOCK_N x 4 / num_warps scores
+    assert sass._scores_per_group("_attn_fwd_kernel", "BLOCK_D=64 BLOCK_M=128 BLOCK_N=64 w8 s3") == 4096
+    assert sass._scores_per_group("_attn_bwd_kernel(DQ_PASS=False)", "BLOCK_D=64 BLOCK_M=32 BLOCK_N=128 w4 s2") == 4096
+    assert sass._scores_per_group("_linear_gelu_fwd_kernel", "BLOCK_K=64 BLOCK_M=128 BLOCK_N=128 w8 s3") is None
+
+    def row(shape, kernel, loop=0, per_kscore=100.0):
+        return {"shape": shape, "kernel": kernel, "loop": loop, "main": loop == 0, "clocks_per_kscore": per_kscore}
+
+    passes = ["_attn_fwd_kernel", "_attn_bwd_kernel(DQ_PASS=True)", "_attn_bwd_kernel(DQ_PASS=False)"]
+    rows = [row("call", kernel, per_kscore=k) for kernel, k in zip(passes, (150.0, 140.0, 180.0))]
+    rows += [row("call", passes[0], loop=1, per_kscore=999.0)]  # an edge loop: not the call's
+    rows += [row("call", "_attn_draw_kernel", loop=None, per_kscore=None)]  # no loop to read
+    rows += [row("forward only", passes[0])]
+    rows += [row("gemm", "_linear_gelu_fwd_kernel")]
+    found = sass.calls(rows)
+    assert list(found) == ["call"]
+    assert found["call"] == {
+        "forward": 150.0,
+        "dq": 140.0,
+        "dkdv": 180.0,
+        "total": 470.0,
+        "left_out": ["_attn_draw_kernel"],
+    }
+    table = sass.table({"triton": "3.9.0", "date": "today", "rows": [], "calls": found})
+    assert "| call | 150 | 140 | 180 | 470 | _attn_draw_kernel |" in table
 
 
 def test_a_loop_without_mma_has_no_ratios_and_a_kernel_without_mma_has_its_innermost_loops():

@@ -23,6 +23,14 @@ Per hot loop, per warp and iteration:
                 iteration MMA takes mma_flops / 4,096 clocks, issue instructions * 4 / 4, and MUFU
                 mufu * 4 * 32 / 16 (every MUFU op, not only EX2). Past per_kflop = 0.98 the issue
                 slots run out before the tensor cores are busy.
+  clocks        the longest of those three per warp-group iteration: what an iteration costs an SM
+  clk/kscore    attention's loops: clocks per 1,000 scores (a warp group's iteration covers
+                BLOCK_M x BLOCK_N x 4 / num_warps scores), the unit in which tiles of different
+                shapes, and the passes of one call, add up
+Per attention shape, the call: the clk/kscore of its forward's, dQ pass's and dK/dV pass's main
+loops, and their sum, the issue-and-MMA cost of a score's forward and backward. A change that moves
+work out of a loop shows there, where the loop's /kF alone would hide it; a kernel with no loop
+(none of attention's) would be left out of the sum, and is listed as such.
 Per kernel: registers, spills and shared memory as ptxas reports them (tools.sm90). A kernel's
 loops come most MMA work first; the first is its main loop (`main`), the others its rarer paths
 (rows whose keys are all masked, say), marked "loop N" in the table.
@@ -131,6 +139,9 @@ def measure_loop(instructions, loop):
             flops += 2 * m * n * k
     mufu = sum(op.startswith("MUFU") for op in opcodes)
     ex2 = sum(op.startswith("MUFU.EX2") for op in opcodes)
+    mma = flops / MMA_FLOPS_PER_CLOCK
+    issue = len(body) * WARPS_PER_GROUP / ISSUE_PER_CLOCK
+    mufu_time = mufu * WARPS_PER_GROUP * 32 / MUFU_PER_CLOCK
     row = {
         "instructions": len(body),
         "hgmma": sum(op.startswith("HGMMA") for op in opcodes),
@@ -139,15 +150,13 @@ def measure_loop(instructions, loop):
         "ex2": ex2,
         "mma_flops": flops,
         "straight": not any(op.startswith("BRA") for op in opcodes[:-1]),
+        "clocks": max(mma, issue, mufu_time),
         "per_kflop": None,
         "ex2_per_kflop": None,
         "tc_bound": None,
     }
     if flops:
         per_warp = flops / WARPS_PER_GROUP
-        mma = flops / MMA_FLOPS_PER_CLOCK
-        issue = len(body) * WARPS_PER_GROUP / ISSUE_PER_CLOCK
-        mufu_time = mufu * WARPS_PER_GROUP * 32 / MUFU_PER_CLOCK
         row.update(
             per_kflop=len(body) / per_warp * 1000,
             ex2_per_kflop=ex2 / per_warp * 1000,
@@ -279,10 +288,53 @@ def read(names=None):
         # the main loop: the one with the most MMA work per iteration and, among equals, the fewest
         # instructions: the interior loop of a kernel whose masked edge blocks run copies of it (the
         # others, a kernel's rarer paths: the masked edge, fully masked rows)
-        rows += [{**base, "loop": i, "main": i == 0, **m} for i, m in enumerate(measured)]
+        scores = _scores_per_group(kernel, config)
+        for i, m in enumerate(measured):
+            per_kscore = None if scores is None else m["clocks"] / scores * 1000
+            rows.append({**base, "loop": i, "main": i == 0, **m, "clocks_per_kscore": per_kscore})
         if not loops:
             rows.append({**base, "loop": None, "main": False})
     return rows
+
+
+_CONFIG_FIELD = re.compile(r"(BLOCK_M|BLOCK_N)=(\d+)|\bw(\d+)\b")
+# attention's kernels, by the pass each runs, in a call's order
+_PASSES = {
+    "_attn_fwd_kernel": "forward",
+    "_attn_bwd_kernel(DQ_PASS=True)": "dq",
+    "_attn_bwd_kernel(DQ_PASS=False)": "dkdv",
+}
+
+
+def _scores_per_group(kernel, config):
+    """The scores a warp group's iteration of an attention kernel's loop covers (BLOCK_M x BLOCK_N
+    x 4 / num_warps, from the config's words), or None for another kernel."""
+    if not kernel.startswith("_attn_"):
+        return None
+    fields = {}
+    for name, value, warps in _CONFIG_FIELD.findall(config):
+        fields[name or "warps"] = int(value or warps)
+    return fields["BLOCK_M"] * fields["BLOCK_N"] * WARPS_PER_GROUP / fields["warps"]
+
+
+def calls(rows):
+    """shape -> its attention call: each pass's main-loop clk/kscore (forward, dq, dkdv), their
+    total, and `left_out`, the shape's attention kernels with no loop to read; shapes without
+    attention's three passes are not calls."""
+    found = {}
+    for r in rows:
+        if r["kernel"].startswith("_attn_") and (r["main"] or r["loop"] is None):
+            found.setdefault(r["shape"], []).append(r)
+    result = {}
+    for shape, kernel_rows in found.items():
+        passes = {
+            _PASSES[r["kernel"]]: r["clocks_per_kscore"] for r in kernel_rows if r["kernel"] in _PASSES and r["main"]
+        }
+        if set(passes) != set(_PASSES.values()):
+            continue
+        left_out = sorted(r["kernel"] for r in kernel_rows if r["loop"] is None)
+        result[shape] = {**passes, "total": sum(passes.values()), "left_out": left_out}
+    return result
 
 
 def _fmt(value, spec):
@@ -293,20 +345,35 @@ def table(report):
     lines = [
         f"hot loops from sm_90a SASS, Triton {report['triton']}, {report['date']} (per warp and iteration)",
         "",
-        "| shape | kernel | config | instr | HGMMA (groups) | /kF | EX2 /kF | TC bound | regs | spills | smem |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | kernel | config | instr | HGMMA (groups) | /kF | EX2 /kF | TC bound | clk/kscore | regs | spills "
+        "| smem |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         if r["loop"] is None:
-            lines.append(f"| {r['shape']} | {r['kernel']} | {r['config']} | no loop | | | | | {r['registers']} | | |")
+            lines.append(f"| {r['shape']} | {r['kernel']} | {r['config']} | no loop | | | | | | {r['registers']} | | |")
             continue
         straight = "" if r["straight"] else " (branches)"
         kernel = r["kernel"] if r["main"] else f"{r['kernel']}, loop {r['loop']}"
         lines.append(
             f"| {r['shape']} | {kernel} | {r['config']} | {r['instructions']}{straight} | "
             f"{r['hgmma']} ({r['groups']}) | {_fmt(r['per_kflop'], '.2f')} | {_fmt(r['ex2_per_kflop'], '.3f')} | "
-            f"{_fmt(r['tc_bound'], '.2f')} | {r['registers']} | {r['spill_bytes']} | {r['shared']} |"
+            f"{_fmt(r['tc_bound'], '.2f')} | {_fmt(r.get('clocks_per_kscore'), '.0f')} | {r['registers']} | "
+            f"{r['spill_bytes']} | {r['shared']} |"
         )
+    if report.get("calls"):
+        lines += [
+            "",
+            "attention calls: main loops' SM clocks per 1,000 scores (the longest of MMA, issue and MUFU)",
+            "",
+            "| shape | forward | dQ | dK/dV | total | kernels with no loop, left out |",
+            "|---|---|---|---|---|---|",
+        ]
+        for shape, c in report["calls"].items():
+            left_out = ", ".join(c["left_out"]) or "-"
+            lines.append(
+                f"| {shape} | {c['forward']:.0f} | {c['dq']:.0f} | {c['dkdv']:.0f} | {c['total']:.0f} | {left_out} |"
+            )
     return "\n".join(lines)
 
 
@@ -338,6 +405,7 @@ def main(argv=None):
         "triton": triton.__version__,
         "target": "sm_90a",
         "rows": rows,
+        "calls": calls(rows),
     }
     write_report(args.json, report, table(report))
     return 0
