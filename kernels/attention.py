@@ -432,10 +432,12 @@ def _dkdv_step(
 # (BLOCK_M, BLOCK_N, num_warps): 4 warps (one warp group) per 64 query rows
 _FWD_TILES = [(128, 128, 8), (128, 64, 8), (64, 64, 4), (128, 32, 8), (64, 32, 4)]
 # (BLOCK_M, BLOCK_N, num_warps): the tiles are keys x queries, so wgmma's 64-row minimum falls on
-# BLOCK_N; 8 warps hold the two (BLOCK_N, BLOCK_D) fp32 accumulators without spilling (4 warps spill).
-# 64 x 128 first: a step's fixed costs spread over twice the MMA work of 32 x 128 (0.64 /kF against
-# 0.85 unmasked at D64, python -m tools.sass), where it fits (_dkdv_fits: no padding, dropout or dense mask)
-_DKDV_TILES = [(64, 128, 8), (32, 128, 8), (64, 64, 8), (32, 64, 8)]
+# BLOCK_N; 8 warps hold the two (BLOCK_N, BLOCK_D) fp32 accumulators without spilling (4 warps mostly
+# spill). 64 x 128 first: a step's fixed costs spread over twice the MMA work of 32 x 128 (0.64 /kF
+# against 0.85 unmasked at D64, python -m tools.sass), where it fits (_dkdv_fits: no padding, dropout
+# or dense mask). 64 x 64 in one warp group where it fits (with dropout, as the model trains at its
+# lengths): at L64 it costs the model's call 167 SM clocks per 1,000 scores, where 8 warps cost 344.
+_DKDV_TILES = [(64, 128, 8), (32, 128, 8), (64, 64, 4), (64, 64, 8), (32, 64, 8)]
 # (BLOCK_M, BLOCK_N, num_warps): query rows are wgmma's rows, so BLOCK_M >= 64
 _DQ_TILES = [(128, 64, 8), (64, 64, 4), (64, 32, 4), (64, 128, 8)]
 _STAGES = (3, 2)
@@ -611,10 +613,17 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
     padding on Triton 3.9 (since dV takes the dropout's 1 / (1 - p) once, after its loop). The one
     known exception, from the full matrix (tools.sm90_cases.full_cases): with a dense mask and
     dropout there, even 32 x 64 in 2 stages spills on Triton 3.9, and the list has no smaller tile;
-    it is kept, spilling least. The model never passes a dense mask."""
+    it is kept, spilling least. The model never passes a dense mask.
+
+    64 x 64 in 4 warps holds 238 to 255 registers at D64: in 2 stages with dropout and neither a
+    causal nor a dense mask it compiles clean on both versions; in 3 stages, or with key padding but
+    no dropout, it spills (24 to 56 B on Triton 3.9)."""
     if not _fits_lengths(meta, launch, _DKDV_TILES):
         return False
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
+    if tile == (64, 64) and num_warps == 4:  # at the register limit: where it compiles clean
+        dropout_only = launch["HAS_DROPOUT"] and not (launch["IS_CAUSAL"] or launch["HAS_MASK"])
+        return dropout_only and launch["BLOCK_D"] <= 64 and num_stages == 2
     if tile == (64, 128):  # with key padding it spills (12 to 36 B at D64), with dropout more
         return launch["BLOCK_D"] <= 64 and not (launch["HAS_PAD"] or launch["HAS_DROPOUT"] or launch["HAS_MASK"])
     if tile == (64, 64) and launch["HAS_DROPOUT"] and launch["IS_CAUSAL"]:
