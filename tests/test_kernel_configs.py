@@ -106,6 +106,26 @@ def test_the_tutorial_encoders_forward_tiles_grow_with_the_reviews():
     assert picks == {16: (64, 32), 32: (64, 32), 64: (64, 64), 128: (128, 64), 256: (128, 64)}
 
 
+def test_the_dkdv_pass_at_the_tutorials_lengths_runs_one_warp_group_where_it_fits():
+    """Keys up to 64 with dropout and neither a causal nor a dense mask (the model's training call):
+    64 x 64 in 4 warps and 2 stages; with a causal mask, or without dropout, in 8 warps; at head dim
+    128, 32 queries (its rule); at 256 keys, 32 x 128 as before."""
+
+    def pick(lk=64, D=64, dropout=True, causal=False, mask=False):
+        launch = {"HEAD_DIM": D, "BLOCK_D": D, "HAS_PAD": True, "IS_CAUSAL": causal, "HAS_MASK": mask}
+        launch.update(HAS_DROPOUT=dropout, LQ_BUCKET=lk, LK_BUCKET=lk)
+        meta, num_warps, num_stages = attention._attn_bwd_dkdv._first_fit(launch)
+        return meta["BLOCK_M"], meta["BLOCK_N"], num_warps, num_stages
+
+    assert pick() == (64, 64, 4, 2)
+    assert pick(D=32) == (64, 64, 4, 2)
+    assert pick(causal=True) == (32, 64, 8, 3)
+    assert pick(dropout=False) == (64, 64, 8, 3)
+    assert pick(mask=True) == (32, 64, 8, 3)  # 64 x 64 spills with a dense mask and dropout
+    assert pick(D=128)[:2] == (32, 64)
+    assert pick(lk=256) == (32, 128, 8, 3)
+
+
 def test_a_pick_is_kept_per_key_and_dtypes(monkeypatch):
     monkeypatch.setattr(_configs, "INTERPRET", False)
     tuned = _configs.Configs(
