@@ -222,5 +222,5 @@ def test_the_model_batch_of_128_reviews_is_a_bucket_length_already():
     """The model cases' batch of 128 reviews is padded to its longest, 128 tokens: the shape
     `fastformer train --cuda-graphs` pads it to, so the graphed variant times the step it runs."""
     tutorial = fastformer.Config.tutorial()
-    width = cases._review_batch(tutorial, 128, False, "cpu")[0].size(1)
+    width = cases.review_batch(tutorial, 128, False, "cpu")[0].size(1)
     assert bucket_length(width, tutorial.n_enc_seq) == width == 128

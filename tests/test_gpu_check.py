@@ -14,7 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools import gpu_check
+import fastformer
+from tools.benchmarks import cases
+from tools.convergence import TINY
+from tools.gpu_check.bench import KERNEL_ROWS, kernel_rows
+from tools.gpu_check.command import STAGE_FUNCTIONS, main
+from tools.gpu_check.compile import graph_breaks
+from tools.gpu_check.determinism import first_mismatch
+from tools.gpu_check.env import copy_gbps, git_commit, output
+from tools.gpu_check.model import PROFILE_ROWS, model_cases, model_flops
+from tools.gpu_check.plan import FULL, QUICK, SMOKE, STAGES
+from tools.gpu_check.run import UNITS, stream
+from tools.gpu_check.tests import junit_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP_KEYS = {
@@ -60,7 +71,7 @@ def smoke(tmp_path_factory):
 
 
 def _unit_patterns():
-    return [p for key in gpu_check.UNITS for p in key.split(", ")]
+    return [p for key in UNITS for p in key.split(", ")]
 
 
 def _has_unit(key):
@@ -100,7 +111,7 @@ def test_results_json_schema(smoke):
     assert doc["finished"] and doc["started"] <= doc["finished"]
     assert doc["env"]["gpu"] == "cpu" and doc["env"]["torch"] == torch.__version__ and doc["env"]["triton"]
     assert doc["env"]["bf16_gemm_tflops"] is None and doc["env"]["d2d_copy_gbps"] is None  # no CPU "ceiling"
-    assert list(doc["stages"]) == list(gpu_check.STAGES)
+    assert list(doc["stages"]) == list(STAGES)
     for name, entry in doc["stages"].items():
         assert set(entry) == STAGE_KEYS, name
         assert entry["seconds"] >= 0 and entry["error"] is None and entry["traceback"] is None
@@ -132,9 +143,9 @@ def test_smoke_stage_details(smoke):
     assert tests["tests"] > 0 and tests["skipped"] == tests["tests"] and tests["passed"] == 0
     assert tests["command"].startswith("python -m pytest tests -m cuda") and tests["returncode"] == 0
     determinism = stages["determinism"]
-    assert [s["repetitions"] for s in determinism["attention"]["settings"]] == [gpu_check.SMOKE.reps.attention] * 2
+    assert [s["repetitions"] for s in determinism["attention"]["settings"]] == [SMOKE.reps.attention] * 2
     assert all(s["mismatch"] is None for s in determinism["attention"]["settings"])
-    assert determinism["training"]["steps"] == gpu_check.SMOKE.reps.train_steps
+    assert determinism["training"]["steps"] == SMOKE.reps.train_steps
     assert determinism["training"]["mismatch"] is None
     assert stages["bench"]["failed"] == 0 and stages["bench"]["measured"] >= 5
     # the kernels of the pairs KERNEL_PROFILE names that smoke runs (its attention_fwd is not causal
@@ -149,7 +160,7 @@ def test_smoke_stage_details(smoke):
     for rows in kernels.values():
         whole, *named = rows
         assert whole["kernel"] == "every kernel of the case" and whole["us_per_run"] > 0
-        assert 0 < len(named) <= gpu_check.KERNEL_ROWS
+        assert 0 < len(named) <= KERNEL_ROWS
         assert sum(r["us_per_run"] for r in named) <= whole["us_per_run"] * 1.001
         assert [r["us_per_run"] for r in named] == sorted((r["us_per_run"] for r in named), reverse=True)
     model = stages["model"]
@@ -159,10 +170,10 @@ def test_smoke_stage_details(smoke):
     assert all(r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None for r in model["rows"])
     assert model["mfu_note"].startswith("needs CUDA")
     profile = model["host_profile"]  # where the eager train step's host time goes, per provider
-    assert set(profile) == set(gpu_check.SMOKE.host_profile) == {"reference_fp32"}
+    assert set(profile) == set(SMOKE.host_profile) == {"reference_fp32"}
     rows = profile["reference_fp32"]
     assert rows[0]["function"] == "the whole step (wall)" and rows[0]["cum_ms_per_step"] > 0
-    assert len(rows) == 1 + gpu_check.PROFILE_ROWS and all(r["own_ms_per_step"] >= 0 for r in rows[1:])
+    assert len(rows) == 1 + PROFILE_ROWS and all(r["own_ms_per_step"] >= 0 for r in rows[1:])
     assert any(r["function"].startswith("torch/optim/adam.py:") for r in rows)  # a path from site-packages
     calls = {r["call"]: r["us_per_call"] for r in model["host_calls"]}  # what single calls cost this host
     expected = {"torch.empty(1024)", "F.linear with a bias, under bf16 autocast"}
@@ -184,7 +195,7 @@ def test_smoke_report_and_targets(smoke):
         "model_train",
         "model_infer",
     }
-    assert {s["provider"] for s in report["skipped"]} == {"flex", "compile", *gpu_check.MODEL_VARIANTS}
+    assert {s["provider"] for s in report["skipped"]} == {"flex", "compile", *cases.MODEL_VARIANTS}
     assert all("CUDA only" in s["reason"] for s in report["skipped"])
     assert len(doc["targets"]) == 11 and all(t["met"] is None for t in doc["targets"])
     assert doc["targets_note"].startswith("not judged")
@@ -229,26 +240,26 @@ def test_bench_report_renders_the_results_for_committing(smoke, tmp_path):
 
 
 def _recorders(monkeypatch, calls):
-    for name in gpu_check.STAGES:
+    for name in STAGES:
 
         def stage(run, name=name):
             calls.append(name)
             return {"summary": f"{name} ran"}
 
-        monkeypatch.setitem(gpu_check.STAGE_FUNCTIONS, name, stage)
+        monkeypatch.setitem(STAGE_FUNCTIONS, name, stage)
 
 
 def test_every_stage_is_reachable_alone_and_stages_run_in_order(tmp_path, monkeypatch):
     calls = []
     _recorders(monkeypatch, calls)
-    for name in gpu_check.STAGES:
+    for name in STAGES:
         calls.clear()
-        assert gpu_check.main(["--smoke", "--out", str(tmp_path / name), "--stage", name]) == 0
+        assert main(["--smoke", "--out", str(tmp_path / name), "--stage", name]) == 0
         assert calls == [name]
         doc = json.loads((tmp_path / name / "results.json").read_text())
         assert list(doc["stages"]) == [name] and doc["stages"][name]["details"] == {"summary": f"{name} ran"}
     calls.clear()
-    assert gpu_check.main(["--smoke", "--out", str(tmp_path / "two"), "--stage", "model, env"]) == 0
+    assert main(["--smoke", "--out", str(tmp_path / "two"), "--stage", "model, env"]) == 0
     assert calls == ["env", "model"]
 
 
@@ -262,9 +273,9 @@ def test_a_failing_stage_is_recorded_with_its_traceback_and_the_run_goes_on(tmp_
         seen.update(json.loads((tmp_path / "results.json").read_text())["stages"])
         return {"summary": "ran after the failure"}
 
-    monkeypatch.setitem(gpu_check.STAGE_FUNCTIONS, "env", planted_failure)
-    monkeypatch.setitem(gpu_check.STAGE_FUNCTIONS, "compile", compile_reads_the_partial_results)
-    assert gpu_check.main(["--smoke", "--out", str(tmp_path), "--stage", "env,compile"]) == 1
+    monkeypatch.setitem(STAGE_FUNCTIONS, "env", planted_failure)
+    monkeypatch.setitem(STAGE_FUNCTIONS, "compile", compile_reads_the_partial_results)
+    assert main(["--smoke", "--out", str(tmp_path), "--stage", "env,compile"]) == 1
     assert seen["env"]["status"] == "failed" and seen["compile"]["status"] == "running"  # written as it went
     doc = json.loads((tmp_path / "results.json").read_text())
     env = doc["stages"]["env"]
@@ -280,15 +291,15 @@ def test_a_failing_stage_is_recorded_with_its_traceback_and_the_run_goes_on(tmp_
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--stage", "env,nope"], ["'nope'", *gpu_check.STAGES]),
-        (["--stage", " , "], ["no stage given", *gpu_check.STAGES]),
+        (["--stage", "env,nope"], ["'nope'", *STAGES]),
+        (["--stage", " , "], ["no stage given", *STAGES]),
         (["--quick", "--smoke"], ["not allowed"]),
         (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
     ],
 )
 def test_a_bad_command_line_exits_2_with_one_line(tmp_path, capsys, argv, words):
     out = tmp_path / "out"
-    assert gpu_check.main(["--out", str(out), *argv]) == 2
+    assert main(["--out", str(out), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpu_check: ") and err.count("\n") == 1, err
     assert all(w in err for w in words), err
@@ -296,14 +307,14 @@ def test_a_bad_command_line_exits_2_with_one_line(tmp_path, capsys, argv, words)
 
 
 def test_out_is_required(capsys):
-    assert gpu_check.main(["--smoke"]) == 2
+    assert main(["--smoke"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--out" in err
 
 
 @CPU_ONLY
 def test_without_cuda_a_full_run_fails_env_and_skips_the_rest(tmp_path):
-    assert gpu_check.main(["--out", str(tmp_path), "--stage", "env,bench"]) == 1
+    assert main(["--out", str(tmp_path), "--stage", "env,bench"]) == 1
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["stages"]["env"]["status"] == "failed"
     assert doc["stages"]["env"]["error"].startswith("Failed: no CUDA device")
@@ -314,28 +325,28 @@ def test_the_commit_says_when_the_tree_is_not_the_commit(tmp_path):
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True)
 
-    assert gpu_check._git_commit(tmp_path) is None  # no history
+    assert git_commit(tmp_path) is None  # no history
     git("init", "-q")
     (tmp_path / "a.py").write_text("1\n")
     git("add", "a.py")
     git("commit", "-q", "-m", "one")
-    head = gpu_check._output(["git", "rev-parse", "HEAD"], tmp_path)
-    assert gpu_check._git_commit(tmp_path) == head
+    head = output(["git", "rev-parse", "HEAD"], tmp_path)
+    assert git_commit(tmp_path) == head
     (tmp_path / "a.py").write_text("2\n")
-    assert gpu_check._git_commit(tmp_path) == f"{head} + 1 paths changed"
+    assert git_commit(tmp_path) == f"{head} + 1 paths changed"
 
 
 def test_first_mismatch_names_the_tensor_the_index_and_both_values():
     a = {"out": torch.zeros(2, 3), "dq": torch.arange(6.0).view(2, 3)}
     b = {"out": torch.zeros(2, 3), "dq": torch.arange(6.0).view(2, 3)}
-    assert gpu_check.first_mismatch(a, b) is None
+    assert first_mismatch(a, b) is None
     b["dq"][1, 2] = 5.5
-    assert gpu_check.first_mismatch(a, b) == {"tensor": "dq", "index": [1, 2], "first": 5.0, "second": 5.5}
+    assert first_mismatch(a, b) == {"tensor": "dq", "index": [1, 2], "first": 5.0, "second": 5.5}
     nan = {"x": torch.tensor([math.nan], dtype=torch.bfloat16)}
-    assert gpu_check.first_mismatch(nan, {"x": nan["x"].clone()}) is None  # bits, not ==
-    signed = gpu_check.first_mismatch({"x": torch.tensor([0.0])}, {"x": torch.tensor([-0.0])})
+    assert first_mismatch(nan, {"x": nan["x"].clone()}) is None  # bits, not ==
+    signed = first_mismatch({"x": torch.tensor([0.0])}, {"x": torch.tensor([-0.0])})
     assert signed["index"] == [0]  # equal as numbers, not bitwise
-    assert gpu_check.first_mismatch({"x": torch.zeros(2)}, {"x": torch.zeros(3)})["index"] is None
+    assert first_mismatch({"x": torch.zeros(2)}, {"x": torch.zeros(3)})["index"] is None
 
 
 def test_kernel_rows_sum_each_device_kernel_by_name_per_call_of_the_case():
@@ -357,7 +368,7 @@ def test_kernel_rows_sum_each_device_kernel_by_name_per_call_of_the_case():
         event("gelu", DeviceType.CUDA, 130, 140),
         event("gemm", DeviceType.CUDA, 140, 160),
     ]
-    rows = gpu_check._kernel_rows(events, DeviceType.CUDA, calls=2)
+    rows = kernel_rows(events, DeviceType.CUDA, calls=2)
     assert rows == [
         {"kernel": "every kernel of the case", "calls_per_run": 3.0, "us_per_run": 60.0, "share": 1.0},
         {"kernel": "gemm", "calls_per_run": 2.0, "us_per_run": 50.0, "share": 0.833},
@@ -372,10 +383,10 @@ def test_graph_breaks_are_reported_by_reason_and_place():
         return y + 1
 
     line = inspect.getsourcelines(breaks_once)[1] + 2
-    assert gpu_check.graph_breaks(breaks_once, torch.randn(3)) == [
+    assert graph_breaks(breaks_once, torch.randn(3)) == [
         {"reason": "Call to `torch._dynamo.graph_break()`", "where": f"tests/test_gpu_check.py:{line}"}
     ]
-    assert gpu_check.graph_breaks(lambda x: x + 1, torch.randn(3)) == []
+    assert graph_breaks(lambda x: x + 1, torch.randn(3)) == []
 
 
 def test_junit_counts(tmp_path):
@@ -392,7 +403,7 @@ def test_junit_counts(tmp_path):
         '<testcase classname="tests.test_b" name="test_gpu" time="0"><skipped message="needs a CUDA GPU"/></testcase>'
         "</testsuite></testsuites>"
     )
-    assert gpu_check.junit_counts(path) == {
+    assert junit_counts(path) == {
         "tests": 4,
         "passed": 1,
         "failed": 1,
@@ -408,12 +419,12 @@ def test_junit_counts(tmp_path):
 
 
 def test_model_flops_by_hand():
-    config = gpu_check.fastformer.Config.tutorial(**gpu_check.TINY)  # d 32, heads 2 x 16, d_ff 64, 1 layer
+    config = fastformer.Config.tutorial(**TINY)  # d 32, heads 2 x 16, d_ff 64, 1 layer
     # one review of 3 real tokens, decoder [BOS]:
     # encoder 2*3*(4*32*32 + 2*32*64) + 4*9*32 = 50304
     # decoder 2*1*(6*32*32 + 2*32*64) + 2*3*2*32*32 + 2*1*1*32 + 4*1*3*32 = 33216; classifier 2*32*2 = 128
-    assert gpu_check.model_flops(config, [3], [1], "infer") == 50304 + 33216 + 128
-    assert gpu_check.model_flops(config, [3, 3], [1, 1], "train") == 6 * (50304 + 33216 + 128)
+    assert model_flops(config, [3], [1], "infer") == 50304 + 33216 + 128
+    assert model_flops(config, [3, 3], [1, 1], "train") == 6 * (50304 + 33216 + 128)
 
 
 def test_the_model_stage_times_the_variants_its_plan_names():
@@ -422,27 +433,27 @@ def test_the_model_stage_times_the_variants_its_plan_names():
     from types import SimpleNamespace
 
     for plan, variants in (
-        (gpu_check.SMOKE, gpu_check.MODEL_VARIANTS),
-        (gpu_check.QUICK, ("fastformer_graphs", "fastformer_fused_adamw")),
-        (gpu_check.FULL, gpu_check.MODEL_VARIANTS),
+        (SMOKE, cases.MODEL_VARIANTS),
+        (QUICK, ("fastformer_graphs", "fastformer_fused_adamw")),
+        (FULL, cases.MODEL_VARIANTS),
     ):
-        run = SimpleNamespace(plan=plan, cuda=False, device=torch.device("cpu"))
-        providers = [(c.bench, c.provider) for c in gpu_check._model_cases(run)]
-        assert [p for p in providers if p[1] in gpu_check.MODEL_VARIANTS] == [
+        stub = SimpleNamespace(plan=plan, cuda=False, device=torch.device("cpu"))
+        providers = [(c.bench, c.provider) for c in model_cases(stub)]
+        assert [p for p in providers if p[1] in cases.MODEL_VARIANTS] == [
             (f"model_{kind}", v)
             for kind in ("train", "infer")
             for v in variants
-            if kind == "train" or v not in gpu_check.TRAIN_VARIANTS  # a train step's variant alone
+            if kind == "train" or v not in cases.TRAIN_VARIANTS  # a train step's variant alone
         ]
         assert ("model_train", "fastformer") in providers
-    assert gpu_check.FULL.model_batch == 128  # bench/test_report.py: 128 reviews pad to a bucket length
+    assert FULL.model_batch == 128  # bench/test_report.py: 128 reviews pad to a bucket length
 
 
 def test_copy_bandwidth_is_measured_on_any_device():
-    assert gpu_check.copy_gbps("cpu", 2**16, rep=2, inner=2) > 0
+    assert copy_gbps("cpu", 2**16, rep=2, inner=2) > 0
 
 
 def test_pytest_is_interrupted_at_the_budget():
     command = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
-    returncode, timed_out = gpu_check._stream(command, timeout=1)
+    returncode, timed_out = stream(command, timeout=1)
     assert timed_out and returncode != 0

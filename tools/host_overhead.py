@@ -89,7 +89,7 @@ def _paired(rounds, name, reference):
     return statistics.median(t / r for t, r in zip(rounds[name], rounds[reference]))
 
 
-def _floors(device="cpu"):
+def floors(device="cpu"):
     """name -> fn() of the one-pointer kernel launched four ways, on a tensor on `device` (the GPU
     check times the same calls on a GPU machine's host: tools.gpu_check's host_calls)."""
     import torch
@@ -262,10 +262,10 @@ def measure(calls=200, repeats=15, step_calls=10):
     # and a denormal in it slows the CPU's arithmetic many times over, a cost no GPU pays
     torch.set_flush_denormal(True)
     with sm90.dry_run(time_configs=False):
-        floors, ops = _floors(), _ops()
-        for fn in [*floors.values(), *ops.values()]:
+        floor_calls, ops = floors(), _ops()
+        for fn in [*floor_calls.values(), *ops.values()]:
             fn()  # compile
-        rows = _interleaved({**floors, **ops}, calls, repeats)
+        rows = _interleaved({**floor_calls, **ops}, calls, repeats)
         steps = _train_steps()
         for step in steps.values():
             step()
@@ -291,7 +291,7 @@ def measure(calls=200, repeats=15, step_calls=10):
         "calls": calls,
         "repeats": repeats,
         "unit": "microseconds per call, best of the rounds; ratios are to the triton_op floor of the same run",
-        "floors": {name: rows[name] for name in floors},
+        "floors": {name: rows[name] for name in floor_calls},
         "ops": {name: {"us": rows[name], "x_triton_op": rows[name] / floor} for name in ops},
         "train_step": {
             "triton_us": times["triton"],

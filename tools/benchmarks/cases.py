@@ -46,7 +46,7 @@ def _compiled(fn):
 # ----------------------------------------------------------------------------------------------
 # attention
 # ----------------------------------------------------------------------------------------------
-def _attention_inputs(B, H, L, D, dtype, mask, device, grad):
+def attention_inputs(B, H, L, D, dtype, mask, device, grad):
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, generator=g).to(device, dtype).requires_grad_(grad) for _ in range(3))
     key_padding = None
@@ -125,7 +125,7 @@ def attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape="long"
     def setup():
         if provider == "reference" and B * H * L * L * 4 / 2**30 > REFERENCE_SCORES_LIMIT_GB:
             raise Skip(f"reference would materialize {B * H * L * L * 4 / 2**30:.0f} GB of fp32 scores")
-        q, k, v, key_padding, causal = _attention_inputs(B, H, L, D, DTYPES[dtype], mask, device, mode == "fwd_bwd")
+        q, k, v, key_padding, causal = attention_inputs(B, H, L, D, DTYPES[dtype], mask, device, mode == "fwd_bwd")
         fn = _attention_provider(provider, key_padding, causal, B, L, device)
         if provider == "sdpa":
             choice = torch._fused_sdp_choice(
@@ -306,7 +306,7 @@ TRAIN_VARIANTS = ("fastformer_fused_adamw",)  # variants of the train step alone
 MODEL_PROVIDERS = ("fastformer", "fastformer_autotune", "reference_fp32", "reference", "compile")
 
 
-def _review_batch(config, B, seq2seq, device, seed=0):
+def review_batch(config, B, seq2seq, device, seed=0):
     """Encoder ids of lengths 8..128 padded to the batch maximum (short reviews); decoder [BOS], or
     for seq2seq a decoder sequence as long as the encoder's."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -335,7 +335,7 @@ def model_case(kind, scenario, provider, device, B=128, config=None, amp=None):
     def setup():
         if provider == "compile":
             _cuda_only(device, provider)
-        enc, dec, labels = _review_batch(config, B, scenario == "seq2seq", device)
+        enc, dec, labels = review_batch(config, B, scenario == "seq2seq", device)
         case.tokens = int(enc.ne(config.i_pad).sum() + dec.ne(config.i_pad).sum())
         case.extra["enc_len"] = enc.shape[1]
         torch.manual_seed(0)
@@ -416,7 +416,7 @@ def model_variant_case(kind, variant, device, B, config, amp):
                 "fastformer_fused_adamw": "on a CPU, python -m tools.host_overhead times the optimizer's step",
             }[variant]
             raise Skip(f"{variant} is benchmarked on CUDA only ({reason})")
-        enc, dec, labels = _review_batch(config, B, False, device)
+        enc, dec, labels = review_batch(config, B, False, device)
         case.tokens = int(enc.ne(config.i_pad).sum() + dec.ne(config.i_pad).sum())
         case.extra["enc_len"] = enc.shape[1]
         torch.manual_seed(0)

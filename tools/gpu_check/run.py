@@ -1,0 +1,312 @@
+"""The run: one invocation's mode, plan and device, each stage's entry, the measured records, and
+the files it keeps in DIR (results.json and summary.md rewritten atomically as it goes). Also what
+several stages share: running a stage, measuring benchmark cases within a budget, a subprocess
+stopped at its budget, and an error's one-line text."""
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import torch
+
+from tools.benchmarks import report as bench_report
+from tools.benchmarks.common import environment, gemm_tflops
+from tools.gpu_check.plan import PLANS
+from tools.gpu_check.report import summary_markdown
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCHEMA = "fastformer.gpu_check/1"
+OUTPUTS = ("summary.md", "results.json", "log.txt", "junit.xml")
+PLOT_PREFIX = "plot"
+MAX_PLOTS = 4
+UNITS = {
+    "seconds, *_seconds": "seconds of wall time",
+    "ms, *_ms": "milliseconds per call (median of the timed calls)",
+    "tflops, *_tflops": "TFLOP/s: 1e12 floating-point operations per second, a multiply-add counting 2",
+    "*_gbps": "GB/s: 1e9 bytes per second; a copy counts the bytes read and the bytes written",
+    "*_gib": "GiB (2**30 bytes)",
+    "peak_mem_mb": (
+        "MiB (2**20 bytes) of CUDA memory allocated at the peak of a call, above what was allocated before it"
+    ),
+    "tokens_per_s": "real (non-padding) tokens per second",
+    "mfu": "achieved TFLOP/s over env.bf16_gemm_tflops (a fraction)",
+    "required, worst": "ratios: a peer's time over fastformer's, or for memory fastformer's peak over the peer's",
+    "max_abs_diff, tolerance": "absolute difference of logits",
+    "dropout": "a probability",
+    "*_loss, *_loss_diff, loss_atol, loss_tolerance": "cross-entropy in nats (a step's mean over its batch)",
+    "lr": "AdamW learning rate",
+    "calls_per_step, own_ms_per_step, cum_ms_per_step": (
+        "the model stage's host profile, per eager train step under cProfile: a function's calls, the "
+        "milliseconds in its own code, and in it with what it calls"
+    ),
+    "us_per_call": "the model stage's host_calls: microseconds of the host per call, enqueued back to back",
+    "calls_per_run, us_per_run, share": (
+        "the bench stage's kernel profile, per call of a case: a kernel's launches, its microseconds on "
+        "the device (on a CPU, an operator's own CPU time), and its fraction of the case's total"
+    ),
+}
+# providers whose case compiles a function: each starts from a reset Dynamo (measure_cases)
+COMPILED_PROVIDERS = ("compile", "flex", "fastformer_compile")
+CPU_TARGETS = "not judged: a CPU run (the targets are GPU targets; CPU ratios say nothing of them)"
+
+
+class Skipped(Exception):
+    """A stage that cannot run here; the message is the reason ("needs CUDA: ...")."""
+
+    def __init__(self, reason, details=None):
+        super().__init__(reason)
+        self.details = details or {}
+
+
+class Failed(Exception):
+    """A stage that ran and found a problem; `details` keeps what it measured."""
+
+    def __init__(self, message, details=None):
+        super().__init__(message)
+        self.details = details or {}
+
+
+def first_line(error):
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def error_text(error, limit=400):
+    """An exception's first line, and Dynamo's "Explanation:" line when it has one (it names the
+    op or construct that failed)."""
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    explanation = next((line for line in lines[1:] if line.startswith("Explanation:")), None)
+    if explanation:
+        text += f" ({explanation[:limit]})"
+    return text
+
+
+# ----------------------------------------------------------------------------------------------
+# the run: its state, and its files
+# ----------------------------------------------------------------------------------------------
+class Run:
+    """One invocation: its mode and plan, the device, each stage's entry, the measured records,
+    and the writing of DIR."""
+
+    def __init__(self, out, stages, mode, command):
+        self.out, self.mode, self.command = out, mode, command
+        self.plan = PLANS[mode]
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        # bf16 autocast on a GPU; fp32 on a CPU, where Triton's interpreter as shipped computes bf16 dots wrongly
+        self.amp = "bf16" if self.cuda else "off"
+        self.env = dict(environment(self.device), bf16_gemm_tflops=None, d2d_copy_gbps=None)
+        self.started = now()
+        self.finished = None
+        self.stages = {name: stage_entry("pending") for name in stages}
+        self.reports = {}  # stage -> bench.report-schema report of its records
+        self.plots = []
+        self._plotted = None
+        self.stage_started = None  # time.monotonic() at the start of the stage running
+
+    def deadline(self, stage):
+        return self.stage_started + self.plan.budget_seconds[stage]
+
+    def gemm_rate(self):
+        """The bf16 GEMM TFLOP/s of this run (the MFU denominator): env's, else measured now; None on a CPU."""
+        if self.env["bf16_gemm_tflops"] is None and self.cuda:
+            self.env["bf16_gemm_tflops"] = gemm_tflops(self.device)
+        return self.env["bf16_gemm_tflops"]
+
+    def report(self):
+        """The bench and model stages' records as one bench.report report (model's first)."""
+        parts = [self.reports[s] for s in ("model", "bench") if s in self.reports]
+        merged = bench_report.merge(parts) if parts else {"results": [], "skipped": [], "failed": []}
+        return dict(merged, env=self.env)
+
+    def targets(self):
+        """bench.report's targets on this run's records; on a CPU, ratios only, judged nowhere."""
+        targets = bench_report.evaluate_targets(self.report()["results"])
+        if not self.cuda:
+            for target in targets:
+                target["met"] = None
+        return targets
+
+    def document(self):
+        union = self.report()
+        return {
+            "schema": SCHEMA,
+            "command": self.command,
+            "mode": self.mode,
+            "device": self.device.type,
+            "started": self.started,
+            "finished": self.finished,
+            "env": self.env,
+            "units": UNITS,
+            "stages": self.stages,
+            "targets": self.targets(),
+            "targets_note": None if self.cuda else CPU_TARGETS,
+            "report": union,
+            "plots": self.plots,
+        }
+
+    def write(self, plots=True):
+        """results.json and summary.md (atomically), and the plots when their records changed."""
+        document = self.document()
+        if plots:
+            self._write_plots(document["report"])
+            document["plots"] = self.plots
+        write_text(os.path.join(self.out, "results.json"), json.dumps(document, indent=1, default=str) + "\n")
+        write_text(os.path.join(self.out, "summary.md"), summary_markdown(document))
+
+    def _write_plots(self, union):
+        """At most MAX_PLOTS PNGs through bench.report.plot: model tokens/s, and attention TFLOP/s
+        for the (bench, head dim) groups measured, head dim 64 first."""
+        results = union["results"]
+        if self._plotted == len(results):
+            return
+        groups = sorted(
+            {(r["bench"], r["params"]["D"]) for r in results if r["bench"].startswith("attention") and r["tflops"]},
+            key=lambda g: (g[1] != 64, g),
+        )
+        has_model = any(r["bench"].startswith("model") and r["tokens_per_s"] for r in results)
+        keep = set(groups[: MAX_PLOTS - has_model])
+        chosen = [
+            r for r in results if not r["bench"].startswith("attention") or (r["bench"], r["params"]["D"]) in keep
+        ]
+        staging = os.path.join(self.out, f".{PLOT_PREFIX}-tmp")
+        try:
+            written = bench_report.plot(dict(union, results=chosen), staging)
+        except Exception as error:  # noqa: BLE001 (a plot is not worth the run; say why it is missing)
+            print(f"gpu_check: plots not written: {type(error).__name__}: {error}", flush=True)
+            return
+        names = []
+        for path in written:
+            name = PLOT_PREFIX + os.path.basename(path)[len(os.path.basename(staging)) :]
+            os.replace(path, os.path.join(self.out, name))
+            names.append(name)
+        for stale in set(self.plots) - set(names):
+            os.remove(os.path.join(self.out, stale))
+        self.plots, self._plotted = sorted(names), len(results)
+
+
+def stage_entry(status):
+    return {"status": status, "seconds": None, "reason": None, "error": None, "traceback": None, "details": {}}
+
+
+def now():
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def write_text(path, text):
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def clear_outputs(out):
+    """Remove this command's files from an earlier run in DIR (temporary ones of a killed run
+    included), so DIR describes this run only."""
+    for name in os.listdir(out):
+        plot = name.endswith(".png") and name.startswith((f"{PLOT_PREFIX}-", f".{PLOT_PREFIX}-tmp"))
+        if name in OUTPUTS or plot or (name.endswith(".tmp") and name[:-4] in OUTPUTS):
+            os.remove(os.path.join(out, name))
+
+
+def release(run):
+    """Drop compiled code and cached GPU memory between stages. After a CUDA fault this can fail
+    too: say so, and let the next stage report what still works."""
+    try:
+        torch._dynamo.reset()
+        if run.cuda:
+            torch.cuda.empty_cache()
+    except Exception as error:  # noqa: BLE001
+        print(f"gpu_check: cleaning up after the stage failed: {type(error).__name__}: {error}", flush=True)
+
+
+def stream(command, timeout):
+    """Run command from the repository root, echoing its output as it comes (into log.txt too);
+    at `timeout` seconds interrupt it (pytest then still writes its report), and kill it a minute
+    later. Returns (returncode, timed_out)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        # SIGINT as the default in the child even where this process was started with it ignored
+        # (a shell's background job: `cmd &`), so the interrupt at the budget reaches it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    expired = threading.Event()
+
+    def interrupt():
+        expired.set()
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+    timer = threading.Timer(timeout, interrupt)
+    timer.daemon = True
+    timer.start()
+    try:
+        for line in process.stdout:
+            print(line, end="", flush=True)
+        returncode = process.wait()
+    finally:
+        timer.cancel()
+    return returncode, expired.is_set()
+
+
+def measure_cases(run, stage, cases):
+    """bench.report.run, one case at a time, into run.reports[stage]: the budget is checked and
+    results.json rewritten after each case. Compiled providers start from a reset Dynamo, so no
+    shared compiled function reaches Dynamo's recompile limit (past it, Dynamo silently runs the
+    function eagerly). Returns the stage's counts."""
+    gemm_rate = run.gemm_rate()
+    report = run.reports[stage] = {"env": run.env, "results": [], "skipped": [], "failed": []}
+    deadline, not_run = run.deadline(stage), 0
+    for i, case in enumerate(cases, 1):
+        if time.monotonic() > deadline:
+            reason = f"not run: the {stage} stage's budget of {run.plan.budget_seconds[stage]} s was spent"
+            report["skipped"].append(
+                {"bench": case.bench, "provider": case.provider, "params": case.params, "reason": reason}
+            )
+            not_run += 1
+            continue
+        print(f"[{stage} {i}/{len(cases)}] {case.id}", flush=True)
+        if case.provider in COMPILED_PROVIDERS:
+            torch._dynamo.reset()
+        part = bench_report.run(
+            [case],
+            run.device,
+            warmup=run.plan.reps.warmup,
+            rep=run.plan.reps.measure,
+            gemm_rate=gemm_rate,
+            log=lambda line: print(line, flush=True),
+        )
+        for key in ("results", "skipped", "failed"):
+            report[key] += part[key]
+        run.write(plots=False)
+    return {
+        "cases": len(cases),
+        "measured": len(report["results"]),
+        "skipped": len(report["skipped"]) - not_run,
+        "failed": len(report["failed"]),
+        "not_run": not_run,
+    }
+
+
+def raise_for_cases(details):
+    if details["failed"] or details["not_run"]:
+        raise Failed(
+            f'{details["failed"]} cases failed (errors in the report\'s "failed" list), '
+            f"{details['not_run']} not run: {details['summary']}",
+            details,
+        )
