@@ -1,13 +1,15 @@
-"""Attention forward and forward + backward: fastformer against the reference, torch SDPA,
-FlexAttention and torch.compile of the reference, on every mask, D 64 and 128, bf16 and fp16.
-FLOPs: 4 * B * H * L * L * D forward, causal half, backward 2.5x forward."""
+"""Attention forward and forward + backward: fastformer against the reference, torch SDPA (PyTorch's
+choice of backend, and each backend pinned), FlexAttention and torch.compile of the reference, on
+every mask, D 64 and 128, bf16 and fp16; and the model's own call (self-attention of a fused QKV
+projection, key padding, dropout 0.1) at the tutorial's batch. FLOPs: 4 * B * H * L * L * D
+forward, causal half, backward 2.5x forward."""
 
 import pytest
 
 from bench.conftest import DEVICE, run_case
 from tools.benchmarks import cases
 
-CASES = cases.attention_cases(DEVICE)
+CASES = cases.attention_cases(DEVICE) + cases.attention_model_call_cases(DEVICE)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

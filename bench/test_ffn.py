@@ -1,4 +1,5 @@
-"""feed_forward, linear_gelu and add_layer_norm against eager PyTorch and torch.compile, bf16.
+"""feed_forward, linear_gelu and add_layer_norm against eager PyTorch, torch.compile (default and
+max-autotune-no-cudagraphs) and, for add + LayerNorm, Liger-Kernel's LayerNorm, bf16.
 FLOPs: 2 * M * d * d_ff per GEMM forward; backward 2x forward."""
 
 import pytest

@@ -1,7 +1,8 @@
 """MovieClassification with the tutorial's config, batch 128 of short reviews (8 to 128 tokens,
 padded to the batch maximum): a train step (forward, backward, AdamW) and inference, classifying
-([BOS] decoder) and seq2seq (decoder as long as the encoder). Providers: fastformer (bf16 autocast),
-the reference in fp32 and under bf16 autocast, and torch.compile of the reference."""
+([BOS] decoder) and seq2seq (decoder as long as the encoder). Providers: every way of running the
+step in tools.benchmarks.cases.MODEL_WAYS: fastformer eager, replayed from CUDA graphs and under
+torch.compile; the reference in fp32, under bf16 autocast, written with SDPA, compiled and replayed."""
 
 import pytest
 

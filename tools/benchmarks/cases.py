@@ -1,15 +1,33 @@
-"""Every benchmark case, defined once: the pytest-benchmark suites and `python -m bench.report`
-both run these. A case builds its inputs, times one provider, and checks the result it times
-against an fp32 PyTorch computation, so a fast wrong kernel fails its benchmark.
+"""Every benchmark case, defined once: the pytest-benchmark suites, `python -m bench.report` and the
+GPU check's bench and model stages run these. A case builds its inputs, times one provider, and
+checks the result it times against an fp32 PyTorch computation, so a fast wrong kernel fails its
+benchmark. The benches and their providers (the peers a user would pick instead of fastformer):
+
+  attention_fwd, attention_fwd_bwd   kernels.attention on (B, H, L, D) with a mask (MASKS):
+      fastformer, fastformer_autotune, reference (kernels.attention_reference), sdpa (PyTorch's
+      choice of backend, the one that ran named in the record), sdpa_cudnn, sdpa_flash,
+      sdpa_efficient (pinned; a case a backend refuses is skipped with its reasons), flex
+      (FlexAttention, compiled), compile (torch.compile of the reference)
+  attention_model_call               the tutorial encoder's call: self-attention of a fused QKV
+      projection with key padding and dropout 0.1: fastformer, reference, the SDPA providers, flex
+  ffn_fwd, ffn_fwd_bwd               the feed-forward (or linear + GELU): fastformer, eager,
+      compile, compile_max_autotune; on ffn_fwd also fastformer_fused (the inference-only FFN)
+  add_layer_norm                     bias + residual + LayerNorm: fastformer, eager, compile,
+      liger (Liger-Kernel's LayerNorm after an eager add, where it is installed)
+  model_train, model_infer           MovieClassification's step, each provider a Way (MODEL_WAYS)
 
 `full_suite(device)` is what runs on CUDA; `smoke_suite()` is a few tiny cases for a CPU, used by
 the tests to exercise every code path of the report without a GPU.
 """
 
 import math
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fastformer
 from fastformer import kernels
@@ -23,10 +41,31 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 ATOL = {"bf16": 3e-2, "fp16": 5e-3, "fp32": 1e-4}
 REFERENCE_SCORES_LIMIT_GB = 8  # the reference provider materializes (B, H, L, L) scores
 
+# SDPA pinned to one backend (torch.nn.attention.sdpa_kernel): a case it does not run is skipped
+# with SDPA's own reasons; plain "sdpa" lets PyTorch choose, and its record names what ran
+SDPA_BACKENDS = {
+    "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
 # fastformer_autotune: fastformer with every kernel config timed (kernels.autotuning) in place of each
 # kernel's rule picking one, so a GPU run shows what the rule leaves on the table
-ATTENTION_PROVIDERS = ("fastformer", "fastformer_autotune", "reference", "sdpa", "flex", "compile")
+ATTENTION_PROVIDERS = ("fastformer", "fastformer_autotune", "reference", "sdpa", *SDPA_BACKENDS, "flex", "compile")
+MODEL_CALL_PROVIDERS = ("fastformer", "reference", "sdpa", *SDPA_BACKENDS, "flex")
 MASKS = ("none", "causal", "padding", "padding_causal")
+# the FFN's and add + LayerNorm's compiled peers: torch.compile of the eager code, by mode
+COMPILE_MODES = {"compile": None, "compile_max_autotune": "max-autotune-no-cudagraphs"}
+FFN_PROVIDERS = ("fastformer", "eager", *COMPILE_MODES)
+ADD_LAYER_NORM_PROVIDERS = ("fastformer", "eager", "compile", "liger")
+# the aten op each SDPA backend dispatches to, as torch.profiler records it
+SDPA_OPS = {
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
 
 
 def _cuda_only(device, provider):
@@ -34,13 +73,69 @@ def _cuda_only(device, provider):
         raise Skip(f"{provider} is benchmarked on CUDA only (torch.compile over Triton code needs a GPU)")
 
 
-def _compiled(fn):
-    """torch.compile(fn) for one case, called in the case's setup. Dynamo's caches are reset first:
-    it keeps at most `recompile_limit` (8) graphs per function and past that silently runs the
-    function eagerly, so a suite of more shapes would time eager code under the "compile" and
-    "flex" names. Each case compiles its own shape (compile time is not timed)."""
+def _compiled(fn, mode=None):
+    """torch.compile(fn, mode=mode) for one case, called in the case's setup. Dynamo's caches are
+    reset first: it keeps at most `recompile_limit` (8) graphs per function and past that silently
+    runs the function eagerly, so a suite of more shapes would time eager code under the "compile"
+    and "flex" names. Each case compiles its own shape (compile time is not timed)."""
     torch._dynamo.reset()
-    return torch.compile(fn, dynamic=False)
+    return torch.compile(fn, dynamic=False, mode=mode)
+
+
+def sdpa(provider, attn_mask=None, is_causal=False, dropout_p=0.0):
+    """fn(q, k, v) -> F.scaled_dot_product_attention(q, k, v, ...): for an sdpa_* provider pinned to
+    its backend (SDPA_BACKENDS), for "sdpa" on the backend PyTorch picks."""
+    pinned = SDPA_BACKENDS.get(provider)
+
+    def fn(q, k, v):
+        with sdpa_kernel(pinned) if pinned is not None else nullcontext():
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+            )
+
+    return fn
+
+
+def sdpa_backend_ran(run):
+    """The SDPA backend one call of run() dispatched to, from the aten op torch.profiler recorded
+    (SDPA_OPS), or None when it called no SDPA op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        run()
+    names = {event.name for event in profiler.events()}
+    return next((backend for op, backend in SDPA_OPS.items() if op in names), None)
+
+
+def _name_sdpa_backend(case, run):
+    """For an SDPA provider, call run() once: a pinned backend that refuses the case raises Skip
+    with SDPA's reasons (its warnings say why each backend declined); the backend that ran goes
+    into the case's record (params' sdpa_backend)."""
+    if case.provider != "sdpa" and case.provider not in SDPA_BACKENDS:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            case.extra["sdpa_backend"] = sdpa_backend_ran(run)
+        except RuntimeError as error:
+            if case.provider == "sdpa":
+                raise
+            raise Skip(
+                f"{case.provider}: SDPA's {SDPA_BACKENDS[case.provider].name} does not run this case: "
+                + _sdpa_reasons([str(w.message) for w in caught] + [str(error)])
+            ) from None
+
+
+def _sdpa_reasons(messages):
+    """SDPA's warnings and error in one line: each distinct reason once, without the C++ source
+    locations ("(Triggered internally at ...)")."""
+    lines = []
+    for message in messages:
+        for line in message.splitlines():
+            line = line.split("(Triggered internally at")[0].strip()
+            if line and line not in lines:
+                lines.append(line)
+    return "; ".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,13 +167,14 @@ def _attention_provider(provider, key_padding, causal, B, L, device):
         _cuda_only(device, provider)
         ref = _compiled(kernels.attention_reference)
         return lambda q, k, v: ref(q, k, v, key_padding_mask=key_padding, causal=causal)
-    if provider == "sdpa":
+    if provider == "sdpa" or provider in SDPA_BACKENDS:
         if key_padding is None:
-            return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        keep = ~key_padding[:, None, None, :]  # (B, 1, 1, L), True = attend
+            return sdpa(provider, is_causal=causal)
+        # the smallest boolean mask SDPA takes (True = attend): it refuses a mask with is_causal
+        keep = ~key_padding[:, None, None, :]  # (B, 1, 1, L)
         if causal:
-            keep = keep & torch.ones(L, L, dtype=torch.bool, device=device).tril()
-        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+            keep = keep & torch.ones(L, L, dtype=torch.bool, device=device).tril()  # (B, 1, L, L)
+        return sdpa(provider, attn_mask=keep)
     if provider == "flex":
         _cuda_only(device, provider)
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -127,16 +223,6 @@ def attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape="long"
             raise Skip(f"reference would materialize {B * H * L * L * 4 / 2**30:.0f} GB of fp32 scores")
         q, k, v, key_padding, causal = attention_inputs(B, H, L, D, DTYPES[dtype], mask, device, mode == "fwd_bwd")
         fn = _attention_provider(provider, key_padding, causal, B, L, device)
-        if provider == "sdpa":
-            choice = torch._fused_sdp_choice(
-                q,
-                k,
-                v,
-                None if key_padding is None else ~key_padding[:, None, None, :],
-                0.0,
-                causal and key_padding is None,
-            )
-            case.extra["sdpa_backend"] = torch.nn.attention.SDPBackend(choice).name
         rows = torch.unique(torch.tensor([0, 1, L // 3, L // 2, L - 2, L - 1], device=device).clamp(0, L - 1))
         if mode == "fwd":
 
@@ -157,6 +243,7 @@ def attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape="long"
                 out, dq, _, _ = run()
                 _attention_rows_check(q, k, v, key_padding, causal, rows, out, dq, do, atol=ATOL[dtype])
 
+        _name_sdpa_backend(case, run)
         return run, check
 
     case.setup = setup
@@ -179,6 +266,82 @@ def attention_cases(device, modes=("fwd", "fwd_bwd"), providers=ATTENTION_PROVID
                             shape = "tutorial" if shapes[0] == (B, H, L) else "long"
                             cases.append(attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape))
     return cases
+
+
+def _self_attention_provider(provider, key_padding, n_head):
+    """fn(qkv, dropout_p) -> context for the model's call: attention of the heads of one fused QKV
+    projection (B, L, 3 * H * D), the context (B, L, H * D) as the output projection reads it.
+    fastformer and the reference take qkv as the model hands it; SDPA takes q, k and v as strided
+    views of it and its output is transposed back, as a model written with SDPA does."""
+    if provider == "fastformer":
+        return lambda qkv, p: kernels.self_attention(qkv, n_head, key_padding_mask=key_padding, dropout_p=p)
+    if provider == "reference":
+        return lambda qkv, p: kernels.self_attention_reference(qkv, n_head, key_padding_mask=key_padding, dropout_p=p)
+    if provider == "sdpa" or provider in SDPA_BACKENDS:
+        keep = ~key_padding[:, None, None, :]  # (B, 1, 1, L), True = attend
+
+        def fn(qkv, p):
+            B, L, _ = qkv.shape
+            q, k, v = qkv.unflatten(-1, (3, n_head, -1)).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, D) each
+            return sdpa(provider, attn_mask=keep, dropout_p=p)(q, k, v).transpose(1, 2).reshape(B, L, -1)
+
+        return fn
+    if provider == "flex":
+        raise Skip("flex: FlexAttention has no dropout of the attention probabilities, which the model's call has")
+    raise ValueError(f"unknown provider of the model's attention call {provider!r}")
+
+
+def attention_model_call_case(mode, L, provider, device, B=128, H=4, D=64, dropout_p=0.1, dtype="bf16"):
+    """The attention call the tutorial's encoder makes in training: self-attention of a fused QKV
+    projection, key padding (each review padded to the batch's longest), dropout 0.1 on the
+    probabilities. Checked without dropout (the same call at p=0, rows of batch 0 against fp32), and
+    with it: finite, and not the output without dropout."""
+    params = {"mode": mode, "dtype": dtype, "D": D, "mask": "padding", "dropout": dropout_p, "B": B, "H": H, "L": L}
+    flops = attention_flops(B, H, L, L, D, False, mode)
+    case = Case("attention_model_call", provider, params, setup=None, flops=flops, tokens=B * L)
+
+    def setup():
+        g = torch.Generator(device="cpu").manual_seed(0)
+        qkv = torch.randn(B, L, 3 * H * D, generator=g).to(device, DTYPES[dtype]).requires_grad_(mode == "fwd_bwd")
+        lengths = torch.randint(max(1, L // 8), L + 1, (B,), generator=g)  # reviews shorter than the longest
+        lengths[0] = L
+        key_padding = (torch.arange(L) >= lengths[:, None]).to(device)  # (B, L), True = padding
+        fn = _self_attention_provider(provider, key_padding, H)
+        dout = torch.randn(B, L, H * D, generator=g).to(device, DTYPES[dtype])
+
+        def run():
+            if mode == "fwd":
+                with torch.no_grad():
+                    return (fn(qkv, dropout_p),)
+            out = fn(qkv, dropout_p)
+            return (out, *torch.autograd.grad(out, qkv, dout))
+
+        def check():
+            q, k, v = qkv.unflatten(-1, (3, H, D)).permute(2, 0, 3, 1, 4).unbind(0)
+            with torch.no_grad():
+                plain = fn(qkv, 0.0)
+            heads = plain.unflatten(-1, (H, D)).transpose(1, 2)  # (B, H, L, D)
+            rows = torch.unique(torch.tensor([0, 1, L // 2, L - 1], device=device).clamp(0, L - 1))
+            _attention_rows_check(q, k, v, key_padding, False, rows, heads, atol=ATOL[dtype])
+            dropped = run()
+            assert all(bool(torch.isfinite(t).all()) for t in dropped), "not finite with dropout"
+            assert not torch.equal(dropped[0], plain), "dropout 0.1 left the output unchanged"
+
+        _name_sdpa_backend(case, run)
+        return run, check
+
+    case.setup = setup
+    return case
+
+
+def attention_model_call_cases(device, providers=MODEL_CALL_PROVIDERS):
+    """The model's call at the tutorial's batch, B 128 H 4 D 64, at lengths 64, 128 and 256."""
+    return [
+        attention_model_call_case(mode, L, provider, device)
+        for mode in ("fwd", "fwd_bwd")
+        for L in (64, 128, 256)
+        for provider in providers
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,9 +393,9 @@ def ffn_case(mode, op, M, d, d_ff, provider, device, dtype="bf16"):
             if mode != "fwd" or op != "feed_forward":
                 raise ValueError("fastformer_fused is the no-grad feed_forward only")
             fn = kernels.feed_forward_fused
-        if provider == "compile":
+        if provider in COMPILE_MODES:
             _cuda_only(device, provider)
-            fn = _compiled(eager)
+            fn = _compiled(eager, COMPILE_MODES[provider])
         if fn is None:
             raise ValueError(f"unknown FFN provider {provider!r}")
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -253,6 +416,21 @@ def _eager_add_layer_norm(x, residual, weight, bias):
     return F.layer_norm(residual + x, weight.shape, weight, bias, 1e-12)
 
 
+def _liger_add_layer_norm(device):
+    """The residual add in eager PyTorch, then Liger-Kernel's LayerNorm (its Triton kernels, forward
+    and backward): what a user of Liger would write for the tutorial's sublayer end."""
+    if torch.device(device).type != "cuda":
+        raise Skip("liger: Liger-Kernel's LayerNorm runs on CUDA only")
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    except ImportError as error:
+        raise Skip(
+            f"liger: Liger-Kernel is not installed here ({error}); tools/gpu_carry.sh fetches its wheel into "
+            "gpu-carry/wheels, which tools/gpu_run.sh installs"
+        ) from None
+    return lambda x, r, w, b: LigerLayerNormFunction.apply(r + x, w, b, 1e-12)
+
+
 def add_layer_norm_case(mode, M, d, provider, device, dtype="bf16"):
     params = {"mode": mode, "dtype": dtype, "M": M, "d": d}
     case = Case("add_layer_norm", provider, params, setup=None, tokens=M)
@@ -267,6 +445,8 @@ def add_layer_norm_case(mode, M, d, provider, device, dtype="bf16"):
         elif provider == "compile":
             _cuda_only(device, provider)
             fn = _compiled(_eager_add_layer_norm)
+        elif provider == "liger":
+            fn = _liger_add_layer_norm(device)
         else:
             raise ValueError(f"unknown add_layer_norm provider {provider!r}")
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -283,8 +463,9 @@ def add_layer_norm_case(mode, M, d, provider, device, dtype="bf16"):
     return case
 
 
-def ffn_cases(device, providers=("fastformer", "eager", "compile")):
-    """The tutorial's layer at batch 128 (M 32768, d 256, d_ff 1024) and a wide one (M 8192, d 1024, d_ff 4096)."""
+def ffn_cases(device, providers=FFN_PROVIDERS, norm_providers=ADD_LAYER_NORM_PROVIDERS):
+    """The tutorial's layer at batch 128 (M 32768, d 256, d_ff 1024) and a wide one (M 8192, d 1024,
+    d_ff 4096); add + LayerNorm at the tutorial's rows (M 32768, d 256) and wide ones (8192, 1024)."""
     cases = []
     for mode in ("fwd", "fwd_bwd"):
         for M, d, d_ff in ((32768, 256, 1024), (8192, 1024, 4096)):
@@ -293,17 +474,46 @@ def ffn_cases(device, providers=("fastformer", "eager", "compile")):
             if mode == "fwd" and "fastformer" in providers:
                 cases.append(ffn_case(mode, "feed_forward", M, d, d_ff, "fastformer_fused", device))
         for M, d in ((32768, 256), (8192, 1024)):
-            cases += [add_layer_norm_case(mode, M, d, p, device) for p in providers]
+            cases += [add_layer_norm_case(mode, M, d, p, device) for p in norm_providers]
     return cases
 
 
 # ----------------------------------------------------------------------------------------------
 # the model
 # ----------------------------------------------------------------------------------------------
-# fastformer's step run other ways, timed beside its eager step by the GPU check's model stage
-MODEL_VARIANTS = ("fastformer_graphs", "fastformer_compile", "fastformer_fused_adamw")
-TRAIN_VARIANTS = ("fastformer_fused_adamw",)  # variants of the train step alone
-MODEL_PROVIDERS = ("fastformer", "fastformer_autotune", "reference_fp32", "reference", "compile")
+@dataclass(frozen=True)
+class Way:
+    """How one provider runs MovieClassification's step."""
+
+    backend: str  # "triton", "reference", or "sdpa": tools.benchmarks.sdpa_model, the model written with SDPA
+    amp: bool  # bf16 autocast (else fp32), unless the case is given another
+    run: str  # "eager", "graphs" (fastformer.train.graphs), or torch.compile: COMPILED_RUNS
+    optimizer: str = "adamw"  # torch.optim.AdamW's default (foreach), or "fused": `fastformer train`'s
+    autotune: bool = False  # every kernel config timed (kernels.autotuning) in place of the rules' picks
+
+
+# torch.compile(model, **options) per Way.run
+COMPILED_RUNS = {
+    "compile": {},  # the default mode
+    "compile_fullgraph": {"fullgraph": True},  # `fastformer train --compile`
+    "reduce_overhead": {"mode": "reduce-overhead"},  # Inductor's CUDA graphs (cudagraph trees)
+}
+MODEL_WAYS = {
+    "fastformer": Way("triton", True, "eager"),
+    "fastformer_autotune": Way("triton", True, "eager", autotune=True),
+    "fastformer_fused_adamw": Way("triton", True, "eager", optimizer="fused"),
+    "fastformer_graphs": Way("triton", True, "graphs"),
+    "fastformer_compile": Way("triton", True, "compile_fullgraph"),
+    "fastformer_reduce_overhead": Way("triton", True, "reduce_overhead"),
+    "reference_fp32": Way("reference", False, "eager"),  # the tutorial as it runs
+    "reference": Way("reference", True, "eager"),
+    "reference_sdpa": Way("sdpa", True, "eager"),
+    "reference_compiled": Way("reference", True, "compile"),
+    "reference_reduce_overhead": Way("reference", True, "reduce_overhead"),
+    "reference_graphs": Way("reference", True, "graphs"),
+}
+MODEL_PROVIDERS = tuple(MODEL_WAYS)
+TRAIN_ONLY = ("fastformer_fused_adamw",)  # a way of stepping the optimizer: no inference case
 
 
 def review_batch(config, B, seq2seq, device, seed=0):
@@ -321,128 +531,97 @@ def review_batch(config, B, seq2seq, device, seed=0):
     return enc.to(device), dec.to(device), labels.to(device)
 
 
-def model_case(kind, scenario, provider, device, B=128, config=None, amp=None):
-    """MovieClassification train step (forward, backward, AdamW) or inference. Providers:
-    fastformer (Triton backend, bf16 autocast; each kernel's rule picks its config), fastformer_autotune
-    (the same with every config timed), reference_fp32 (as the tutorial runs), reference (bf16
-    autocast), compile (torch.compile of the reference model, bf16 autocast)."""
+def _cuda_reason(way):
+    """Why a Way is benchmarked on CUDA only, or None."""
+    if way.run == "graphs":
+        return "CUDA graphs need a GPU"
+    if way.run in COMPILED_RUNS:
+        return "torch.compile over Triton code needs a GPU, and the reference's is timed beside it"
+    if way.optimizer == "fused":
+        return "on a CPU, python -m tools.host_overhead times the optimizer's step"
+    if way.autotune:
+        return "under Triton's interpreter autotuning picks one config: it would time fastformer's case again"
+    return None
+
+
+def _optimizer(way, model):
+    if way.run == "graphs":
+        return make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-4))
+    if way.optimizer == "fused":
+        return adamw(model, 1e-4, 0.01, fused=True)
+    return torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def _network(way, config, weights, device):
+    """The module a Way runs: fastformer's MovieClassification (on the Triton or the reference
+    backend), or the model written with SDPA, holding `weights`."""
+    if way.backend == "sdpa":
+        from tools.benchmarks.sdpa_model import SdpaMovieClassification
+
+        net = SdpaMovieClassification(config).to(device)
+    else:
+        net = fastformer.MovieClassification(config).to(device)
+    net.load_state_dict(weights)
+    return net
+
+
+def model_case(kind, provider, device, B=128, config=None, amp=None, scenario="classify"):
+    """MovieClassification's train step (forward, loss, backward, AdamW) or inference, by wall time
+    per step, run the way MODEL_WAYS[provider] says; `amp` overrides the Way's autocast (a CPU run
+    passes False: Triton's interpreter as shipped computes bf16 dots wrongly). The batch: review_batch.
+    Every provider starts from the same weights and is checked the same way: its eval-mode logits on
+    those weights against fp32 reference logits, and for a train step, a finite loss. The first calls
+    (capture, compile) are not timed. A graph's memory is allocated when it is captured, so a
+    replayed step's peak_mem_mb (allocated during the timed call) leaves its pool out; the record's
+    resident_mb (allocated and held once the case has run) counts it."""
+    if provider not in MODEL_WAYS:
+        raise ValueError(f"provider must be one of {', '.join(MODEL_WAYS)}, got {provider!r}")
+    if provider in TRAIN_ONLY and kind != "train":
+        raise ValueError(f"{provider} is a way of stepping the optimizer: there is no inference case")
+    way = MODEL_WAYS[provider]
     config = config or fastformer.Config.tutorial()
-    amp = provider != "reference_fp32" if amp is None else amp
+    amp = way.amp if amp is None else amp
     params = {"scenario": scenario, "B": B, "n_layer": config.n_layer, "d_hidn": config.d_hidn, "amp": amp}
-    case = Case(f"model_{kind}", provider, params, setup=None)
-    backend_name = "triton" if provider.startswith("fastformer") else "reference"
+    case = Case(f"model_{kind}", provider, params, setup=None, timing="wall")
+    amp_name = "bf16" if amp else "off"
+    backend_name = "triton" if way.backend == "triton" else "reference"
 
     def setup():
-        if provider == "compile":
-            _cuda_only(device, provider)
+        reason = _cuda_reason(way)
+        if reason and torch.device(device).type != "cuda":
+            raise Skip(f"{provider} is benchmarked on CUDA only ({reason})")
         enc, dec, labels = review_batch(config, B, scenario == "seq2seq", device)
         case.tokens = int(enc.ne(config.i_pad).sum() + dec.ne(config.i_pad).sum())
         case.extra["enc_len"] = enc.shape[1]
         torch.manual_seed(0)
-        model = fastformer.MovieClassification(config).to(device)
-        initial = {k: v.clone() for k, v in model.state_dict().items()}
-        forward = _compiled(model) if provider == "compile" else model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        oracle = fastformer.MovieClassification(config).to(device)
+        initial = {k: v.clone() for k, v in oracle.state_dict().items()}
+        net = _network(way, config, initial, device)
+        optimizer = _optimizer(way, net)
+        graphs = GraphedSteps(net, optimizer, amp=amp_name) if way.run == "graphs" else None
+        forward = net
+        if way.run in COMPILED_RUNS:
+            torch._dynamo.reset()
+            forward = torch.compile(net, **COMPILED_RUNS[way.run])
+
+        def ways():
+            return fastformer.use_backend(backend_name), kernels.autotuning(way.autotune)
 
         def logits():
-            with (
-                fastformer.use_backend(backend_name),
-                kernels.autotuning(provider == "fastformer_autotune"),
-                torch.autocast(torch.device(device).type, torch.bfloat16, enabled=amp),
-            ):
-                return forward(enc, dec)[0]
-
-        def run():
-            if kind == "infer":
-                with torch.no_grad():
-                    return logits()
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(logits().float(), labels)
-            loss.backward()
-            optimizer.step()
-            return loss
-
-        def check():
-            """The provider's eval-mode logits on the initial weights against fp32 reference logits."""
-            trained = {k: v.clone() for k, v in model.state_dict().items()}
-            model.load_state_dict(initial)
-            model.eval()
-            with torch.no_grad():
-                got = logits().float()
-                with fastformer.use_backend("reference"):
-                    expected = model(enc, dec)[0].float()
-            model.train()
-            model.load_state_dict(trained)
-            scale = expected.abs().max().item() or 1.0
-            assert_close_to("logits", got, expected, (ATOL["bf16"] if amp else ATOL["fp32"]) * 4 * scale)
-            if kind == "train":
-                assert bool(torch.isfinite(run())), "training loss is not finite"
-
-        model.train(kind == "train")
-        return run, check
-
-    case.setup = setup
-    return case
-
-
-def model_variant_case(kind, variant, device, B, config, amp):
-    """model_case's fastformer case (Triton backend, bf16 autocast when `amp`; the same
-    batch, params and check), its step run another way: "fastformer_graphs" replays the train step
-    or the inference forward from a CUDA graph (fastformer.train.graphs.GraphedSteps, with the capturable
-    AdamW it needs), "fastformer_compile" runs the model through torch.compile(model,
-    fullgraph=True), as `fastformer train --compile` does, and "fastformer_fused_adamw" (a train
-    step only: TRAIN_VARIANTS) runs the eager step with `fastformer train`'s optimizer, the fused
-    AdamW (fastformer.train.loop.adamw), where every other row steps torch's default. The batch is
-    padded to its longest review, which for the stage's batch of 128 is a bucket length already
-    (128 tokens, a multiple of 16; bench/test_report.py checks it), so it is the shape
-    --cuda-graphs pads it to. They skip without CUDA: a graph needs a GPU, torch.compile cannot
-    trace the Triton kernels through the interpreter, and on a CPU `python -m tools.host_overhead`
-    times the optimizer's step alone. The first call (capture, or compile) is not timed. A replay
-    allocates only its outputs (the graph's memory is allocated at capture), so fastformer_graphs'
-    peak_mem_mb does not compare with the eager rows'."""
-    if variant not in MODEL_VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(MODEL_VARIANTS)}, got {variant!r}")
-    if variant in TRAIN_VARIANTS and kind != "train":
-        raise ValueError(f"{variant} is a variant of the train step: an inference step steps no optimizer")
-    params = {"scenario": "classify", "B": B, "n_layer": config.n_layer, "d_hidn": config.d_hidn, "amp": amp}
-    case = Case(f"model_{kind}", variant, params, setup=None)
-    amp_name = "bf16" if amp else "off"
-
-    def setup():
-        if torch.device(device).type != "cuda":
-            reason = {
-                "fastformer_graphs": "CUDA graphs need a GPU",
-                "fastformer_compile": "torch.compile over Triton code needs a GPU",
-                "fastformer_fused_adamw": "on a CPU, python -m tools.host_overhead times the optimizer's step",
-            }[variant]
-            raise Skip(f"{variant} is benchmarked on CUDA only ({reason})")
-        enc, dec, labels = review_batch(config, B, False, device)
-        case.tokens = int(enc.ne(config.i_pad).sum() + dec.ne(config.i_pad).sum())
-        case.extra["enc_len"] = enc.shape[1]
-        torch.manual_seed(0)
-        model = fastformer.MovieClassification(config).to(device)
-        initial = {k: v.clone() for k, v in model.state_dict().items()}
-        if variant == "fastformer_graphs":
-            optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-4))
-            graphs = GraphedSteps(model, optimizer, amp=amp_name)
-        elif variant == "fastformer_compile":
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-            forward = torch.compile(model, fullgraph=True)
-        else:  # the eager model, `fastformer train`'s optimizer
-            optimizer = adamw(model, 1e-4, 0.01, fused=True)
-            forward = model
-
-        def logits():
-            with fastformer.use_backend("triton"):
-                if variant == "fastformer_graphs":
+            backend, tuning = ways()
+            with backend, tuning:
+                if graphs is not None:
                     return graphs.logits(enc, dec)
                 with torch.no_grad(), autocast(device, amp_name):
                     return forward(enc, dec)[0]
 
         def step():
-            with fastformer.use_backend("triton"):
-                if variant == "fastformer_graphs":
+            backend, tuning = ways()
+            with backend, tuning:
+                if graphs is not None:
                     return graphs.train_step((labels, enc, dec))[0]
+                if way.run == "reduce_overhead":
+                    torch.compiler.cudagraph_mark_step_begin()
                 optimizer.zero_grad(set_to_none=True)
                 with autocast(device, amp_name):
                     loss = F.cross_entropy(forward(enc, dec)[0].float(), labels)
@@ -451,22 +630,22 @@ def model_variant_case(kind, variant, device, B, config, amp):
                 return loss
 
         def check():
-            """The variant's eval-mode logits on the initial weights against fp32 reference logits,
-            with model_case's tolerance; for the train step, a finite loss."""
-            trained = {k: v.clone() for k, v in model.state_dict().items()}
-            model.load_state_dict(initial)  # in place: the graphs read the parameters where they are
-            model.eval()
+            """The provider's eval-mode logits on the initial weights against fp32 reference logits."""
+            trained = {k: v.clone() for k, v in net.state_dict().items()}
+            net.load_state_dict(initial)  # in place: a graph reads the parameters where they are
+            net.eval()
             got = logits().float()
+            oracle.eval()
             with torch.no_grad(), fastformer.use_backend("reference"):
-                expected = model(enc, dec)[0].float()
-            model.load_state_dict(trained)
-            model.train(kind == "train")
+                expected = oracle(enc, dec)[0].float()
+            net.load_state_dict(trained)
+            net.train(kind == "train")
             scale = expected.abs().max().item() or 1.0
             assert_close_to("logits", got, expected, (ATOL["bf16"] if amp else ATOL["fp32"]) * 4 * scale)
             if kind == "train":
                 assert bool(torch.isfinite(step())), "training loss is not finite"
 
-        model.train(kind == "train")
+        net.train(kind == "train")
         return (step if kind == "train" else logits), check
 
     case.setup = setup
@@ -475,15 +654,16 @@ def model_variant_case(kind, variant, device, B, config, amp):
 
 def model_cases(device, providers=MODEL_PROVIDERS):
     return [
-        model_case(kind, scenario, provider, device)
+        model_case(kind, provider, device, scenario=scenario)
         for kind in ("train", "infer")
         for scenario in ("classify", "seq2seq")
         for provider in providers
+        if kind == "train" or provider not in TRAIN_ONLY
     ]
 
 
 def full_suite(device):
-    return attention_cases(device) + ffn_cases(device) + model_cases(device)
+    return attention_cases(device) + attention_model_call_cases(device) + ffn_cases(device) + model_cases(device)
 
 
 def smoke_suite(device="cpu"):
@@ -506,8 +686,5 @@ def smoke_suite(device="cpu"):
     cases.append(attention_case("fwd", "fp32", 16, "causal", 2, 2, 16, "flex", device, "tiny"))  # skipped on a CPU
     for kind in ("train", "infer"):
         # no autocast: Triton's interpreter as shipped computes bf16 dots wrongly, so smoke runs stay in fp32
-        cases += [
-            model_case(kind, "classify", p, device, B=2, config=tiny, amp=False)
-            for p in ("reference_fp32", "fastformer")
-        ]
+        cases += [model_case(kind, p, device, B=2, config=tiny, amp=False) for p in ("reference_fp32", "fastformer")]
     return cases

@@ -10,11 +10,14 @@ FLOP formulas (multiply-adds count 2):
 
 import datetime
 import statistics
-import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch.autograd import DeviceType
+
+from tools.benchmarks.timing import Timing, device_times, graph_times, synchronize, wall_times
 
 
 def attention_flops(B, H, Lq, Lk, D, causal, mode):
@@ -27,23 +30,9 @@ def ffn_flops(M, d, d_ff, mode):
     return forward * (3.0 if mode == "fwd_bwd" else 1.0)
 
 
-def synchronize(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_ms(fn, device, warmup=3, rep=10):
-    """Median wall time of fn() in ms, synchronizing the device around each call."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    for _ in range(rep):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    """Median wall time of fn() in ms, synchronizing the device after each call."""
+    return statistics.median(wall_times(fn, device, warmup, rep))
 
 
 def peak_memory_mb(fn, device):
@@ -106,6 +95,7 @@ class Case:
     flops: float | None = None
     tokens: int | None = None
     extra: dict = field(default_factory=dict)
+    timing: str = "device"  # "device": a kernel case (events, and graph replays); "wall": a step
 
     @property
     def id(self):
@@ -113,23 +103,126 @@ class Case:
         return "-".join(str(p) for p in parts)
 
 
-def measure(case, device, warmup=3, rep=10):
-    """Run a case: check it, time it, and measure its peak memory; returns a result record."""
+KERNEL_ROWS = 8  # kernels listed per profiled case, the most device time first
+
+
+def profile_kernels(fn, device, calls=3):
+    """Where a call's device time goes: torch.profiler over `calls` calls of fn() (already warm),
+    each kernel's time on the device (on a CPU: each operator's own CPU time, the code path only),
+    as kernel_rows: the KERNEL_ROWS kernels with the most, per call, after a row for the whole."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activity, device_type = (ProfilerActivity.CUDA, DeviceType.CUDA) if cuda else (ProfilerActivity.CPU, DeviceType.CPU)
+    synchronize(device)
+    with profile(activities=[activity]) as profiler:
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+    return kernel_rows(profiler.events(), device_type, calls)
+
+
+def kernel_rows(events, device_type, calls):
+    """Rows of profile_kernels from a profiler's events: those of device_type summed by name (on
+    CUDA the kernels, copies and fills, each its duration on the device; on a CPU each operator's
+    own time), per call of the case."""
+    totals, counts = Counter(), Counter()
+    cpu = device_type == DeviceType.CPU
+    for event in events:
+        if event.device_type == device_type:
+            totals[event.name] += event.self_cpu_time_total if cpu else event.time_range.elapsed_us()
+            counts[event.name] += 1
+    whole = sum(totals.values())
+    rows = [
+        {
+            "kernel": "every kernel of the case",
+            "calls_per_run": sum(counts.values()) / calls,
+            "us_per_run": round(whole / calls, 2),
+            "share": 1.0,
+        }
+    ]
+    for name, total in totals.most_common(KERNEL_ROWS):
+        rows.append(
+            {
+                "kernel": name if len(name) <= 90 else name[:87] + "...",
+                "calls_per_run": counts[name] / calls,
+                "us_per_run": round(total / calls, 2),
+                "share": round(total / whole, 3) if whole else None,
+            }
+        )
+    return rows
+
+
+def measure(case, device, warmup=3, rep=25, profile=False):
+    """Run a case: check it, time it (tools.benchmarks.timing: a kernel case by device time as called
+    and replayed from a CUDA graph, a step by wall time; `rep` repetitions after `warmup` calls),
+    and its memory: peak_mem_mb, allocated at the peak of a timed call above what was allocated before
+    it, and resident_mb, allocated and held once the case is set up and has run (inputs, weights,
+    optimizer state, a CUDA graph's pool); with `profile`, also its kernels (profile_kernels, or
+    {"error"}: a profile is a diagnosis, the figures stand without it). Returns a result record
+    (RECORD_KEYS, and "kernels" when profiled)."""
+    cuda = torch.device(device).type == "cuda"
+    base = torch.cuda.memory_allocated(device) if cuda else None
     run, check = case.setup()
     run()
     synchronize(device)
     check()
-    ms = time_ms(run, device, warmup=warmup, rep=rep)
+    resident = (torch.cuda.memory_allocated(device) - base) / 2**20 if cuda else None
+    if case.timing == "wall":
+        timed = Timing.of(wall_times(run, device, warmup, rep))
+    else:
+        timed = Timing.of(device_times(run, device, warmup, rep))
+    replayed, graph_note = None, _graph_note(case, device)
+    if graph_note is None:
+        try:
+            replayed = Timing.of(graph_times(run, device, warmup, rep))
+        except Exception as error:  # noqa: BLE001 (a provider that cannot be captured: said in the record)
+            graph_note = f"not captured: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"
     peak = peak_memory_mb(run, device)
-    return {
+    record = {
+        "case": case.id,
         "bench": case.bench,
         "provider": case.provider,
         "params": dict(case.params, **case.extra),
-        "ms": ms,
-        "tflops": case.flops / (ms * 1e-3) / 1e12 if case.flops else None,
-        "tokens_per_s": case.tokens / (ms * 1e-3) if case.tokens else None,
+        "timing": case.timing,
+        **_figures("", timed),
+        **_figures("graph_", replayed),
+        "graph_note": graph_note,
+        "flops": case.flops,
+        "tflops": case.flops / (timed.median * 1e-3) / 1e12 if case.flops else None,
+        "graph_tflops": case.flops / (replayed.median * 1e-3) / 1e12 if case.flops and replayed else None,
+        "tokens_per_s": case.tokens / (timed.median * 1e-3) if case.tokens else None,
         "peak_mem_mb": peak,
+        "resident_mb": resident,
     }
+    if profile:
+        try:
+            record["kernels"] = profile_kernels(run, device, calls=3 if torch.device(device).type == "cuda" else 1)
+        except Exception as error:  # noqa: BLE001 (said in the record)
+            record["kernels"] = {"error": f"{type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"}
+    return record
+
+
+RECORD_KEYS = (
+    "case", "bench", "provider", "params", "timing", "ms", "p20_ms", "p80_ms", "reps", "graph_ms", "graph_p20_ms",
+    "graph_p80_ms", "graph_reps", "graph_note", "flops", "tflops", "graph_tflops", "tokens_per_s", "peak_mem_mb",
+    "resident_mb",
+)  # fmt: skip
+
+
+def _graph_note(case, device):
+    """Why a case is not replayed from a CUDA graph, or None when it is to be."""
+    if case.timing == "wall":
+        return "a step: timed as a user calls it (its replayed form is a provider of its own)"
+    if torch.device(device).type != "cuda":
+        return "needs CUDA: a CUDA graph replays device work"
+    return None
+
+
+def _figures(prefix, timed):
+    keys = (f"{prefix}ms", f"{prefix}p20_ms", f"{prefix}p80_ms", f"{prefix}reps")
+    values = (timed.median, timed.p20, timed.p80, timed.reps) if timed else (None,) * 4
+    return dict(zip(keys, values))
 
 
 def assert_close_to(name, out, expected, atol, rtol=0.0):

@@ -9,14 +9,14 @@
 
 Writes into --out (default bench/results/):
     <gpu>.json   {"env": {gpu, torch, triton, cuda, date, bf16_gemm_tflops},
-                  "results": [{bench, provider, params, ms, tflops, tokens_per_s, peak_mem_mb, mfu}],
+                  "results": [a record per case: tools.benchmarks.common.RECORD_KEYS, and mfu],
                   "skipped": [{bench, provider, params, reason}], "failed": [...]}
-    <gpu>.md     tables: speed-ups against every peer measured in this run, and the targets
+    <gpu>.md     tables: each case's time as called and replayed (median and p20-p80), the speed-ups
+                 against every peer measured in this run with their intervals, and the targets
     <gpu>-attention_<mode>_d<D>.png   TFLOP/s against sequence length per provider, one panel per mask
     <gpu>-model.png                   model tokens/s per provider
-Providers are those of the schema (fastformer, reference, reference_fp32, sdpa, flex, compile, eager)
-plus fastformer_fused on ffn_fwd: the inference-only fully fused FFN, measured beside the two-GEMM
-path so the no-grad choice of kernels.feed_forward can follow the numbers.
+How a case is timed and how two are compared: tools.benchmarks.timing and tools.benchmarks.targets.
+The providers are tools.benchmarks.cases' (its docstring lists them per bench).
 A case whose result fails its check is listed under "failed" and makes the command exit 1.
 `--from` reads reports already measured (this schema, or the "report" of a `tools.gpu_check`
 results.json), merges them and writes the same files, measuring nothing.
@@ -28,137 +28,18 @@ import os
 import re
 import sys
 import traceback
-from collections import defaultdict
+from collections import Counter
 
 import torch
 
 from tools.benchmarks import cases as suite
 from tools.benchmarks.common import Skip, environment, gemm_tflops, measure
+from tools.benchmarks.targets import case_key, evaluate_targets, groups, judged, ratio_text, speedup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
 RESULTS = os.path.join(ROOT, "bench", "results")
 README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
-
-
-def _tutorial(p):
-    return p["scenario"] == "classify" and p["n_layer"] == 6 and p["d_hidn"] == 256
-
-
-# (name, bench, select(params), peer, minimum speed-up of fastformer over the peer)
-TARGETS = [
-    ("model_train, tutorial config: tokens/s vs reference_fp32", "model_train", _tutorial, "reference_fp32", 4.0),
-    ("model_train, tutorial config: tokens/s vs reference (bf16)", "model_train", _tutorial, "reference", 2.0),
-    ("model_train, tutorial config: tokens/s vs compile", "model_train", _tutorial, "compile", 1.5),
-    (
-        "attention_fwd, D 64, causal, L >= 4096 vs sdpa",
-        "attention_fwd",
-        lambda p: p["D"] == 64 and p["mask"] == "causal" and p["L"] >= 4096 and p["dtype"] == "bf16",
-        "sdpa",
-        1.0,
-    ),
-    (
-        "attention_fwd, D 64, padding + causal, L >= 4096 vs flex",
-        "attention_fwd",
-        lambda p: p["D"] == 64 and p["mask"] == "padding_causal" and p["L"] >= 4096 and p["dtype"] == "bf16",
-        "flex",
-        1.3,
-    ),
-    (
-        "attention_fwd, D 64, padding + causal, L >= 4096 vs sdpa (boolean mask)",
-        "attention_fwd",
-        lambda p: p["D"] == 64 and p["mask"] == "padding_causal" and p["L"] >= 4096 and p["dtype"] == "bf16",
-        "sdpa",
-        2.0,
-    ),
-    (
-        "attention_fwd_bwd, causal vs sdpa",
-        "attention_fwd_bwd",
-        lambda p: p["mask"] == "causal" and p["dtype"] == "bf16",
-        "sdpa",
-        0.9,
-    ),
-    (
-        "attention_fwd_bwd, padding + causal vs flex",
-        "attention_fwd_bwd",
-        lambda p: p["mask"] == "padding_causal" and p["dtype"] == "bf16",
-        "flex",
-        1.2,
-    ),
-    ("ffn_fwd_bwd vs eager", "ffn_fwd_bwd", lambda p: p["op"] == "feed_forward", "eager", 1.15),
-    ("ffn_fwd_bwd vs compile", "ffn_fwd_bwd", lambda p: p["op"] == "feed_forward", "compile", 1.0),
-]
-MEMORY_TARGET = ("model_train, tutorial config: peak memory vs reference_fp32", 0.4)
-
-
-# params that describe how a provider runs, not the case: the SDPA backend PyTorch picked, and
-# autocast (reference_fp32 is the model without it; the other providers run under bf16 autocast)
-PROVIDER_PARAMS = ("sdpa_backend", "amp")
-
-
-def _key(record):
-    return record["bench"], json.dumps(
-        {k: v for k, v in record["params"].items() if k not in PROVIDER_PARAMS}, sort_keys=True
-    )
-
-
-def speedups(results):
-    """{(bench, params-json): {provider: record}} for grouping each case with its peers."""
-    groups = defaultdict(dict)
-    for r in results:
-        groups[_key(r)][r["provider"]] = r
-    return groups
-
-
-def judged(case):
-    """Whether some target is judged on this case (fastformer's or its peer's)."""
-    return any(
-        case.bench == bench and select(case.params) and case.provider in ("fastformer", peer)
-        for _, bench, select, peer, _ in TARGETS
-    ) or (case.bench == "model_train" and _tutorial(case.params) and case.provider in ("fastformer", "reference_fp32"))
-
-
-def evaluate_targets(results):
-    """Each target with the worst measured speed-up over its cases (None where not measured)."""
-    groups = speedups(results)
-    rows = []
-    for name, bench, select, peer, minimum in TARGETS:
-        ratios = [
-            g[peer]["ms"] / g["fastformer"]["ms"]
-            for (b, params), g in groups.items()
-            if b == bench and select(json.loads(params)) and "fastformer" in g and peer in g
-        ]
-        worst = min(ratios) if ratios else None
-        rows.append(
-            {
-                "target": name,
-                "required": minimum,
-                "worst": worst,
-                "cases": len(ratios),
-                "met": None if worst is None else worst >= minimum,
-            }
-        )
-    name, maximum = MEMORY_TARGET
-    mem = [
-        g["fastformer"]["peak_mem_mb"] / g["reference_fp32"]["peak_mem_mb"]
-        for (b, params), g in groups.items()
-        if b == "model_train"
-        and _tutorial(json.loads(params))
-        and "fastformer" in g
-        and "reference_fp32" in g
-        and g["reference_fp32"]["peak_mem_mb"]
-    ]
-    worst = max(mem) if mem else None
-    rows.append(
-        {
-            "target": name,
-            "required": maximum,
-            "worst": worst,
-            "cases": len(mem),
-            "met": None if worst is None else worst <= maximum,
-        }
-    )
-    return rows
 
 
 def _fmt(value, spec):
@@ -172,73 +53,112 @@ def in_summary(bench, params):
     return True
 
 
+def _speedup_text(ours, peer):
+    """fastformer's speed-up over a peer as "1.23x [1.20-1.26] graph": the median ratio, the
+    interval the spreads allow, and the figure compared (timing.Ratio, targets.basis)."""
+    ratio, on = speedup(ours, peer)
+    return f"{ratio_text(ratio)} {on}"
+
+
+def _time_text(record, prefix=""):
+    """A record's time as "0.512 (0.508-0.520)": the median ms and its p20-p80 spread, or "-"."""
+    if record.get(f"{prefix}ms") is None:
+        return "-"
+    if record.get(f"{prefix}p20_ms") is None:  # a run from before spreads were kept
+        return f"{record[f'{prefix}ms']:.3f}"
+    return f"{record[f'{prefix}ms']:.3f} ({record[f'{prefix}p20_ms']:.3f}-{record[f'{prefix}p80_ms']:.3f})"
+
+
 def readme_summary(report, source):
     """The README's short form of `markdown`: a line per case of in_summary, fastformer's time,
     its speed-up over each peer and the time of its other ways of running (fastformer_*), then a
-    count of the targets met; `source` names where the full tables are."""
+    count of the targets by verdict; `source` names where the full tables are."""
     env = report["env"]
     lines = [
         f"Measured on {env['gpu']}, torch {env['torch']}, Triton {env['triton']}, {env['date']}. Speed-up: "
-        "the peer's time over fastformer's (above 1x, fastformer is faster).",
+        "the peer's time over fastformer's (above 1x, fastformer is faster), with the interval the two "
+        "spreads (p20-p80) allow and the figure compared: graph (device time replayed from a CUDA graph), "
+        "events (device time as called) or wall (a step).",
         "",
-        "| bench | case | fastformer | speed-up over | fastformer's other ways |",
+        "| bench | case | fastformer ms | speed-up over | fastformer's other ways |",
         "|---|---|---|---|---|",
     ]
-    for (bench, params), group in speedups(report["results"]).items():
+    for (bench, params), group in groups(report["results"]).items():
         ours = group.get("fastformer")
         if ours is None or not in_summary(bench, json.loads(params)):
             continue
         case = ", ".join(f"{k}={v}" for k, v in json.loads(params).items() if k not in ("scenario", "shape"))
         peers = ", ".join(
-            f"{p} {r['ms'] / ours['ms']:.2f}x" for p, r in sorted(group.items()) if not p.startswith("fastformer")
+            f"{p} {_speedup_text(ours, r)}" for p, r in sorted(group.items()) if not p.startswith("fastformer")
         )
         variants = ", ".join(
             f"{p[len('fastformer_') :]} {r['ms']:.2f} ms"
             for p, r in sorted(group.items())
             if p.startswith("fastformer_")
         )
-        lines.append(f"| {bench} | {case} | {ours['ms']:.2f} ms | {peers or '-'} | {variants or '-'} |")
+        lines.append(f"| {bench} | {case} | {_time_text(ours)} | {peers or '-'} | {variants or '-'} |")
     targets = evaluate_targets(report["results"])
-    judged = [t for t in targets if t["met"] is not None]
+    counts = Counter(t["verdict"] for t in targets)
     lines += [
         "",
-        f"Targets met: {sum(t['met'] for t in judged)} of the {len(judged)} measured ({len(targets)} in all). "
-        f"Every row, target and plot: {source}.",
+        f"Targets: {counts['met']} met, {counts['not met']} not met, {counts['within noise']} within noise, "
+        f"{counts['not measured']} not measured ({len(targets)} in all). Every row, target and plot: {source}.",
     ]
     return "\n".join(lines) + "\n"
 
 
 def markdown(report, select=None, targets=True):
-    """The results as markdown: one row per provider and case, with fastformer's speed-up over it,
-    then (unless `targets` is False) the targets. `select(bench, params)` keeps only some cases."""
+    """The results as markdown: one row per provider and case (its time as called and replayed,
+    each with its p20-p80 spread, TFLOP/s, tokens/s, peak memory) with fastformer's speed-up over
+    it, then (unless `targets` is False) the targets. `select(bench, params)` keeps only some cases."""
     env = report["env"]
     lines = [
         f"Measured on {env['gpu']}, torch {env['torch']}, Triton {env['triton']}, CUDA {env['cuda']}, "
-        f"{env['date']}; bf16 GEMM rate {_fmt(env.get('bf16_gemm_tflops'), '.0f')} TFLOP/s (MFU denominator).",
+        f"{env['date']}; bf16 GEMM rate {_fmt(env.get('bf16_gemm_tflops'), '.0f')} TFLOP/s (MFU denominator). "
+        "Times in ms, median (p20-p80): kernel cases by device time (CUDA events, L2 flushed) as called "
+        "and replayed from a CUDA graph; steps by wall time.",
         "",
-        "| bench | params | provider | ms | TFLOP/s | tokens/s | peak MB | fastformer speed-up |",
-        "|---|---|---|---|---|---|---|---|",
+        "| bench | params | provider | ms | graph ms | TFLOP/s | tokens/s | peak MB | fastformer speed-up |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for (bench, params), group in speedups(report["results"]).items():
+    for (bench, params), group in groups(report["results"]).items():
         if select is not None and not select(bench, json.loads(params)):
             continue
         ours = group.get("fastformer")
         for provider, r in sorted(group.items()):
-            ratio = ours["ms"] and r["ms"] / ours["ms"] if ours and provider != "fastformer" else None
+            ratio = _speedup_text(ours, r) if ours and provider != "fastformer" else "-"
             short = ", ".join(f"{k}={v}" for k, v in json.loads(params).items())
+            tflops = r.get("graph_tflops") or r.get("tflops")
             lines.append(
-                f"| {bench} | {short} | {provider} | {r['ms']:.3f} | {_fmt(r['tflops'], '.1f')} | "
-                f"{_fmt(r['tokens_per_s'], ',.0f')} | {_fmt(r['peak_mem_mb'], ',.0f')} | "
-                f"{_fmt(ratio, '.2f') + 'x' if ratio else '-'} |"
+                f"| {bench} | {short} | {provider} | {_time_text(r)} | {_time_text(r, 'graph_')} | "
+                f"{_fmt(tflops, '.1f')} | {_fmt(r['tokens_per_s'], ',.0f')} | {_fmt(r['peak_mem_mb'], ',.0f')} | "
+                f"{ratio} |"
             )
     if targets:
-        lines += ["", "| target | required | worst measured | cases | met |", "|---|---|---|---|---|"]
-        for t in evaluate_targets(report["results"]):
-            met = "not measured" if t["met"] is None else ("yes" if t["met"] else "**no**")
-            lines.append(f"| {t['target']} | {t['required']}x | {_fmt(t['worst'], '.2f')} | {t['cases']} | {met} |")
+        lines += ["", *target_table(evaluate_targets(report["results"]))]
     if report["skipped"]:
         lines += ["", f"{len(report['skipped'])} cases skipped (see the JSON for each reason)."]
     return "\n".join(lines) + "\n"
+
+
+def target_table(targets):
+    """Markdown lines of judged targets: required, the worst case's ratio with its interval, the
+    figure and peer it was judged on, and the verdict."""
+    lines = [
+        "| target | required | worst case [interval] | on | peer | cases | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in targets:
+        required = {"speedup": f">= {t['required']:.2f}x", "memory": f"<= {t['required']:.2f}x"}.get(
+            t["kind"], f">= {t['required']:.0f} TFLOP/s"
+        )
+        worst = "-" if t["worst"] is None else f"{t['worst']:.2f} [{t['low']:.2f}-{t['high']:.2f}]"
+        verdict = t["verdict"] if t["verdict"] != "not met" else "**not met**"
+        lines.append(
+            f"| {t['target']} | {required} | {worst} | {t['basis'] or '-'} | {t['peer'] or '-'} | {t['cases']} | "
+            f"{verdict} |"
+        )
+    return lines
 
 
 def plot(report, prefix):
@@ -249,7 +169,11 @@ def plot(report, prefix):
     import matplotlib.pyplot as plt
 
     written = []
-    attention = [r for r in report["results"] if r["bench"].startswith("attention") and r["tflops"]]
+    attention = [
+        dict(r, tflops=r.get("graph_tflops") or r["tflops"])  # replayed where it was, as the tables compare
+        for r in report["results"]
+        if r["bench"] in ("attention_fwd", "attention_fwd_bwd") and r["tflops"]
+    ]
     for bench, D in sorted({(r["bench"], r["params"]["D"]) for r in attention}):
         fig, axes = plt.subplots(1, len(suite.MASKS), figsize=(4 * len(suite.MASKS), 3.6), sharey=True)
         for ax, mask in zip(axes, suite.MASKS):
@@ -311,11 +235,12 @@ def plot(report, prefix):
     return written
 
 
-def run(cases, device, warmup=3, rep=10, log=print, gemm_rate=None):
+def run(cases, device, warmup=3, rep=25, log=print, gemm_rate=None, profiled=frozenset()):
     """Measure every case; returns the report dict (env, results, skipped, failed).
 
     `gemm_rate` is the bf16 GEMM TFLOP/s used as the MFU denominator; when None it is measured
-    here on CUDA (and left None on a CPU)."""
+    here on CUDA (and left None on a CPU). The cases whose ids are in `profiled` also record
+    their kernels (tools.benchmarks.common.profile_kernels)."""
     env = environment(device)
     if gemm_rate is None and torch.device(device).type == "cuda":
         gemm_rate = gemm_tflops(device)
@@ -323,7 +248,7 @@ def run(cases, device, warmup=3, rep=10, log=print, gemm_rate=None):
     report = {"env": env, "results": [], "skipped": [], "failed": []}
     for case in cases:
         try:
-            record = measure(case, device, warmup=warmup, rep=rep)
+            record = measure(case, device, warmup=warmup, rep=rep, profile=case.id in profiled)
         except Skip as reason:
             report["skipped"].append(
                 {"bench": case.bench, "provider": case.provider, "params": case.params, "reason": str(reason)}
@@ -347,7 +272,8 @@ def run(cases, device, warmup=3, rep=10, log=print, gemm_rate=None):
         )
         report["results"].append(record)
         log(
-            f"{case.id:90s} {record['ms']:9.3f} ms  {_fmt(record['tflops'], '7.1f')} TFLOP/s  "
+            f"{case.id:90s} {_time_text(record)} ms, replayed {_time_text(record, 'graph_')} ms  "
+            f"{_fmt(record['graph_tflops'] or record['tflops'], '7.1f')} TFLOP/s  "
             f"{_fmt(record['peak_mem_mb'], '9,.0f')} MB"
         )
         if torch.cuda.is_available():
@@ -400,7 +326,7 @@ def merge(reports):
         if merged["env"].get("bf16_gemm_tflops") is None:
             merged["env"]["bf16_gemm_tflops"] = report["env"].get("bf16_gemm_tflops")
         for record in report["results"]:
-            key = (*_key(record), record["provider"])
+            key = (*case_key(record), record["provider"])
             if key not in seen:
                 seen.add(key)
                 merged["results"].append(record)
@@ -429,7 +355,7 @@ def main(argv=None):
     parser.add_argument("--targets", action="store_true", help="only the cases the targets are judged on (a short run)")
     parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rep", type=int, default=10)
+    parser.add_argument("--rep", type=int, default=25, help="timed repetitions per case (default 25)")
     parser.add_argument("--update-readme", action="store_true", help="splice the table into README.md")
     parser.add_argument(
         "--from",
