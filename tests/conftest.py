@@ -1,8 +1,10 @@
 """Test setup: the Triton interpreter where there is no GPU, corrected for bf16 and spared its
-repeated patching, plans checked on every call, the `cuda` marker, a clean backend."""
+repeated patching, plans checked on every call, the `cuda` and `parity` markers, --parity-subset,
+a clean backend."""
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +26,64 @@ if interpreter_requested() and importlib.util.find_spec("triton"):
 import fastformer.backend  # after TRITON_INTERPRET, on purpose
 
 HAS_CUDA = torch.cuda.is_available()
+HERE = Path(__file__).resolve().parent
+# Parametrizations of each parity test function that --parity-subset quick keeps: the first, the
+# last and one between, so that the ends of a list (odd lengths, bf16, masks) are among them.
+PARITY_QUICK = 3
+# The -k keyword of the parity tests --parity-subset quick keeps: tools/gpu_check/tests.py's rest
+# selection, `-k "not parity_subset_quick"`, is everything quick leaves out, cuda tests included.
+PARITY_QUICK_KEYWORD = "parity_subset_quick"
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--parity-subset",
+        choices=("quick", "rest"),
+        help=f"keep (quick) or drop (rest) {PARITY_QUICK} parametrizations of each parity test, spread over "
+        "its list; the two together run every parity test once. Tests not marked `parity` are left alone.",
+    )
+
+
+def uses_device_fixture(item):
+    """Whether a test gets this file's `device` fixture, itself or through another fixture. A test
+    that parametrizes an argument named `device` (test_cuda_graphs' option checks) gets the value
+    it names instead; tests outside this folder see no such fixture."""
+    params = getattr(item, "callspec", None)
+    return (
+        "device" in getattr(item, "fixturenames", ())
+        and "device" not in (params.params if params else {})
+        and HERE in item.path.parents
+    )
+
+
+def spread(n, k):
+    """Indices of k of n items: the first, the last and evenly between (all n when n <= k)."""
+    if n <= k:
+        return set(range(n))
+    return {(i * (n - 1) + (k - 1) // 2) // (k - 1) for i in range(k)}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m and -k read the markers and keywords added here
 def pytest_collection_modifyitems(config, items):
+    """Mark the tests that take `device` `parity` (what a GPU run adds to the `cuda` tests), tag
+    the ones --parity-subset quick keeps with PARITY_QUICK_KEYWORD, apply --parity-subset, and
+    skip the `cuda` tests where there is no GPU."""
+    functions = {}  # (parent, function name): its parity tests in collection order
+    for item in items:
+        if uses_device_fixture(item):
+            item.add_marker(pytest.mark.parity)
+            functions.setdefault((item.parent.nodeid, getattr(item, "originalname", item.name)), []).append(item)
+    quick, rest = set(), set()
+    for parametrizations in functions.values():
+        kept = spread(len(parametrizations), PARITY_QUICK)
+        for i, item in enumerate(parametrizations):
+            (quick if i in kept else rest).add(item)
+    for item in quick:
+        item.extra_keyword_matches.add(PARITY_QUICK_KEYWORD)
+    drop = {"quick": rest, "rest": quick, None: set()}[config.getoption("parity_subset")]
+    if drop:
+        config.hook.pytest_deselected(items=[item for item in items if item in drop])
+        items[:] = [item for item in items if item not in drop]
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (run `pytest -m cuda` on a GPU)")

@@ -425,7 +425,10 @@ def test_bad_lowp_dtype_is_refused(op, lowp_dtype, device):
 
 
 @pytest.mark.bf16
-@pytest.mark.skipif(not kernels.INTERPRET, reason="bf16 is refused under Triton's interpreter only")
+@pytest.mark.skipif(
+    not kernels.INTERPRET,
+    reason="about Triton's interpreter (TRITON_INTERPRET=1), which refuses bf16 and a GPU run does not use",
+)
 def test_bf16_lowp_dtype_is_refused_under_the_interpreter(device, uncorrected_interpreter):
     """fp32 inputs, only y_low in bf16: refused as well."""
     x, residual, weight, bias, _ = float_inputs((3, 16), device)
