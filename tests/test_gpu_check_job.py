@@ -1,0 +1,148 @@
+"""The GPU check's job stage (tools.gpu_check.job) on a CPU: both `fastformer train` jobs end to end
+at the smoke size, the reading of what a job prints and writes, the data it falls back to without
+the carried sdist, and a job that fails or is cut at its budget."""
+
+import json
+import os
+import tempfile
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tools.convergence import TINY
+from tools.gpu_check import job
+from tools.gpu_check.run import ROOT, Failed, Run
+
+FIGURES = ("wall_seconds", "setup_seconds", "first_step_seconds", "train_seconds", "tokens_per_s")
+on_a_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the stage's CPU behaviour; on a GPU run the command")
+
+
+def smoke_run(budget=300):
+    """What the stage reads of a Run: the smoke plan's config and budget, on a CPU, started now."""
+    plan = SimpleNamespace(budget_seconds={"job": budget}, config=TINY)
+    return SimpleNamespace(plan=plan, mode="smoke", cuda=False, stage_started=time.monotonic())
+
+
+@on_a_cpu
+def test_the_stage_trains_on_both_backends_and_reads_back_their_figures(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run(str(out), ["job"], "smoke", "python -m tools.gpu_check --smoke --stage job")
+    run.stage_started = time.monotonic()
+    details = job.stage(run)
+    assert details["data"] == job.REVIEWS_200 and details["data_command"] is None
+    for backend in ("triton", "reference"):
+        figures = details[backend]
+        assert "error" not in figures, figures
+        assert figures["returncode"] == 0 and not figures["timed_out"]
+        assert all(figures[key] > 0 for key in FIGURES), figures
+        assert figures["setup_seconds"] < figures["first_step_seconds"] < figures["wall_seconds"]
+        assert 0 <= figures["accuracy"] <= 1
+        assert figures["kernels"] == backend and figures["step_mode"] == "eager" and figures["device"] == "cpu"
+    # Triton's interpreter: one step; the reference: the whole epoch of 180 reviews in batches of 4
+    assert details["triton"]["max_steps"] == 1 and details["triton"]["steps"] == 1
+    assert details["reference"]["max_steps"] is None and details["reference"]["steps"] == 45
+    assert "\n" not in details["summary"] and details["summary"].startswith("CPU figures")
+    assert "triton/reference" in details["summary"] and "smoke" in details["summary"]
+    assert os.listdir(out) == [] and os.listdir(scratch) == []  # nothing in DIR, the temporary folder gone
+
+
+def bar(steps, rate):
+    return f"Train 1/1:  10%|▉         | {steps}/45 [00:02<01:50, {rate}]"
+
+
+@pytest.mark.parametrize(
+    "rate, steps, first_step",
+    [
+        ("2.50s/ batch", 1, 3.0 + 2.5),  # the refresh after step 1: its own time
+        ("250.00 batch/s", 1, 3.0 + 0.004),
+        ("115.32 batch/s", 10, 3.0 + 1 / 115.32),  # 10 fast steps: their mean
+        ("2.00s/ batch", 2, 3.0 + job.TQDM_INTERVAL),  # step 1 under tqdm's interval, step 2 slow
+    ],
+)
+def test_the_first_step_is_read_from_the_header_and_the_first_epochs_bar(rate, steps, first_step):
+    lines = [
+        (1.0, "Training a BPE vocab of up to 8000 + 7 pieces on 8985 reviews"),
+        (2.5, "Test  1/1:  50%|█████     | 1/2 [00:00<00:00,  9.00s/ batch]"),  # not the train bar
+        (3.0, "  run dir  runs/sentiment-20261128-120000"),
+        (3.1, "Train 1/1:   0%|          | 0/45 [00:00<?, ? batch/s]"),
+        (9.0, bar(steps, rate)),
+        (9.5, bar(steps + 1, "1.00s/ batch")),
+    ]
+    setup, first, refresh = job.first_step(lines)
+    assert setup == 3.0 and first == pytest.approx(first_step) and refresh == steps
+    assert job.first_step(lines[:2] + lines[3:])[1:] == (None, None)
+    assert job.first_step(lines[:4]) == (3.0, None, None)
+
+
+@pytest.mark.parametrize(
+    "modes, step_mode",
+    [
+        ({"cuda_graphs": False, "compile": False}, "eager"),
+        ({"cuda_graphs": True, "compile": False}, "CUDA graphs"),
+        ({"cuda_graphs": False, "compile": True}, "compile"),
+    ],
+)
+def test_a_run_directory_gives_the_epochs_figures_and_what_ran(tmp_path, modes, step_mode):
+    epoch = {"epoch": 1, "steps": 71, "epoch_steps": 71, "seconds": 4.0, "tokens_per_s": 250_000.0}
+    (tmp_path / "metrics.json").write_text(json.dumps({"epochs": [epoch], "test_accuracy": 0.75}))
+    info = {"kernels": "triton", "amp": "bf16", "device": "cuda", "max_steps": None, **modes}
+    (tmp_path / "run.json").write_text(json.dumps(info))
+    assert job.read_run(str(tmp_path)) == {
+        "train_seconds": 4.0,
+        "tokens_per_s": 250_000.0,
+        "accuracy": 0.75,
+        "steps": 71,
+        "step_mode": step_mode,
+        "kernels": "triton",
+        "amp": "bf16",
+        "device": "cuda",
+        "max_steps": None,
+    }
+
+
+def test_without_the_carried_sdist_the_jobs_train_on_the_200_reviews_and_say_so(monkeypatch):
+    monkeypatch.setattr(job, "CARRY", "no-such-carry")
+    options, data = job.choose_data(SimpleNamespace(mode="full"), {}, 60)
+    assert options == ["--train", os.path.join(ROOT, job.REVIEWS_200)]
+    assert data["data"] == job.REVIEWS_200 and data["data_command"] is None
+    assert "no no-such-carry/vaderSentiment-3.3.2.tar.gz" in data["data_note"]
+    assert "tools/gpu_carry.sh" in data["data_note"]
+    figures = {"accuracy": 0.7, "tokens_per_s": 1e5, "first_step_seconds": 9.0, "steps": 2, "max_steps": None}
+    line = job.summary({"triton": figures, "reference": figures, **data}, cuda=True)
+    assert data["data_note"] in line and not line.startswith("CPU")
+
+
+@pytest.mark.skipif(
+    not os.path.isfile(os.path.join(ROOT, job.CARRY, "vaderSentiment-3.3.2.tar.gz")),
+    reason="no gpu-carry/ here (tools/gpu_carry.sh fills it)",
+)
+def test_the_carried_sdist_becomes_the_dataset_in_the_jobs_cache(tmp_path):
+    options, data = job.choose_data(SimpleNamespace(mode="full"), {"XDG_CACHE_HOME": str(tmp_path)}, 60)
+    assert options == ["--dataset", "rotten-tomatoes"] and data["data"] == "rotten-tomatoes"
+    assert sorted(os.listdir(tmp_path / "fastformer" / "rotten-tomatoes")) == ["test.tsv", "train.tsv"]
+
+
+@on_a_cpu
+def test_a_job_that_exits_non_zero_fails_the_stage_with_its_last_lines(monkeypatch):
+    monkeypatch.setattr(job, "REVIEWS_200", os.path.join("tests", "data", "no-such-file.tsv"))
+    with pytest.raises(Failed) as failed:
+        job.stage(smoke_run())
+    message, details = str(failed.value), failed.value.details
+    assert message.startswith("the triton job exited 2; the reference job exited 2\n")
+    assert "fastformer train: error: train file not found" in message
+    for backend in ("triton", "reference"):
+        assert details[backend]["returncode"] == 2
+        assert details[backend]["last_lines"][-1].startswith("fastformer train: error: train file not found")
+    assert details["summary"].count("train file not found") == 2
+
+
+@on_a_cpu
+def test_a_job_cut_at_its_budget_fails_the_stage():
+    with pytest.raises(Failed, match=r"^the triton job stopped at its 2 s; the reference job stopped at its \d s"):
+        job.stage(smoke_run(budget=3))
