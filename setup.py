@@ -32,7 +32,17 @@ setup(
     extras_require={
         # mkdocs: tests/test_docs.py builds the manual (docs/) as CI does
         # ruff pinned: a new release's rules or style would fail CI on code that did not change
-        "test": ["pytest", "pytest-benchmark", "hypothesis", "mkdocs", "mkdocs-material", "ruff==0.17.6"],
+        # setuptools >= 70.1 builds an editable install without build isolation, as tools/gpu_run.sh
+        # does offline on a GPU machine (tests/test_gpu_run.py rehearses it); older ones need `wheel`
+        "test": [
+            "pytest",
+            "pytest-benchmark",
+            "hypothesis",
+            "mkdocs",
+            "mkdocs-material",
+            "ruff==0.17.6",
+            "setuptools>=70.1",
+        ],
         "bench": ["pytest", "pytest-benchmark"],
         "docs": ["mkdocs", "mkdocs-material"],
     },

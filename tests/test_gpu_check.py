@@ -15,15 +15,17 @@ import pytest
 import torch
 
 import fastformer
-from tools.benchmarks import cases
+from tools.benchmarks import cases, common, targets
+from tools.benchmarks.common import KERNEL_ROWS, kernel_rows
+from tools.benchmarks.targets import TARGETS
 from tools.convergence import TINY
-from tools.gpu_check.bench import KERNEL_ROWS, kernel_rows
+from tools.gpu_check.bench import KERNEL_PROFILE, bench_cases
 from tools.gpu_check.command import STAGE_FUNCTIONS, main
 from tools.gpu_check.compile import graph_breaks
 from tools.gpu_check.determinism import first_mismatch
 from tools.gpu_check.env import copy_gbps, git_commit, output
 from tools.gpu_check.model import PROFILE_ROWS, model_cases, model_flops
-from tools.gpu_check.plan import FULL, QUICK, SMOKE, STAGES
+from tools.gpu_check.plan import FULL, MODEL_ORDER, QUICK, REST, SMOKE, STAGES
 from tools.gpu_check.run import UNITS, stream
 from tools.gpu_check.tests import junit_counts
 
@@ -44,7 +46,7 @@ TOP_KEYS = {
     "plots",
 }
 STAGE_KEYS = {"status", "seconds", "reason", "error", "traceback", "details"}
-RECORD_KEYS = {"bench", "provider", "params", "ms", "tflops", "tokens_per_s", "peak_mem_mb", "mfu"}
+RECORD_KEYS = {*common.RECORD_KEYS, "mfu"}  # and "kernels" where the stage profiled the case
 # the --smoke run on a GPU would run the cuda tests and compile for real: that is the command's job there
 CPU_ONLY = pytest.mark.skipif(
     torch.cuda.is_available(), reason="the CPU behaviour of --smoke; on a GPU run the command"
@@ -58,7 +60,7 @@ def smoke(tmp_path_factory):
     pytest process the interpreter's allocations page-fault ten times more."""
     out = tmp_path_factory.mktemp("smoke")
     (out / "notes.txt").write_text("not gpu_check's\n")
-    (out / "plot-attention_fwd_d128.png").write_bytes(b"an earlier run's plot")
+    (out / "plot-attention_fwd_d64.png").write_bytes(b"an earlier run's plot")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     result = subprocess.run(
         [sys.executable, "-m", "tools.gpu_check", "--smoke", "--out", str(out)],
@@ -97,7 +99,13 @@ def test_smoke_run_exits_0_and_writes_only_its_files(smoke):
     names = {p.name for p in out.iterdir()} - {"notes.txt"}
     plots = {n for n in names if n.endswith(".png")}
     assert names - plots == {"summary.md", "results.json", "log.txt", "junit.xml"}
-    assert plots == {"plot-attention_fwd_d16.png", "plot-attention_fwd_bwd_d16.png", "plot-model.png"}
+    # at most four: model tokens/s, and attention TFLOP/s per (bench, head dim), D64 (here 16) first
+    assert plots == {
+        "plot-attention_fwd_d16.png",
+        "plot-attention_fwd_bwd_d16.png",
+        "plot-attention_fwd_d128.png",
+        "plot-model.png",
+    }
     assert len(names) <= 8 and len(plots) <= 4
     assert all((out / p).read_bytes()[:4] == b"\x89PNG" for p in plots)
     assert (out / "notes.txt").read_text() == "not gpu_check's\n"  # not ours: left alone
@@ -123,6 +131,7 @@ def test_results_json_schema(smoke):
         "determinism": "passed",
         "bench": "passed",
         "model": "passed",
+        "job": "passed",
     }
     for name in ("tests", "compile"):
         assert doc["stages"][name]["reason"].startswith("needs CUDA: ")
@@ -147,16 +156,12 @@ def test_smoke_stage_details(smoke):
     assert all(s["mismatch"] is None for s in determinism["attention"]["settings"])
     assert determinism["training"]["steps"] == SMOKE.reps.train_steps
     assert determinism["training"]["mismatch"] is None
-    assert stages["bench"]["failed"] == 0 and stages["bench"]["measured"] >= 5
-    # the kernels of the pairs KERNEL_PROFILE names that smoke runs (its attention_fwd is not causal
-    # at a length the others run), fastformer's beside the peer's; on a CPU, operators
+    assert stages["bench"]["failed"] == 0 and stages["bench"]["measured"] >= 20
+    # the kernels of the pairs KERNEL_PROFILE names, fastformer's beside the peer's; on a CPU, operators
     kernels = stages["bench"]["kernel_profile"]
-    assert [tuple(case.split("-")[:2]) for case in kernels] == [
-        ("ffn_fwd_bwd", "fastformer"),
-        ("ffn_fwd_bwd", "eager"),
-        ("attention_fwd_bwd", "fastformer"),
-        ("attention_fwd_bwd", "sdpa"),
-    ]
+    assert {tuple(case.split("-")[:2]) for case in kernels} == {
+        (bench, provider) for bench, _, providers in KERNEL_PROFILE for provider in providers
+    }
     for rows in kernels.values():
         whole, *named = rows
         assert whole["kernel"] == "every kernel of the case" and whole["us_per_run"] > 0
@@ -164,9 +169,15 @@ def test_smoke_stage_details(smoke):
         assert sum(r["us_per_run"] for r in named) <= whole["us_per_run"] * 1.001
         assert [r["us_per_run"] for r in named] == sorted((r["us_per_run"] for r in named), reverse=True)
     model = stages["model"]
+    on_a_cpu = ("fastformer", "reference_fp32", "reference", "reference_sdpa")
     assert {(r["bench"], r["provider"]) for r in model["rows"]} == {
-        (b, p) for b in ("model_train", "model_infer") for p in ("fastformer", "fastformer_autotune", "reference_fp32")
+        (b, p) for b in ("model_train", "model_infer") for p in on_a_cpu
     }
+    assert all(r["p20_ms"] <= r["ms"] <= r["p80_ms"] for r in model["rows"])  # per-step wall time, its spread
+    # the train steps' kernels: fastformer's (replayed on a GPU) and the fastest reference's
+    fastest = min((r for r in model["rows"] if r["bench"] == "model_train" and r["provider"].startswith("reference")),
+                  key=lambda r: r["ms"])  # fmt: skip
+    assert set(model["step_kernels"]) == {"fastformer", fastest["provider"]}
     assert all(r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None for r in model["rows"])
     assert model["mfu_note"].startswith("needs CUDA")
     profile = model["host_profile"]  # where the eager train step's host time goes, per provider
@@ -184,23 +195,30 @@ def test_smoke_stage_details(smoke):
 
 @CPU_ONLY
 def test_smoke_report_and_targets(smoke):
+    """Every provider of every kind of case the GPU runs is a row: measured, or skipped with its
+    reason; on a CPU, the targets keep their ratios and withhold the verdicts."""
     _, _, doc = smoke
     report = doc["report"]
     assert set(report) == {"env", "results", "skipped", "failed"} and not report["failed"]
-    assert all(set(r) == RECORD_KEYS for r in report["results"])
-    assert {r["bench"] for r in report["results"]} == {
-        "attention_fwd",
-        "attention_fwd_bwd",
-        "ffn_fwd_bwd",
-        "model_train",
-        "model_infer",
-    }
-    assert {s["provider"] for s in report["skipped"]} == {"flex", "compile", *cases.MODEL_VARIANTS}
-    assert all("CUDA only" in s["reason"] for s in report["skipped"])
-    assert len(doc["targets"]) == 11 and all(t["met"] is None for t in doc["targets"])
+    assert all(RECORD_KEYS <= set(r) <= RECORD_KEYS | {"kernels"} for r in report["results"])
+    rows = {(r["bench"], r["provider"]) for r in report["results"] + report["skipped"]}
+    quick = {(c.bench, c.provider) for c in bench_cases("quick", "cpu")}
+    assert quick <= rows  # the smoke cases are the quick list's kinds on tiny shapes
+    assert {p for b, p in rows if b == "model_train"} == set(cases.MODEL_PROVIDERS)
+    assert {p for b, p in rows if b == "model_infer"} == set(cases.MODEL_PROVIDERS) - set(cases.TRAIN_ONLY)
+    assert all(s["reason"] for s in report["skipped"])
+    reasons = {s["provider"]: s["reason"] for s in report["skipped"] if s["bench"] == "attention_fwd"}
+    assert reasons["sdpa_cudnn"].startswith("sdpa_cudnn: SDPA's CUDNN_ATTENTION does not run this case: ")
+    sdpa = [r for r in report["results"] if r["provider"] == "sdpa"]
+    assert sdpa and all(r["params"]["sdpa_backend"] for r in sdpa)  # the backend that ran, from the profiler
+    kernels = [r for r in report["results"] if r["timing"] == "device"]
+    assert kernels and all(r["graph_ms"] is None and r["graph_note"].startswith("needs CUDA") for r in kernels)
+    assert all(r["reps"] == SMOKE.reps.kernel and r["p20_ms"] <= r["ms"] <= r["p80_ms"] for r in kernels)
+    assert len(doc["targets"]) == len(TARGETS) and all(t["met"] is None for t in doc["targets"])
+    assert all(t["verdict"] == "not judged (CPU)" for t in doc["targets"])
     assert doc["targets_note"].startswith("not judged")
-    ffn = next(t for t in doc["targets"] if t["target"] == "ffn_fwd_bwd vs eager")
-    assert ffn["cases"] == 1 and ffn["worst"] > 0  # the ratio is kept, only the verdict is withheld
+    call = next(t for t in doc["targets"] if t["target"].startswith("attention_model_call fwd_bwd"))
+    assert call["cases"] == 1 and call["worst"] > 0  # the ratio is kept, only the verdict is withheld
 
 
 @CPU_ONLY
@@ -210,7 +228,8 @@ def test_smoke_summary_and_log(smoke):
     assert summary.startswith("# gpu_check on cpu (smoke)")
     for name, entry in doc["stages"].items():
         assert f"| {name} | {entry['status']} | " in summary
-    assert "| ffn_fwd_bwd vs eager | >= 1.15x |" in summary and "not judged (CPU)" in summary
+    assert "| attention_model_call fwd_bwd (padding, dropout 0.1): vs the fastest SDPA | >= 1.50x |" in summary
+    assert "not judged (CPU)" in summary
     assert "## Benchmarks" in summary and "| model_train | B=2" in summary
     log = (out / "log.txt").read_text()
     assert "=== determinism: passed" in log
@@ -427,26 +446,48 @@ def test_model_flops_by_hand():
     assert model_flops(config, [3, 3], [1, 1], "train") == 6 * (50304 + 33216 + 128)
 
 
-def test_the_model_stage_times_the_variants_its_plan_names():
-    """The model stage times fastformer's eager step ("fastformer") and, per plan, its CUDA graph
-    replay and its torch.compile (the cases themselves: bench/test_report.py)."""
+def test_the_model_stage_measures_its_plans_providers_in_order():
+    """Each provider's train step then its inference (none for a way of stepping the optimizer), in
+    the plan's order: the ones the targets read first, so that a spent budget leaves out the rest."""
     from types import SimpleNamespace
 
-    for plan, variants in (
-        (SMOKE, cases.MODEL_VARIANTS),
-        (QUICK, ("fastformer_graphs", "fastformer_fused_adamw")),
-        (FULL, cases.MODEL_VARIANTS),
-    ):
+    assert sorted(MODEL_ORDER) == sorted(cases.MODEL_PROVIDERS)
+    for plan in (SMOKE, QUICK, FULL):
         stub = SimpleNamespace(plan=plan, cuda=False, device=torch.device("cpu"))
-        providers = [(c.bench, c.provider) for c in model_cases(stub)]
-        assert [p for p in providers if p[1] in cases.MODEL_VARIANTS] == [
-            (f"model_{kind}", v)
+        measured = [(c.bench, c.provider) for c in model_cases(stub)]
+        assert measured == [
+            (f"model_{kind}", p)
+            for p in plan.model_providers
             for kind in ("train", "infer")
-            for v in variants
-            if kind == "train" or v not in cases.TRAIN_VARIANTS  # a train step's variant alone
+            if kind == "train" or p not in cases.TRAIN_ONLY
         ]
-        assert ("model_train", "fastformer") in providers
+    assert "fastformer_autotune" not in QUICK.model_providers  # every kernel config timed: a full run's
     assert FULL.model_batch == 128  # bench/test_report.py: 128 reviews pad to a bucket length
+
+
+def test_the_two_calls_of_a_lease_split_the_stages_and_fit_their_budget():
+    assert set(QUICK.stages) | set(REST.stages) == set(STAGES)
+    assert set(QUICK.stages) & set(REST.stages) == {"env", "tests"}
+    for plan in (QUICK, REST):
+        assert sum(plan.budget_seconds[s] for s in plan.stages) <= 510  # gpu_run.sh stops it at 535 s
+    assert set(FULL.stages) == set(STAGES) == set(SMOKE.stages)
+
+
+def test_the_first_call_measures_both_sides_of_every_target():
+    """What decides comes in the first call: for each target, its provider and a peer (or its
+    fallback's) in the quick bench list or the quick model stage's providers, in a case it reads."""
+    quick = bench_cases("quick", "cpu")
+    for target in TARGETS:
+        if target.bench.startswith("model_"):
+            assert targets.providers_needed(target) <= set(QUICK.model_providers), target.name
+            continue
+        read = {c.provider for c in quick if c.bench == target.bench and target.select(c.params)}
+        assert target.ours in read, target.name
+        assert not target.peers or set(target.peers) & read, target.name
+        if target.fallback:
+            assert set(target.fallback.peers) & read, target.name
+    first = [c.provider for c in quick[:12]]  # the causal targets' cases lead the list
+    assert first[:5] == ["fastformer", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient"]
 
 
 def test_copy_bandwidth_is_measured_on_any_device():

@@ -1,32 +1,56 @@
 #!/usr/bin/env bash
 # The one command a lent GPU machine runs, from the repository root, as it is:
 #
-#     bash tools/gpu_run.sh                  # writes into $OUT (the device tool's folder), else ./gpu-out
-#     bash tools/gpu_run.sh --stage model    # any further arguments go to tools.gpu_check
+#     bash tools/gpu_run.sh                  # the first call: gpu_check --quick, into $OUT (else ./gpu-out)
+#     bash tools/gpu_run.sh --rest           # the second call: gpu_check --rest
+#     bash tools/gpu_run.sh --quick --stage model   # any further arguments go to tools.gpu_check
 #
+# The first argument picks the mode (--quick, the default; --rest; --full; --smoke, the CPU rehearsal).
 # 1. installs this checkout offline with what the machine has (torch, Triton, sentencepiece,
-#    pytest, pytest-benchmark and setuptools are there; nothing can be fetched);
-# 2. prints the versions and `nvidia-smi -L`;
-# 3. runs `python3 -m tools.gpu_check --quick --out "$OUT"`, its files straight into $OUT (at most
+#    pytest, pytest-benchmark, pytest-xdist and setuptools are there; nothing can be fetched);
+# 2. installs what the session carried for it (tools/gpu_carry.sh fills gpu-carry/ here; the device
+#    tool's `carry` takes it there): the wheels in gpu-carry/wheels, into a folder of its own put
+#    on PYTHONPATH, and says which; without them the peers they provide are skipped with the reason;
+# 3. prints the versions and `nvidia-smi -L`;
+# 4. runs `python3 -m tools.gpu_check <mode> --out "$OUT"`, its files straight into $OUT (at most
 #    8 files, no subfolders: what the device tool brings back), and stops it with SIGINT when this
 #    script has run GPU_RUN_SECONDS (default 535, inside the device tool's 560 s cut), so that it
 #    still writes the stages it finished and marks the one it was in "interrupted"; SIGKILL 15 s
 #    after that.
 # The versions are printed again at the end, so the tool's output tail holds them too.
 # Exit status: tools.gpu_check's (0 no stage failed, 1 one did, 2 a bad command line), 124 when it
-# was stopped at the limit, 3 when the install failed.
+# was stopped at the limit, 3 when an install failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 out="${OUT:-gpu-out}"
 seconds="${GPU_RUN_SECONDS:-535}"  # counted from this script's start (bash's SECONDS)
 python="${PYTHON:-python3}"
+carry="${GPU_CARRY:-gpu-carry}"
+mode="--quick"
+case "${1:-}" in
+    --quick | --rest | --full | --smoke) mode="$1"; shift ;;
+esac
+[ "$mode" = "--full" ] && mode=""  # gpu_check's default mode
 mkdir -p "$out"
 
 echo "== install (offline)"
 if ! "$python" -m pip install --quiet --no-deps --no-build-isolation --no-index -e .; then
     echo "gpu_run: the offline install failed (see above); nothing was run" >&2
     exit 3
+fi
+shopt -s nullglob
+wheels=("$carry"/wheels/*.whl)
+if [ ${#wheels[@]} -gt 0 ]; then
+    site="$(mktemp -d "${TMPDIR:-/tmp}/gpu-run-site.XXXXXX")"
+    if ! "$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$site" "${wheels[@]}"; then
+        echo "gpu_run: installing the carried wheels failed (see above); nothing was run" >&2
+        exit 3
+    fi
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    echo "carried wheels installed into $site: $(for w in "${wheels[@]}"; do basename "$w"; done | tr '\n' ' ')"
+else
+    echo "no carried wheels in $carry/wheels (tools/gpu_carry.sh fetches them): the peers they provide are skipped"
 fi
 
 preamble="$(
@@ -53,9 +77,9 @@ echo "== versions"
 echo "$preamble"
 
 left=$((seconds - SECONDS))
-echo "== tools.gpu_check --quick, stopped after ${left} s"
+echo "== tools.gpu_check ${mode:-(full)}, stopped after ${left} s"
 PYTHONUNBUFFERED=1 timeout --signal=INT --kill-after=15 "$left" \
-    "$python" -m tools.gpu_check --quick --out "$out" "$@"
+    "$python" -m tools.gpu_check ${mode:+"$mode"} --out "$out" "$@"
 status=$?
 
 echo "== done: exit ${status}; files in ${out}: $(ls "$out" | tr '\n' ' ')"

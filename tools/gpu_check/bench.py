@@ -3,48 +3,46 @@ measured in the same run (tools.benchmarks); then, for the pairs where fastforme
 the last GPU run (KERNEL_PROFILE), each one's kernels under torch.profiler: device time per kernel
 per call, the most first (where the time goes, ours beside the peer's)."""
 
-import time
 from collections import Counter
 
-import torch
-from torch.autograd import DeviceType
-
 from tools.benchmarks import cases as suite
-from tools.benchmarks import report as bench_report
-from tools.benchmarks.common import synchronize
-from tools.gpu_check.run import CPU_TARGETS, error_text, measure_cases, raise_for_cases
-
-BENCH_ORDER = ("model_train", "ffn_fwd_bwd", "attention_fwd", "attention_fwd_bwd")
+from tools.benchmarks.targets import judged
+from tools.gpu_check.run import CPU_TARGETS, measure_cases, raise_for_cases
 
 
 def stage(run):
-    cases = _bench_cases(run)
-    details = measure_cases(run, "bench", cases)
-    targets = run.targets()
-    met = sum(t["met"] is True for t in targets)
-    judged = sum(t["met"] is not None for t in targets)
-    verdict = (
-        f"targets met {met} of {judged} measured ({len(targets)} in all)" if run.cuda else "targets " + CPU_TARGETS
-    )
+    cases = bench_cases(run.plan.bench, run.device)
+    profiled = {c.id for c in _profiled_cases(cases)}
+    details = measure_cases(run, "bench", cases, run.plan.reps.kernel, profiled)
     details["summary"] = (
         f"{details['measured']} measured, {details['skipped']} skipped, {details['failed']} failed, "
-        f"{details['not_run']} not run; {verdict}"
+        f"{details['not_run']} not run; " + (targets_note(run.targets()) if run.cuda else "targets " + CPU_TARGETS)
     )
-    details["kernel_profile"] = _kernel_profile(run, cases)
+    details["kernel_profile"] = {
+        r["case"]: r["kernels"] for r in run.reports["bench"]["results"] if r.get("kernels") is not None
+    }
     raise_for_cases(details)
     return details
 
 
-# The bench cases whose kernels the bench stage lists, fastformer's beside a peer's, for each pair
-# fastformer trailed on the last GPU run (bench/results/gpu/h200-2026-11-28): (bench, the mask or the
-# op, providers). Each takes the stage's first case of its bench and mask or op (in --quick: D 64,
-# L 4096; the tutorial's FFN layer).
+def targets_note(targets):
+    """The targets' verdicts in a few words: "targets: 3 met, 2 not met, 1 within noise, 7 not measured"."""
+    counts = Counter(t["verdict"] for t in targets)
+    return "targets: " + ", ".join(
+        f"{counts[v]} {v}" for v in ("met", "not met", "within noise", "not measured") if counts[v]
+    )
+
+
+# The bench cases whose kernels the bench stage lists (torch.profiler, device time per kernel per
+# call, tools.benchmarks.common.profile_kernels), fastformer's beside a peer's, for each pair the
+# targets judge: (bench, the mask or the op, providers). Each takes the stage's first case of its
+# bench and mask or op (in --quick: D 64, L 4096; the model's call at L 64; the tutorial's FFN layer).
 KERNEL_PROFILE = (
     ("ffn_fwd_bwd", "feed_forward", ("fastformer", "eager")),
     ("attention_fwd", "causal", ("fastformer", "sdpa")),
     ("attention_fwd_bwd", "causal", ("fastformer", "sdpa")),
+    ("attention_model_call", "padding", ("fastformer", "sdpa")),
 )
-KERNEL_ROWS = 8  # kernels listed per case, the most device time first
 
 
 def _profiled_cases(cases):
@@ -60,91 +58,109 @@ def _profiled_cases(cases):
     return chosen
 
 
-def _kernel_profile(run, cases):
-    """{case id: rows} for the KERNEL_PROFILE cases: torch.profiler over the plan's timed calls of
-    each case after its warm-up calls, each kernel's device time (on a CPU: each operator's own CPU
-    time, the code path only); the KERNEL_ROWS kernels with the most, per call of the case: calls,
-    µs and share of the case's total, which the first row gives (calls: every kernel launched).
-    {"not_run": reason} when the bench stage's budget is spent; a case that fails gives {"error"}."""
-    from torch.profiler import ProfilerActivity, profile
-
-    if time.monotonic() > run.deadline("bench"):
-        return {"not_run": f"the bench stage's budget of {run.plan.budget_seconds['bench']} s was spent"}
-    activity, device_type = (
-        (ProfilerActivity.CUDA, DeviceType.CUDA) if run.cuda else (ProfilerActivity.CPU, DeviceType.CPU)
-    )
-    calls, profiles = max(run.plan.reps.measure, 1), {}
-    for case in _profiled_cases(cases):
-        try:
-            fn, _ = case.setup()
-            for _ in range(max(run.plan.reps.warmup, 1)):
-                fn()
-            synchronize(run.device)
-            with profile(activities=[activity]) as profiler:
-                for _ in range(calls):
-                    fn()
-                synchronize(run.device)
-            profiles[case.id] = kernel_rows(profiler.events(), device_type, calls)
-        except Exception as error:  # noqa: BLE001 (a profile is a diagnosis: the stage's figures stand without it)
-            profiles[case.id] = {"error": error_text(error)}
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    return profiles
+# the long attention shape the kernel targets are judged at (B * L = 16384 tokens, H 16), as
+# tools.benchmarks.cases.attention_cases builds it
+LONG = dict(B=4, H=16, L=4096)
+SDPA = ("sdpa", *suite.SDPA_BACKENDS)
+MODEL_CALL_LENGTHS = (64, 128, 256)
 
 
-def kernel_rows(events, device_type, calls):
-    """Rows of the kernel profile from a profiler's events: those of device_type summed by name (on
-    CUDA the kernels, copies and fills, each its duration on the device; on a CPU each operator's
-    own time), per call of the case."""
-    totals, counts = Counter(), Counter()
-    cpu = device_type == DeviceType.CPU
-    for event in events:
-        if event.device_type == device_type:
-            totals[event.name] += event.self_cpu_time_total if cpu else event.time_range.elapsed_us()
-            counts[event.name] += 1
-    whole = sum(totals.values())
-    rows = [
-        {
-            "kernel": "every kernel of the case",
-            "calls_per_run": sum(counts.values()) / calls,
-            "us_per_run": round(whole / calls, 2),
-            "share": 1.0,
-        }
+def bench_cases(kind, device):
+    """The bench stage's cases for a plan's `bench`, in the order measured: the cases the targets
+    read first (fastformer and its peers), then the other masks, head dims and dtypes, and the
+    compiled peers, the slowest to set up, last. "quick": D64 (and D128, fp16) at L 4096, the
+    model's attention call at its three lengths, the tutorial's FFN and add + LayerNorm layers;
+    "full": those, then every other case a target reads (L 8192 and 16384, fastformer_autotune);
+    "smoke": the same kinds of cases on tiny shapes, for a CPU."""
+    if kind == "smoke":
+        return _smoke_cases(device)
+    cases = _quick_cases(device)
+    if kind == "full":
+        seen = {c.id for c in cases}
+        more = suite.attention_cases(device) + suite.ffn_cases(device)
+        cases += [c for c in more if c.id not in seen and judged(c)]
+        cases += [
+            _autotuned(c, device) for c in cases if c.provider == "fastformer" and c.bench.startswith("attention_f")
+        ]
+    return cases
+
+
+def _autotuned(case, device):
+    """An attention case's fastformer_autotune twin: every kernel config timed in place of the rules' picks."""
+    p = case.params
+    mode = case.bench.removeprefix("attention_")
+    shape = (p["B"], p["H"], p["L"])
+    return suite.attention_case(mode, p["dtype"], p["D"], p["mask"], *shape, "fastformer_autotune", device, p["shape"])
+
+
+def _attention(modes, mask, providers, device, D=64, dtype="bf16"):
+    return [
+        suite.attention_case(mode, dtype, D, mask, LONG["B"], LONG["H"], LONG["L"], p, device)
+        for mode in modes
+        for p in providers
     ]
-    for name, total in totals.most_common(KERNEL_ROWS):
-        rows.append(
-            {
-                "kernel": name if len(name) <= 90 else name[:87] + "...",
-                "calls_per_run": counts[name] / calls,
-                "us_per_run": round(total / calls, 2),
-                "share": round(total / whole, 3) if whole else None,
-            }
-        )
-    return rows
 
 
-def _bench_cases(run):
-    """bench.report --targets' cases (in --quick, D 64 at L 4096, the tutorial's FFN layer, no compiled
-    model), the model first; in --smoke a few tiny cases of every kind the report draws."""
-    if run.mode == "smoke":
+def _model_call(modes, providers, device, lengths=MODEL_CALL_LENGTHS, **shape):
+    return [
+        suite.attention_model_call_case(mode, L, p, device, **shape)
+        for mode in modes
+        for L in lengths
+        for p in providers
+    ]
 
-        def wanted(c):
-            if c.bench == "attention_fwd":
-                return (c.params["mask"], c.params["L"]) in (("padding_causal", 13), ("causal", 16))
-            if c.bench == "attention_fwd_bwd":
-                return c.params["mask"] == "causal" and c.params["L"] == 8 and c.provider != "reference"
-            return c.bench == "ffn_fwd_bwd"
 
-        return [c for c in suite.smoke_suite(run.device) if wanted(c)]
-    cases = [c for c in suite.full_suite(run.device) if bench_report.judged(c)]
-    if run.mode == "quick":
+def _quick_cases(device):
+    ffn = dict(M=32768, d=256, d_ff=1024)
+    both = ("fwd", "fwd_bwd")
+    return [
+        *_attention(both, "causal", ("fastformer", *SDPA), device),
+        *_model_call(("fwd_bwd",), ("fastformer", *SDPA, "flex"), device),
+        *[suite.ffn_case("fwd_bwd", "feed_forward", **ffn, provider=p, device=device) for p in ("fastformer", "eager")],
+        *[suite.add_layer_norm_case("fwd_bwd", 32768, 256, p, device) for p in ("fastformer", "liger", "eager")],
+        *_attention(both, "padding_causal", ("fastformer", "flex", *SDPA), device),
+        *_attention(both, "none", ("fastformer", *SDPA, "flex"), device),
+        *_model_call(("fwd",), ("fastformer", *SDPA), device),
+        *_attention(both, "causal", ("fastformer", *SDPA), device, D=128),
+        *_attention(both, "causal", ("fastformer", *SDPA), device, dtype="fp16"),
+        *[suite.ffn_case("fwd", "feed_forward", **ffn, provider=p, device=device) for p in suite.FFN_PROVIDERS],
+        suite.ffn_case("fwd", "feed_forward", **ffn, provider="fastformer_fused", device=device),
+        *[suite.add_layer_norm_case("fwd", 32768, 256, p, device) for p in suite.ADD_LAYER_NORM_PROVIDERS],
+        suite.add_layer_norm_case("fwd_bwd", 32768, 256, "compile", device),
+        *[suite.ffn_case("fwd_bwd", "feed_forward", **ffn, provider=p, device=device) for p in suite.COMPILE_MODES],
+    ]
 
-        def wanted(c):
-            if c.bench.startswith("attention"):
-                return c.params["D"] == 64 and c.params["L"] == 4096
-            if c.bench.startswith("ffn"):
-                return c.params["M"] == 32768
-            return c.provider in run.plan.model_providers
 
-        cases = [c for c in cases if wanted(c)]
-    return sorted(cases, key=lambda c: BENCH_ORDER.index(c.bench) if c.bench in BENCH_ORDER else len(BENCH_ORDER))
+def _smoke_cases(device):
+    """Every provider and kind of case of the quick list, on shapes a CPU runs through Triton's
+    interpreter in seconds (fp32 but for the fp16 row; B 2, H 2, L 13: no block multiple)."""
+    tiny = dict(B=2, H=2, L=13)
+    both = ("fwd", "fwd_bwd")
+
+    def attention(modes, mask, providers, D=16, dtype="fp32"):
+        return [
+            suite.attention_case(m, dtype, D, mask, **tiny, provider=p, device=device, shape="tiny")
+            for m in modes
+            for p in providers
+        ]
+
+    ffn = dict(M=24, d=16, d_ff=32, dtype="fp32")
+    return [
+        *attention(both, "causal", ("fastformer", *SDPA)),
+        *_model_call(both, ("fastformer", *SDPA, "flex", "reference"), device, (13,), B=2, H=2, D=16, dtype="fp32"),
+        *attention(both, "padding_causal", ("fastformer", "flex", *SDPA)),
+        *attention(("fwd",), "none", ("fastformer", "sdpa", "reference", "compile")),
+        *attention(("fwd",), "causal", ("fastformer", "sdpa"), D=128),
+        *attention(("fwd",), "causal", ("fastformer", "sdpa"), dtype="fp16"),
+        *[
+            suite.ffn_case(m, "feed_forward", **ffn, provider=p, device=device)
+            for m in both
+            for p in suite.FFN_PROVIDERS
+        ],
+        suite.ffn_case("fwd", "feed_forward", **ffn, provider="fastformer_fused", device=device),
+        *[
+            suite.add_layer_norm_case(m, 24, 16, p, device, dtype="fp32")
+            for m in both
+            for p in suite.ADD_LAYER_NORM_PROVIDERS
+        ],
+    ]

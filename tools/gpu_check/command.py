@@ -8,9 +8,9 @@ import time
 import traceback
 
 import tools.gpu_check
-from tools.gpu_check import bench, determinism, env, model, tests
+from tools.gpu_check import bench, determinism, env, job, model, tests
 from tools.gpu_check import compile as compile_check
-from tools.gpu_check.plan import STAGES
+from tools.gpu_check.plan import PLANS, STAGES
 from tools.gpu_check.report import note, summary_table
 from tools.gpu_check.run import Run, Skipped, clear_outputs, now, release
 
@@ -22,6 +22,7 @@ STAGE_FUNCTIONS = {
     "determinism": determinism.stage,
     "bench": bench.stage,
     "model": model.stage,
+    "job": job.stage,
 }
 
 
@@ -89,13 +90,23 @@ def parse_args(argv):
     parser.add_argument("--out", required=True, metavar="DIR", help="the folder the files go to (created if needed)")
     parser.add_argument(
         "--stage",
-        default=",".join(STAGES),
-        help=f"comma-separated stages to run, from: {', '.join(STAGES)} (default: all)",
+        help=f"comma-separated stages to run, from: {', '.join(STAGES)} (default: the mode's; full: all)",
     )
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="a reduced matrix of every stage (under 9 minutes)")
+    size.add_argument(
+        "--quick",
+        action="store_true",
+        help="a 560-s lease's first call: what decides (env, tests, bench, model)",
+    )
+    size.add_argument(
+        "--rest", action="store_true", help="the second call: the rest (env, tests, compile, determinism, job)"
+    )
     size.add_argument("--smoke", action="store_true", help="tiny shapes; on a CPU through Triton's interpreter")
     args = parser.parse_args(argv)
+    args.mode = "smoke" if args.smoke else "quick" if args.quick else "rest" if args.rest else "full"
+    if args.stage is None:
+        args.stages = list(PLANS[args.mode].stages)
+        return args
     names = [n.strip() for n in args.stage.split(",") if n.strip()]
     unknown = [n for n in names if n not in STAGES]
     if unknown:
@@ -103,7 +114,6 @@ def parse_args(argv):
     if not names:
         raise UsageError(f"--stage: no stage given; the stages are {', '.join(STAGES)}")
     args.stages = [s for s in STAGES if s in names]
-    args.mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     return args
 
 

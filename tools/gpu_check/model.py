@@ -13,8 +13,9 @@ import torch.nn.functional as F
 import fastformer
 from fastformer import kernels
 from tools.benchmarks import cases as suite
-from tools.benchmarks.cases import MODEL_VARIANTS, TRAIN_VARIANTS, model_variant_case
+from tools.benchmarks.cases import MODEL_PROVIDERS, TRAIN_ONLY
 from tools.benchmarks.common import synchronize
+from tools.benchmarks.targets import ratio_text, speedup
 from tools.convergence import CONVERGENCE_LR, LOSS_ATOL, compare_curves, convergence_curves, convergence_setup
 from tools.gpu_check.run import ROOT, Failed, error_text, measure_cases, raise_for_cases
 
@@ -43,35 +44,74 @@ def model_flops(config, enc_lengths, dec_lengths, kind):
 
 
 def stage(run):
-    details = measure_cases(run, "model", model_cases(run))
+    cases = model_cases(run)
+    profiled = {c.id for c in cases if c.bench == "model_train" and c.provider in STEP_KERNELS_OF}
+    details = measure_cases(run, "model", cases, run.plan.reps.steps, profiled)
     results = run.reports["model"]["results"]
-    details["rows"] = [
-        {k: r[k] for k in ("bench", "provider", "ms", "tokens_per_s", "peak_mem_mb", "tflops", "mfu")} for r in results
-    ]
+    details["rows"] = [{k: r[k] for k in ROW_KEYS} for r in results]
     details["mfu_note"] = None if run.gemm_rate() else "needs CUDA: the MFU denominator is the GPU's bf16 GEMM rate"
-    parts = []
-    for bench in ("model_train", "model_infer"):
-        rows = {r["provider"]: r for r in results if r["bench"] == bench}
-        variants = {p: rows.pop(p) for p in MODEL_VARIANTS if p in rows}
-        ours = rows.pop("fastformer", None)
-        if ours:
-            peers = ", ".join(f"{r['ms'] / ours['ms']:.2f}x vs {p}" for p, r in rows.items())
-            mfu = f", MFU {ours['mfu']:.1%}" if ours["mfu"] else ""
-            speedups = f" (speed-up {peers})" if peers else ""
-            parts.append(f"{bench[6:]}: fastformer {ours['tokens_per_s']:,.0f} tok/s{mfu}{speedups}")
-            parts += [
-                f"{bench[6:]}: {p} {r['tokens_per_s']:,.0f} tok/s ({ours['ms'] / r['ms']:.2f}x eager)"
-                for p, r in variants.items()
-            ]
+    details["step_kernels"] = step_kernels(results)
     details["host_profile"] = _host_profile(run)
     details["host_calls"] = _host_calls(run)
     convergence = details["convergence"] = _convergence(run)
+    parts = [step_note(results, bench) for bench in ("model_train", "model_infer")]
     parts.append(_convergence_note(convergence))
     details["summary"] = "; ".join(p for p in parts if p) or "nothing measured"
     raise_for_cases(details)
     if not convergence.get("agree"):
         raise Failed(details["summary"], details)
     return details
+
+
+ROW_KEYS = (
+    "bench",
+    "provider",
+    "ms",
+    "p20_ms",
+    "p80_ms",
+    "tokens_per_s",
+    "peak_mem_mb",
+    "resident_mb",
+    "tflops",
+    "mfu",
+)
+# the train steps whose kernels the stage lists (one step each under torch.profiler): fastformer's
+# replayed and eager steps, and every reference, of which step_kernels keeps the fastest
+STEP_KERNELS_OF = ("fastformer_graphs", "fastformer", *(p for p in MODEL_PROVIDERS if p.startswith("reference")))
+
+
+def best_reference(rows):
+    """The fastest reference provider's record among {provider: record} of one bench, or None."""
+    references = [r for p, r in rows.items() if p.startswith("reference")]
+    return min(references, key=lambda r: r["ms"], default=None)
+
+
+def step_kernels(results):
+    """{provider: kernel rows} of the profiled train steps: fastformer's replayed step (else its
+    eager one) and the fastest reference's, where the time goes once the host is out of the way."""
+    rows = {r["provider"]: r for r in results if r["bench"] == "model_train" and r.get("kernels") is not None}
+    ours = rows.get("fastformer_graphs") or rows.get("fastformer")
+    chosen = [r for r in (ours, best_reference(rows)) if r is not None]
+    return {r["provider"]: r["kernels"] for r in chosen}
+
+
+def step_note(results, bench):
+    """One bench's steps in a line: fastformer's replayed step and eager step in tokens/s, each as
+    a speed-up (with its interval) over the fp32 reference and over the fastest reference."""
+    rows = {r["provider"]: r for r in results if r["bench"] == bench}
+    best = best_reference(rows)
+    notes = []
+    for name in ("fastformer_graphs", "fastformer"):
+        ours = rows.get(name)
+        if ours is None:
+            continue
+        peers = [rows.get("reference_fp32"), best]
+        ratios = []
+        for peer in dict.fromkeys(p["provider"] for p in peers if p):
+            ratio, _ = speedup(ours, rows[peer])
+            ratios.append(f"{ratio_text(ratio)} {peer}")
+        notes.append(f"{name} {ours['tokens_per_s']:,.0f} tok/s" + (f" ({', '.join(ratios)})" if ratios else ""))
+    return f"{bench.removeprefix('model_')}: " + "; ".join(notes) if notes else ""
 
 
 PROFILE_ROWS = 15
@@ -91,11 +131,9 @@ def _host_profile(run):
         return {"not_run": f"the model stage's budget of {run.plan.budget_seconds['model']} s was spent"}
     config = fastformer.Config.tutorial(**run.plan.config)
     amp = None if run.cuda else False  # as model_cases
-    steps, profile = max(run.plan.reps.measure, 1), {}
+    steps, profile = max(run.plan.reps.steps, 1), {}
     for provider in run.plan.host_profile:
-        case = suite.model_case(
-            "train", "classify", provider, run.device, B=run.plan.model_batch, config=config, amp=amp
-        )
+        case = suite.model_case("train", provider, run.device, B=run.plan.model_batch, config=config, amp=amp)
         step, _ = case.setup()
         for _ in range(max(run.plan.reps.warmup, 1)):  # the first step plans, allocates and compiles
             step()
@@ -192,26 +230,19 @@ def _where(file, line, name):
 
 
 def model_cases(run):
-    """MovieClassification train step and inference on review batches (tools.benchmarks.cases.model_case),
-    each credited its model FLOPs (model_flops) so the report computes TFLOP/s and MFU."""
+    """MovieClassification's train step and inference on review batches for each of the plan's
+    providers in its order (tools.benchmarks.cases.model_case), each credited its model FLOPs
+    (model_flops) so the report computes TFLOP/s and MFU."""
     config = fastformer.Config.tutorial(**run.plan.config)
     amp = None if run.cuda else False  # None: each provider's own (fastformer bf16, reference_fp32 fp32, ...)
-    # without autocast (a CPU), "reference" would repeat reference_fp32; compile stays, to show its skip
-    providers = run.plan.model_providers if run.cuda else tuple(p for p in run.plan.model_providers if p != "reference")
     enc, dec, _ = suite.review_batch(config, run.plan.model_batch, False, "cpu")  # the batch the cases build
     lengths = enc.ne(config.i_pad).sum(1).tolist(), dec.ne(config.i_pad).sum(1).tolist()
     cases = []
-    for kind in ("train", "infer"):
-        for provider in providers:
-            case = suite.model_case(
-                kind, "classify", provider, run.device, B=run.plan.model_batch, config=config, amp=amp
-            )
-            case.flops = model_flops(config, *lengths, kind)
-            cases.append(case)
-        for variant in run.plan.model_variants:
-            if kind != "train" and variant in TRAIN_VARIANTS:
+    for provider in run.plan.model_providers:
+        for kind in ("train", "infer"):
+            if kind == "infer" and provider in TRAIN_ONLY:
                 continue
-            case = model_variant_case(kind, variant, run.device, run.plan.model_batch, config, amp=run.cuda)
+            case = suite.model_case(kind, provider, run.device, B=run.plan.model_batch, config=config, amp=amp)
             case.flops = model_flops(config, *lengths, kind)
             cases.append(case)
     return cases

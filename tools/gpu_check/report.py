@@ -15,18 +15,15 @@ def note(entry):
 
 
 def _required(target):
-    sign = "<=" if target["target"] == bench_report.MEMORY_TARGET[0] else ">="
-    return f"{sign} {target['required']}x"
-
-
-def _met(target, judged):
-    if not judged:
-        return "not judged (CPU)"
-    return "not measured" if target["met"] is None else ("met" if target["met"] else "NOT MET")
+    if target["kind"] == "tflops":
+        return f">= {target['required']:.0f} TFLOP/s"
+    return f"{'<=' if target['kind'] == 'memory' else '>='} {target['required']:.2f}x"
 
 
 def _worst(target):
-    return "-" if target["worst"] is None else f"{target['worst']:.2f}x"
+    if target["worst"] is None:
+        return "-"
+    return f"{target['worst']:.2f} [{target['low']:.2f}-{target['high']:.2f}]"
 
 
 def summary_table(document):
@@ -36,11 +33,9 @@ def summary_table(document):
         seconds = "-" if entry["seconds"] is None else f"{entry['seconds']:.1f} s"
         lines.append(f"{name:<12} {entry['status']:<8} {seconds:>8}  {note(entry)}")
     width = max(len(t["target"]) for t in document["targets"])
-    lines += ["", f"{'target':<{width}}  {'required':>9}  {'measured':>8}  result"]
+    lines += ["", f"{'target':<{width}}  {'required':>15}  {'worst [interval]':>20}  verdict"]
     for t in document["targets"]:
-        lines.append(
-            f"{t['target']:<{width}}  {_required(t):>9}  {_worst(t):>8}  {_met(t, not document['targets_note'])}"
-        )
+        lines.append(f"{t['target']:<{width}}  {_required(t):>15}  {_worst(t):>20}  {t['verdict']}")
     return "\n".join(lines)
 
 
@@ -65,12 +60,7 @@ def summary_markdown(document):
     lines += ["", "## Targets", ""]
     if document["targets_note"]:
         lines += [f"Targets {document['targets_note']}.", ""]
-    lines += ["| target | required | measured (worst) | cases | result |", "|---|---|---|---|---|"]
-    judged = not document["targets_note"]
-    lines += [
-        f"| {t['target']} | {_required(t)} | {_worst(t)} | {t['cases']} | {_met(t, judged)} |"
-        for t in document["targets"]
-    ]
+    lines += bench_report.target_table(document["targets"])
     for name, entry in document["stages"].items():
         lines += ["", f"## {name}: {entry['status']}", ""]
         if entry["reason"]:

@@ -15,6 +15,7 @@ import torch
 
 from tools.benchmarks import report as bench_report
 from tools.benchmarks.common import environment, gemm_tflops
+from tools.benchmarks.targets import evaluate_targets
 from tools.gpu_check.plan import PLANS
 from tools.gpu_check.report import summary_markdown
 
@@ -25,18 +26,32 @@ PLOT_PREFIX = "plot"
 MAX_PLOTS = 4
 UNITS = {
     "seconds, *_seconds": "seconds of wall time",
-    "ms, *_ms": "milliseconds per call (median of the timed calls)",
+    "ms, *_ms": (
+        "milliseconds per call: the median of the timed calls, and p20_ms / p80_ms their 20th and 80th "
+        "percentiles; a kernel case's ms is device time as called (CUDA events, L2 flushed), graph_ms the "
+        "same replayed from a CUDA graph; a step's ms is wall time (tools.benchmarks.timing)"
+    ),
+    "flops": "floating-point operations of one call, a multiply-add counting 2 (tools.benchmarks.common)",
     "tflops, *_tflops": "TFLOP/s: 1e12 floating-point operations per second, a multiply-add counting 2",
     "*_gbps": "GB/s: 1e9 bytes per second; a copy counts the bytes read and the bytes written",
     "*_gib": "GiB (2**30 bytes)",
     "peak_mem_mb": (
         "MiB (2**20 bytes) of CUDA memory allocated at the peak of a call, above what was allocated before it"
     ),
+    "resident_mb": (
+        "MiB of CUDA memory allocated and held once a case is set up and has run once (inputs, weights, "
+        "optimizer state, a CUDA graph's pool)"
+    ),
     "tokens_per_s": "real (non-padding) tokens per second",
     "mfu": "achieved TFLOP/s over env.bf16_gemm_tflops (a fraction)",
-    "required, worst": "ratios: a peer's time over fastformer's, or for memory fastformer's peak over the peer's",
+    "required, worst, low, high": (
+        "a target's requirement, its worst case's figure and the interval the two spreads (p20-p80) allow: "
+        "a speed-up (the peer's time over fastformer's), TFLOP/s (kind tflops), or fastformer's peak memory "
+        "over the peer's (kind memory)"
+    ),
     "max_abs_diff, tolerance": "absolute difference of logits",
     "dropout": "a probability",
+    "accuracy": "the fraction of the test reviews classified right (0 to 1)",
     "*_loss, *_loss_diff, loss_atol, loss_tolerance": "cross-entropy in nats (a step's mean over its batch)",
     "lr": "AdamW learning rate",
     "calls_per_step, own_ms_per_step, cum_ms_per_step": (
@@ -45,13 +60,13 @@ UNITS = {
     ),
     "us_per_call": "the model stage's host_calls: microseconds of the host per call, enqueued back to back",
     "calls_per_run, us_per_run, share": (
-        "the bench stage's kernel profile, per call of a case: a kernel's launches, its microseconds on "
-        "the device (on a CPU, an operator's own CPU time), and its fraction of the case's total"
+        "a kernel profile (the bench stage's kernel_profile, the model stage's step_kernels), per call of a "
+        "case: a kernel's launches, its microseconds on the device (on a CPU, an operator's own CPU time), and "
+        "its fraction of the case's total"
     ),
 }
-# providers whose case compiles a function: each starts from a reset Dynamo (measure_cases)
-COMPILED_PROVIDERS = ("compile", "flex", "fastformer_compile")
 CPU_TARGETS = "not judged: a CPU run (the targets are GPU targets; CPU ratios say nothing of them)"
+NOT_JUDGED = "not judged (CPU)"
 
 
 class Skipped(Exception):
@@ -125,11 +140,12 @@ class Run:
         return dict(merged, env=self.env)
 
     def targets(self):
-        """bench.report's targets on this run's records; on a CPU, ratios only, judged nowhere."""
-        targets = bench_report.evaluate_targets(self.report()["results"])
+        """The targets judged on this run's records (tools.benchmarks.targets); on a CPU, ratios
+        only, judged nowhere (verdict "not judged (CPU)")."""
+        targets = evaluate_targets(self.report()["results"])
         if not self.cuda:
             for target in targets:
-                target["met"] = None
+                target.update(met=None, verdict=NOT_JUDGED)
         return targets
 
     def document(self):
@@ -165,15 +181,14 @@ class Run:
         results = union["results"]
         if self._plotted == len(results):
             return
+        sweeps = ("attention_fwd", "attention_fwd_bwd")  # the benches bench.report.plot draws
         groups = sorted(
-            {(r["bench"], r["params"]["D"]) for r in results if r["bench"].startswith("attention") and r["tflops"]},
+            {(r["bench"], r["params"]["D"]) for r in results if r["bench"] in sweeps and r["tflops"]},
             key=lambda g: (g[1] != 64, g),
         )
         has_model = any(r["bench"].startswith("model") and r["tokens_per_s"] for r in results)
         keep = set(groups[: MAX_PLOTS - has_model])
-        chosen = [
-            r for r in results if not r["bench"].startswith("attention") or (r["bench"], r["params"]["D"]) in keep
-        ]
+        chosen = [r for r in results if r["bench"] not in sweeps or (r["bench"], r["params"]["D"]) in keep]
         staging = os.path.join(self.out, f".{PLOT_PREFIX}-tmp")
         try:
             written = bench_report.plot(dict(union, results=chosen), staging)
@@ -225,10 +240,10 @@ def release(run):
         print(f"gpu_check: cleaning up after the stage failed: {type(error).__name__}: {error}", flush=True)
 
 
-def stream(command, timeout):
-    """Run command from the repository root, echoing its output as it comes (into log.txt too);
-    at `timeout` seconds interrupt it (pytest then still writes its report), and kill it a minute
-    later. Returns (returncode, timed_out)."""
+def stream(command, timeout, on_line=None):
+    """Run command from the repository root, echoing its output as it comes (into log.txt too) and
+    handing each line to on_line(line) where given; at `timeout` seconds interrupt it (pytest then
+    still writes its report), and kill it a minute later. Returns (returncode, timed_out)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     process = subprocess.Popen(
         command,
@@ -258,17 +273,20 @@ def stream(command, timeout):
     try:
         for line in process.stdout:
             print(line, end="", flush=True)
+            if on_line is not None:
+                on_line(line.rstrip("\n"))
         returncode = process.wait()
     finally:
         timer.cancel()
     return returncode, expired.is_set()
 
 
-def measure_cases(run, stage, cases):
-    """bench.report.run, one case at a time, into run.reports[stage]: the budget is checked and
-    results.json rewritten after each case. Compiled providers start from a reset Dynamo, so no
-    shared compiled function reaches Dynamo's recompile limit (past it, Dynamo silently runs the
-    function eagerly). Returns the stage's counts."""
+def measure_cases(run, stage, cases, rep, profiled=frozenset()):
+    """bench.report.run, one case at a time (the plan's warm-up calls, then `rep` timed ones; the
+    cases whose ids are in `profiled` also record their kernels), into run.reports[stage]: the
+    budget is checked and results.json rewritten after each case. Each case starts from a reset
+    Dynamo, so no shared compiled function reaches Dynamo's recompile limit (past it, Dynamo
+    silently runs the function eagerly). Returns the stage's counts."""
     gemm_rate = run.gemm_rate()
     report = run.reports[stage] = {"env": run.env, "results": [], "skipped": [], "failed": []}
     deadline, not_run = run.deadline(stage), 0
@@ -281,15 +299,15 @@ def measure_cases(run, stage, cases):
             not_run += 1
             continue
         print(f"[{stage} {i}/{len(cases)}] {case.id}", flush=True)
-        if case.provider in COMPILED_PROVIDERS:
-            torch._dynamo.reset()
+        torch._dynamo.reset()
         part = bench_report.run(
             [case],
             run.device,
             warmup=run.plan.reps.warmup,
-            rep=run.plan.reps.measure,
+            rep=rep,
             gemm_rate=gemm_rate,
             log=lambda line: print(line, flush=True),
+            profiled=profiled,
         )
         for key in ("results", "skipped", "failed"):
             report[key] += part[key]
