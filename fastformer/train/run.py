@@ -25,11 +25,9 @@ import argparse
 import collections.abc
 import contextlib
 import dataclasses
-import math
 import numbers
 import os
 import random
-import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
@@ -39,6 +37,20 @@ from fastformer.data import demo, rotten_tomatoes
 from fastformer.data.files import check_labels, infer_classes, read_reviews
 from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
 from fastformer.environment import BACKEND_ENV, BACKENDS, triton_available, under_torchrun
+from fastformer.train.checks import (
+    COUNT,
+    DEVICE_NAME,
+    LR,
+    N_OUTPUT,
+    PATH,
+    SEED,
+    SWITCH,
+    VOCAB_SIZE,
+    WARMUP,
+    WEIGHT_DECAY,
+    check_values,
+    one_of,
+)
 from fastformer.train.rundir import (
     RUNS,
     check_not_written,
@@ -62,80 +74,10 @@ if TYPE_CHECKING:
 PATH_OPTIONS = ("train", "test", "vocab", "config")
 AMPS = ("auto", "bf16", "fp16", "off")
 DATASETS = ("demo", "rotten-tomatoes")  # --dataset: the embedded set, or what `fastformer data` prepared
-DEVICE = re.compile(r"(cpu|cuda)(?::(\d+))?")  # the devices the job runs on
-MAX_VOCAB_PIECES = 2**31 - 1 - N_SPECIAL  # SentencePiece counts the pieces in a 32-bit int
-MAX_SEED = 2**32 - 1  # any 32-bit seed; with an epoch or a rank added it stays a valid 64-bit torch seed
 
 
 def _option(name):
     return f"--{name.replace('_', '-')}"
-
-
-class Check:
-    """Check(kind, *rules): what an option's value must be, declared with its flag (flag's `check`)
-    and read by check_values. `kind`: int or float, which the value must be (a bool is neither; a
-    float option takes any real number, as json and torch take them), or None; each rule, tried in
-    order, a pair (valid(value), what the option must be: "must be positive, got {}", formatted
-    with the value)."""
-
-    __slots__ = ("kind", "rules")
-
-    def __init__(self, kind, *rules):
-        self.kind, self.rules = kind, rules
-
-
-POSITIVE = (lambda value: value > 0, "must be positive, got {}")
-COUNT = Check(int, POSITIVE)
-PATH = Check(
-    None, (lambda value: isinstance(value, (str, os.PathLike)) and bool(str(value)), "must be a path, got {!r}")
-)
-SWITCH = Check(None, (lambda value: isinstance(value, bool), "must be True or False, got {!r}"))
-VOCAB_SIZE = Check(
-    int,
-    POSITIVE,
-    (
-        lambda value: value <= MAX_VOCAB_PIECES,
-        f"must be at most {MAX_VOCAB_PIECES:,} (SentencePiece counts pieces in 32 bits), got {{:,}}",
-    ),
-)
-N_OUTPUT = Check(
-    None,
-    (
-        lambda value: (
-            value == "auto" or (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0)
-        ),
-        "must be a positive integer or auto, got {!r}",
-    ),
-)
-LR = Check(float, (math.isfinite, "must be a finite number, got {}"), POSITIVE)
-WARMUP = Check(float, (lambda value: 0 <= value < 1, "is a fraction of the steps in [0, 1), got {}"))
-WEIGHT_DECAY = Check(float, (lambda value: math.isfinite(value) and value >= 0, "must be a finite number >= 0, got {}"))
-SEED = Check(int, (lambda value: 0 <= value <= MAX_SEED, f"must be an integer from 0 to {MAX_SEED:,}, got {{}}"))
-# whether the machine has the device is fastformer.train.runtime.resolve_device's to say
-DEVICE_NAME = Check(None, (lambda value: DEVICE.fullmatch(str(value)), "{}: fastformer runs on cpu, cuda or cuda:N"))
-
-
-def one_of(choices):
-    """The Check of an option that takes one of `choices`."""
-    return Check(None, (lambda value: value in choices, f"must be one of {', '.join(choices)}, got {{!r}}"))
-
-
-def check_values(values, checks=None):
-    """Raise ValueError naming the first option of `values` ({name: value}) that is given (not
-    None) and is not what its Check says: checks is {name: (option, Check)}, TrainOptions' by
-    default (CHECKS)."""
-    checks = CHECKS if checks is None else checks
-    for name, value in values.items():
-        if value is None:
-            continue
-        option, check = checks[name]
-        if check.kind is int and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-            raise ValueError(f"{option} must be an integer, got {value!r}")
-        if check.kind is float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-            raise ValueError(f"{option} must be a float, got {value!r} (a {type(value).__name__})")
-        for valid, must in check.rules:
-            if not valid(value):
-                raise ValueError(f"{option} {must.format(value)}")
 
 
 def check_backend(backend_name, has_triton):
@@ -385,7 +327,7 @@ class TrainOptions:
         and with Python's own numbers: an integer or a float of another type (numpy's, say) becomes
         an int or a float, as json and torch take them."""
         values = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        check_values(values)
+        check_values(values, CHECKS)
         changes = {}
         for name, value in values.items():
             if type(value) in (int, float, bool, str) or value is None:
@@ -435,7 +377,7 @@ def default_backend():
 def check_run_options(device, backend_name, amp, batch_size=None):
     """Raise ValueError naming the first of the options `evaluate`, `predict` and `demo` share that
     cannot be right."""
-    check_values({"batch_size": batch_size, "device": device, "backend_name": backend_name, "amp": amp})
+    check_values({"batch_size": batch_size, "device": device, "backend_name": backend_name, "amp": amp}, CHECKS)
 
 
 def check_texts(texts):

@@ -52,6 +52,7 @@ import time
 from fastformer.config import Config, check_config, read_json_object
 from fastformer.data.files import check_file, file_sha256
 from fastformer.data.vocab import check_vocab_matches, load_vocab
+from fastformer.train.checks import DEVICE_NAME, check_values
 
 RUN_FILES = ("config.json", "vocab.model", "run.json")  # a run directory has these from its start
 CHECKPOINT = re.compile(r"checkpoint-(\d+)(?:-step-(\d+))?")
@@ -631,13 +632,12 @@ def load_run(run_dir, device=None):
     import torch
 
     from fastformer.model import MovieClassification
-    from fastformer.train.run import check_values
     from fastformer.train.runtime import resolve_device
 
     info = check_run_dir(run_dir)
     model_file = os.path.join(run_dir, "model.pt")
     if not isinstance(device, torch.device):
-        check_values({"device": device})
+        check_values({"device": device}, {"device": ("--device", DEVICE_NAME)})
         device = resolve_device(device)
     config_file = os.path.join(run_dir, "config.json")
     config = load_config(config_file, config_file)
