@@ -118,7 +118,8 @@ def _evaluate(args):
     with _torch():
         from fastformer.train import job
 
-        job.evaluate_run(**_job_options(args, "run", "test", "batch_size", "device", "backend_name", "amp"))
+        options = _job_options(args, "run", "test", "batch_size", "device", "backend_name", "amp", "cuda_graphs")
+        job.evaluate_run(**options)
     return 0
 
 
@@ -230,6 +231,12 @@ def build_parser():
     evaluate.add_argument("--test", metavar="FILE", help="test reviews (default: the run's test file)")
     evaluate.add_argument("--batch-size", type=int, default=128)
     _add_runtime_options(evaluate)
+    evaluate.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        help="replay each batch from a CUDA graph, one per bucket length (default: where it applies: CUDA, "
+        "bf16 or no autocast)",
+    )
 
     predict = commands.add_parser("predict", help="classify texts with a trained run")
     predict.set_defaults(run_command=_predict)

@@ -181,9 +181,10 @@ def test_train_help_lists_how_steps_run(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--cuda-graphs" in out and "--compile" in out and "--pad-to-buckets, --no-pad-to-buckets" in out
+    assert "--cuda-graphs, --no-cuda-graphs" in out and "--pad-to-buckets, --no-pad-to-buckets" in out
     assert "--precompile, --no-precompile" in out and "--autotune" in out and "FASTFORMER_AUTOTUNE=1" in out
-    assert "implies --pad-to-buckets" in out and "the Triton kernels only on CUDA" in out
+    assert "(default: on where it applies: CUDA, bf16 or no autocast, one process, no --compile" in out
+    assert "--compile" in out and "the Triton kernels only on CUDA" in out
 
 
 def test_usage_errors_are_one_line(capsys):

@@ -1,5 +1,6 @@
-"""fastformer.train.graphs and `fastformer train --cuda-graphs`: the option checks and the optimizer's
-two forms on a CPU; on a GPU (`cuda`), replayed steps against eager steps, bit for bit."""
+"""fastformer.train.graphs and `fastformer train`'s CUDA graphs (the default where they apply,
+--cuda-graphs, --no-cuda-graphs): the option checks, the default and why it falls back, and the
+optimizer's two forms on a CPU; on a GPU (`cuda`), replayed steps against eager steps, bit for bit."""
 
 import json
 
@@ -11,7 +12,7 @@ from fastformer.cli import main
 from fastformer.train import job
 from fastformer.train.graphs import GraphedSteps, make_capturable
 from fastformer.train.loop import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
-from fastformer.train.run import StepModes, check_on_device, step_modes
+from fastformer.train.run import StepModes, check_on_device, settle_steps, step_modes
 from tests.helpers import small_config, tiny_job_files, train_args
 
 CUDA = torch.device("cuda")
@@ -38,7 +39,7 @@ GRAPHS_ON_CPU = "--cuda-graphs needs a CUDA device; the device is cpu"
         (CUDA, "bf16", "triton", True, dict(cuda_graphs=True), "--cuda-graphs is not supported under torchrun"),
         ("cpu", "off", "triton", False, dict(compile=True), "--compile on cpu needs the reference kernels"),
         (CPU, "off", "reference", True, dict(compile=True), "--compile is not supported under torchrun"),
-        (CUDA, "bf16", "auto", False, dict(precompile=True), "--precompile needs --pad-to-buckets"),
+        (CUDA, "bf16", "auto", False, dict(precompile=True, pad_to_buckets=False), "--precompile needs --pad-to-"),
         (CUDA, "bf16", "auto", False, dict(precompile=True, pad_to_buckets=True, compile=True), "--precompile and"),
         ("cpu", "off", "triton", False, dict(interpret=False), "--backend triton on cpu needs a CUDA GPU, or Triton's"),
     ],
@@ -49,28 +50,67 @@ def test_step_options_that_cannot_run_are_refused(device, amp, backend_name, dis
     named): the job runs each check once."""
     options = dict(options)  # the parameters are shared between runs
     interpret = options.pop("interpret", True)
-    modes = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None, precompile=None), **options)
+    modes = dict(dict(cuda_graphs=None, compile=False, pad_to_buckets=None, precompile=None), **options)
     with pytest.raises(ValueError, match=message):
         step_modes(amp, distributed, **modes)
         check_on_device(device, backend_name, interpret, cuda_graphs=modes["cuda_graphs"], compile=modes["compile"])
 
 
+NO_CUDA = "CUDA graphs need a CUDA device; the device is cpu"
+
+
 @pytest.mark.parametrize(
-    "device, backend_name, options, resolved",
+    "device, amp, distributed, backend_name, options, resolved, why",
     [
-        (CUDA, "triton", dict(cuda_graphs=True), (True, False, True, True)),  # pads to buckets, precompiles
-        (CUDA, "reference", dict(cuda_graphs=True, pad_to_buckets=True, precompile=False), (True, False, True, False)),
-        (CUDA, "triton", dict(compile=True), (False, True, False, False)),
-        (CPU, "reference", dict(compile=True), (False, True, False, False)),  # the reference traced on a CPU
-        (CPU, "auto", dict(compile=True, pad_to_buckets=True), (False, True, True, False)),  # compile builds its own
-        ("cpu", "triton", dict(pad_to_buckets=True), (False, False, True, True)),  # with the interpreter on
-        (CPU, "reference", dict(), (False, False, False, False)),  # the default: eager, padded to the longest review
+        # not given: CUDA graphs where they apply, buckets and precompiling with them
+        (CUDA, "bf16", False, "triton", dict(), (True, False, True, True), None),
+        (CUDA, "off", False, "reference", dict(), (True, False, True, True), None),
+        (CUDA, "fp16", False, "triton", dict(), (False, False, False, False), "--amp fp16: its GradScaler reads"),
+        (CUDA, "bf16", False, "triton", dict(compile=True), (False, True, False, False), "--compile runs torch.co"),
+        (CUDA, "bf16", True, "triton", dict(), (False, False, False, False), "CUDA graphs are not supported under tor"),
+        (CUDA, "bf16", False, "auto", dict(pad_to_buckets=False), (False, False, False, False), "--no-pad-to-buckets"),
+        (CPU, "off", False, "reference", dict(), (False, False, False, False), NO_CUDA),  # eager, to the longest
+        ("cpu", "off", False, "triton", dict(pad_to_buckets=True), (False, False, True, True), NO_CUDA),
+        (CPU, "off", False, "reference", dict(compile=True), (False, True, False, False), NO_CUDA),
+        (CPU, "off", False, "auto", dict(compile=True, pad_to_buckets=True), (False, True, True, False), NO_CUDA),
+        # given
+        (CUDA, "bf16", False, "triton", dict(cuda_graphs=True), (True, False, True, True), None),
+        (
+            CUDA,
+            "off",
+            False,
+            "auto",
+            dict(cuda_graphs=True, pad_to_buckets=True, precompile=False),
+            (True, False, True, False),
+            None,
+        ),
+        (CUDA, "bf16", False, "triton", dict(cuda_graphs=False), (False, False, False, False), None),
+        (CUDA, "bf16", False, "triton", dict(cuda_graphs=False, pad_to_buckets=True), (False, False, True, True), None),
     ],
 )
-def test_step_options_that_run_and_the_modes_they_get(device, backend_name, options, resolved):
-    modes = dict(dict(cuda_graphs=False, compile=False, pad_to_buckets=None, precompile=None), **options)
+def test_step_options_that_run_and_the_modes_they_get(device, amp, distributed, backend_name, options, resolved, why):
+    """step_modes checks what is given; settle_steps resolves the rest on the device, and says why
+    the steps run eagerly where CUDA graphs were not given and do not apply."""
+    modes = dict(dict(cuda_graphs=None, compile=False, pad_to_buckets=None, precompile=None), **options)
     check_on_device(device, backend_name, True, cuda_graphs=modes["cuda_graphs"], compile=modes["compile"])
-    assert step_modes("auto", False, **modes) == StepModes(*resolved)
+    settled, eager = settle_steps(step_modes(amp, distributed, **modes), torch.device(device), amp, distributed)
+    assert settled == StepModes(*resolved)
+    assert (eager is None) if why is None else eager.startswith(why), eager
+
+
+def test_precompile_without_buckets_is_refused_where_graphs_do_not_apply():
+    modes = step_modes("off", False, cuda_graphs=None, compile=False, pad_to_buckets=None, precompile=True)
+    assert settle_steps(modes, CUDA, "bf16", False)[0] == StepModes(True, False, True, True)  # buckets with graphs
+    with pytest.raises(ValueError, match="--precompile needs --pad-to-buckets"):
+        settle_steps(modes, CPU, "off", False)
+
+
+def test_a_job_on_a_cpu_runs_eagerly_and_says_why_in_its_header_and_run_json(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(files, out, "--epochs", "1")) == 0
+    assert f"amp off, eager steps ({NO_CUDA})\n" in capsys.readouterr().out
+    run = json.loads((out / "run.json").read_text())
+    assert (run["cuda_graphs"], run["pad_to_buckets"], run["eager_because"]) == (False, False, NO_CUDA)
 
 
 @pytest.mark.parametrize("device_given", [True, False])
@@ -333,6 +373,41 @@ def test_every_replay_draws_new_dropout_masks():
 
 
 @pytest.mark.cuda
+def test_the_default_job_on_cuda_replays_its_steps_and_says_why_where_it_does_not(files, tmp_path, capsys):
+    """No option: CUDA graphs with buckets; --amp fp16: eager, with the reason in the header and
+    run.json; --no-cuda-graphs: eager, with no reason to give."""
+    runs = {}
+    for name, options in (("default", ()), ("fp16", ("--amp", "fp16")), ("no", ("--no-cuda-graphs",))):
+        assert main(train_args(files, tmp_path / name, "--device", "cuda", "--epochs", "1", *options)) == 0
+        runs[name] = (json.loads((tmp_path / name / "run.json").read_text()), capsys.readouterr().out)
+    run, header = runs["default"]
+    assert (run["cuda_graphs"], run["pad_to_buckets"], run["eager_because"], run["amp"]) == (True, True, None, "bf16")
+    assert "amp bf16, CUDA graphs, padded to multiples of 16\n" in header
+    run, header = runs["fp16"]
+    assert (run["cuda_graphs"], run["pad_to_buckets"]) == (False, False)
+    assert run["eager_because"].startswith("--amp fp16: its GradScaler reads the host")
+    assert f"amp fp16, eager steps ({run['eager_because']})\n" in header
+    run, header = runs["no"]
+    assert (run["cuda_graphs"], run["eager_because"]) == (False, None) and "amp bf16, eager steps\n" in header
+
+
+@pytest.mark.cuda
+def test_evaluate_replays_a_graph_per_bucket_and_gives_the_eager_accuracy(files, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_args(files, out, "--device", "cuda", "--epochs", "1")) == 0
+    capsys.readouterr()
+    results = {}
+    for how in ("--cuda-graphs", "--no-cuda-graphs"):
+        assert main(["evaluate", "--run", str(out), "--device", "cuda", how]) == 0
+        results[how] = capsys.readouterr().out.strip().splitlines()[-1]
+    assert results["--cuda-graphs"].endswith("; CUDA graphs") and results["--no-cuda-graphs"].endswith("; eager")
+    accuracy = {how: float(line.split()[1]) for how, line in results.items()}
+    reviews = int(results["--cuda-graphs"].split(" on ")[1].split()[0])
+    # bucket padding changes the logits by rounding only: a review on the boundary may flip, no more
+    assert abs(accuracy["--cuda-graphs"] - accuracy["--no-cuda-graphs"]) <= 1 / reviews
+
+
+@pytest.mark.cuda
 def test_train_with_cuda_graphs_learns_and_resumes_without_them(files, tmp_path):
     out = tmp_path / "run"
     assert main(train_args(files, out, "--device", "cuda", "--cuda-graphs")) == 0
@@ -340,7 +415,9 @@ def test_train_with_cuda_graphs_learns_and_resumes_without_them(files, tmp_path)
     assert (run["cuda_graphs"], run["pad_to_buckets"], run["amp"]) == (True, True, "bf16")
     assert json.loads((out / "metrics.json").read_text())["test_accuracy"] >= 0.9  # chance is 0.5
     # the checkpoint holds the capturable optimizer; an eager resume converts it back
-    assert main(["train", "--resume", str(out), "--epochs", "4", "--device", "cuda"]) == 0
+    assert main(["train", "--resume", str(out), "--epochs", "4", "--device", "cuda", "--no-cuda-graphs"]) == 0
     run = json.loads((out / "run.json").read_text())
-    assert [(r["cuda_graphs"], r["pad_to_buckets"]) for r in run["resumed"]] == [(False, False)]
+    assert [(r["cuda_graphs"], r["pad_to_buckets"], r["eager_because"]) for r in run["resumed"]] == [
+        (False, False, None)  # asked for: no reason to give
+    ]
     assert json.loads((out / "metrics.json").read_text())["test_accuracy"] >= 0.9

@@ -17,7 +17,10 @@ the same folder, as a second `fastformer train` on the same machine would.
 Per kernel it prints: the specializations compiled (kernel code, config aside), the compiles (those
 the Triton cache did not hold), the config timings a GPU would run (the autotuner's benchmarks; the
 dry run compiles each config in their place), the autotune keys tuned, and the CPU seconds of the
-compiles (this process and ptxas). Nothing is timed on a GPU: there is none.
+compiles (this process and ptxas). With --pad-to-buckets (the default CUDA job's batches: it
+replays its steps from CUDA graphs, fastformer.train.graphs) each batch shape is also a graph the
+job captures, a train step's or an evaluation's, the first time it meets it: the table says how
+many. Nothing is timed on a GPU: there is none.
 
 Rotten Tomatoes comes from the files `fastformer data rotten-tomatoes` writes (it downloads the
 archive with pip), found in --rotten-tomatoes DIR or the default cache; without them the job runs
@@ -340,9 +343,14 @@ def totals(kernels):
 def table(name, result):
     """Markdown: per kernel, the first process's counts, then both processes' totals."""
     first, second = result["first"], result["second"]
+    shapes = first["shapes"]
+    captures = (
+        f"; the default CUDA job captures a CUDA graph of each: {shapes['train'] + shapes['eval']}"
+        if "--pad-to-buckets" in name
+        else ""
+    )
     lines = [
-        f"**{name}** ({first['source']}; {first['shapes']['train']} train and "
-        f"{first['shapes']['eval']} eval batch shapes)",
+        f"**{name}** ({first['source']}; {shapes['train']} train and {shapes['eval']} eval batch shapes{captures})",
         "",
         "| kernel | specializations | compiles | config timings | autotune keys | compile CPU s |",
         "|---|---|---|---|---|---|",

@@ -1,4 +1,5 @@
-"""CUDA graphs of the train step and of evaluation: `fastformer train --cuda-graphs`.
+"""CUDA graphs of the train step and of evaluation: how `fastformer train` runs its steps on CUDA by
+default (and with --cuda-graphs), and `fastformer evaluate` its batches.
 
 At batch 128 of reviews 10 to 60 pieces long, a kernel of the tutorial's model runs for
 microseconds and an eager train step launches hundreds of them (docs/launches.md counts
@@ -91,10 +92,11 @@ class GraphedSteps:
 
     `train_step` is fastformer.train.loop.train_step (without a scaler) and `logits` is
     model(enc_inputs, dec_inputs)[0] under the same autocast: the same kernels on the same inputs.
-    `captured` counts the graphs captured so far.
+    `captured` counts the graphs captured so far. With no optimizer (`fastformer evaluate`), only
+    the evaluation forward is replayed.
     """
 
-    def __init__(self, model, optimizer, *, amp="off", warmup_steps=WARMUP_STEPS):
+    def __init__(self, model, optimizer=None, *, amp="off", warmup_steps=WARMUP_STEPS):
         self.device = next(model.parameters()).device
         if self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device; it is on {self.device}")
@@ -102,7 +104,7 @@ class GraphedSteps:
             raise ValueError(
                 "CUDA graphs do not take fp16 autocast: its GradScaler reads the host at every step; use bf16"
             )
-        if not all(
+        if optimizer is not None and not all(
             group.get("capturable") and isinstance(group["lr"], torch.Tensor) for group in optimizer.param_groups
         ):
             raise ValueError(
@@ -120,6 +122,8 @@ class GraphedSteps:
     def train_step(self, batch):
         """One optimizer step on batch = (labels, enc_inputs, dec_inputs), replayed: returns the loss
         and the logits, detached copies, without a host sync."""
+        if self.optimizer is None:
+            raise ValueError("these graphs were made without an optimizer: they replay the evaluation forward only")
         loss, logits = self._replay("train", self._train_body, batch)
         return loss, logits
 
@@ -155,7 +159,8 @@ class GraphedSteps:
                 body(*inputs)
         stream.wait_stream(side)
         self._restore(saved)
-        self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates .grad in the pool
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates .grad in the pool
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             outputs = body(*inputs)
@@ -167,7 +172,7 @@ class GraphedSteps:
             "model": {name: t.detach().clone() for name, t in self.model.state_dict().items()},
             "optimizer": {
                 p: {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
-                for p, state in self.optimizer.state.items()
+                for p, state in (self.optimizer.state.items() if self.optimizer is not None else ())
             },
             "rng": (torch.get_rng_state(), torch.cuda.get_rng_state(self.device)),
         }
@@ -177,7 +182,7 @@ class GraphedSteps:
         """Put back what _save copied, in place (the graph reads these tensors where they are)."""
         for name, t in self.model.state_dict().items():
             t.copy_(saved["model"][name])
-        for param, state in self.optimizer.state.items():
+        for param, state in self.optimizer.state.items() if self.optimizer is not None else ():
             before = saved["optimizer"].get(param, {})
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key in before:

@@ -41,6 +41,7 @@ from fastformer.data.files import check_labels, cut, read_reviews
 from fastformer.data.reviews import LengthBucketSampler, MovieDataSet, ShardedBatchSampler, movie_collate_fn
 from fastformer.data.vocab import N_SPECIAL, known_pieces, load_vocab, train_vocab
 from fastformer.model import MovieClassification
+from fastformer.train.checks import check_values
 from fastformer.train.graphs import GraphedSteps, make_capturable
 from fastformer.train.loop import (
     NonFiniteLossError,
@@ -53,6 +54,7 @@ from fastformer.train.loop import (
     train_epoch,
 )
 from fastformer.train.run import (
+    CHECKS,
     TrainOptions,
     check_backend,
     check_demo_options,
@@ -62,6 +64,7 @@ from fastformer.train.run import (
     check_run_options,
     check_texts,
     default_config,
+    eager_because,
     run_dir_held,
     settle,
 )
@@ -478,7 +481,7 @@ def _log_header(run, vocab, model, session, run_info, where):
         f"  model    MovieClassification, {n_params / 1e6:.2f} M parameters: n_layer={config.n_layer} "
         f"d_hidn={config.d_hidn} n_head={config.n_head} d_ff={config.d_ff}"
     )
-    steps = step_mode(run.cuda_graphs, run.compile, run.pad_to_buckets)
+    steps = step_mode(run.cuda_graphs, run.compile, run.pad_to_buckets, run.eager_because)
     run.log(
         f"  device   {run.device}{threads}{processes}, {session['kernels']} kernels (backend "
         f"{session['backend']!r}), amp {run.amp}{steps}"
@@ -630,14 +633,25 @@ def _trainer_state(trainer, run):
 # evaluate, predict, demo
 
 
-def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="auto", amp="auto", log=print):
-    """Accuracy and loss of a saved run on a test file (default: the run's own test file)."""
+def evaluate_run(
+    *, run, test=None, batch_size=128, device=None, backend_name="auto", amp="auto", cuda_graphs=None, log=print
+):
+    """Accuracy and loss of a saved run on a test file (default: the run's own test file). Its
+    batches are replayed from CUDA graphs, one per bucket length (their encoder ids padded to
+    bucket lengths, fastformer.data.reviews.bucket_length), where `cuda_graphs` says so, or where
+    it is None and they apply (CUDA, bf16 or no autocast); the last line says how they ran."""
     log = quiet_if_none(log)
     check_run_options(device, backend_name, amp, batch_size)
+    check_values({"cuda_graphs": cuda_graphs}, CHECKS)
     run = _run_dir(run, log)
     device = resolve_device(device)
     check_backend(backend_name, kernels.HAS_TRITON)
     check_on_device(device, backend_name, kernels.INTERPRET)
+    amp = resolve_amp(amp, device)
+    why = eager_because(device, amp, False, False, None)
+    if cuda_graphs and why:
+        raise ValueError(f"--cuda-graphs cannot run here: {why}")
+    replay = why is None if cuda_graphs is None else cuda_graphs
     with backend.use_backend(backend_name):
         config, vocab, model, info = load_run(run, device)
         _say_if_training(run, log)
@@ -647,11 +661,16 @@ def evaluate_run(*, run, test=None, batch_size=128, device=None, backend_name="a
         reviews = read_reviews(test, "test", progress=True)
         check_labels(reviews, config.n_output, f"test file {test}")
         dataset = MovieDataSet(vocab, reviews, max_len=config.n_enc_seq, name=f"test file {test}")
+        bucket = config.n_enc_seq if replay else None  # a graph a bucket length, not a review length
         loader = torch.utils.data.DataLoader(
-            dataset, batch_size=batch_size, collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad)
+            dataset,
+            batch_size=batch_size,
+            collate_fn=lambda b: movie_collate_fn(b, i_pad=config.i_pad, bucket_max_len=bucket),
         )
-        stats = evaluate(model, loader, device=device, amp=resolve_amp(amp, device), desc="Test")
-    log(f"accuracy {stats['accuracy']:.4f}  loss {stats['loss']:.4f}  on {stats['n']} reviews from {test}")
+        graphs = GraphedSteps(model, amp=amp) if replay else None
+        stats = evaluate(model, loader, device=device, amp=amp, desc="Test", graphs=graphs)
+    how = "CUDA graphs" if replay else f"eager ({why})" if why and cuda_graphs is None else "eager"
+    log(f"accuracy {stats['accuracy']:.4f}  loss {stats['loss']:.4f}  on {stats['n']} reviews from {test}; {how}")
     return stats
 
 

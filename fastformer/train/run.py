@@ -111,22 +111,22 @@ def check_on_device(device, backend_name, interpret, *, cuda_graphs=False, compi
 
 
 class StepModes(NamedTuple):
-    """How a train job's steps run, resolved (step_modes): run.json records them; they change the
-    speed and the rounding, not the math."""
+    """How a train job's steps run: as given and checked (step_modes), with None for what the
+    device decides, then resolved (settle_steps). run.json records them; they change the speed and
+    the rounding, not the math."""
 
-    cuda_graphs: bool  # each step replayed from a CUDA graph
+    cuda_graphs: bool | None  # each step replayed from a CUDA graph (None: where it applies)
     compile: bool  # the model through torch.compile(fullgraph=True)
-    pad_to_buckets: bool  # batches padded to bucket lengths
-    precompile: bool  # the bucket shapes' kernels compiled before the first step
+    pad_to_buckets: bool | None  # batches padded to bucket lengths (None: with CUDA graphs)
+    precompile: bool | None  # the bucket shapes' kernels compiled before the first step (None: with buckets)
 
 
 def step_modes(amp, distributed, *, cuda_graphs, compile, pad_to_buckets, precompile):
-    """The StepModes of --cuda-graphs, --compile, --pad-to-buckets and --precompile as given (the
-    last two None: not given), with --amp as given and `distributed` (under torchrun); raise
-    ValueError naming the option for a combination that cannot run. What the device decides is
-    check_on_device's. --pad-to-buckets defaults to --cuda-graphs, which needs it; --precompile to
-    --pad-to-buckets, which makes the batch shapes known, unless --compile, whose kernels
-    torch.compile builds. ("auto" amp is never fp16, so amp as given decides.)"""
+    """The StepModes of --cuda-graphs, --compile, --pad-to-buckets and --precompile as given (None:
+    not given), with --amp as given and `distributed` (under torchrun); raise ValueError naming the
+    option for a combination that cannot run. What the device decides (CUDA graphs where not
+    given, and the defaults that follow them) is settle_steps'; what it cannot run,
+    check_on_device's. ("auto" amp is never fp16, so amp as given decides.)"""
     if cuda_graphs:
         if compile:
             raise ValueError("--cuda-graphs and --compile are alternatives: pass one")
@@ -144,19 +144,52 @@ def step_modes(amp, distributed, *, cuda_graphs, compile, pad_to_buckets, precom
             raise ValueError("--cuda-graphs is not supported under torchrun")
     if compile and distributed:
         raise ValueError("--compile is not supported under torchrun")
-    pad_to_buckets = cuda_graphs if pad_to_buckets is None else pad_to_buckets
     if precompile and compile:
         raise ValueError(
             "--precompile and --compile are alternatives: torch.compile compiles the kernels of its "
             "own graph at its first step"
         )
-    if precompile and not pad_to_buckets:
-        raise ValueError(
-            "--precompile needs --pad-to-buckets: the kernels are compiled for the batch shapes, and "
-            "without buckets every review length is a shape"
-        )
-    precompile = pad_to_buckets and not compile if precompile is None else precompile
+    if precompile and pad_to_buckets is False:
+        raise ValueError(PRECOMPILE_NEEDS_BUCKETS)
     return StepModes(cuda_graphs, compile, pad_to_buckets, precompile)
+
+
+PRECOMPILE_NEEDS_BUCKETS = (
+    "--precompile needs --pad-to-buckets: the kernels are compiled for the batch shapes, and without "
+    "buckets every review length is a shape"
+)
+
+
+def eager_because(device, amp, distributed, compile, pad_to_buckets):
+    """Why a job given neither --cuda-graphs nor --no-cuda-graphs runs its steps eagerly, in a few
+    words, or None where it replays them from CUDA graphs (fastformer.train.graphs)."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device; the device is {device}"
+    if amp == "fp16":
+        return "--amp fp16: its GradScaler reads the host at every step, which a CUDA graph cannot"
+    if compile:
+        return "--compile runs torch.compile's graph instead"
+    if distributed:
+        return "CUDA graphs are not supported under torchrun"
+    if pad_to_buckets is False:
+        return "--no-pad-to-buckets: a graph is captured per batch shape, and every review length would be one"
+    return None
+
+
+def settle_steps(modes, device, amp, distributed):
+    """(the StepModes of step_modes resolved on `device` under `amp`, why the steps run eagerly
+    where CUDA graphs were not given and do not apply, else None). Where not given: CUDA graphs
+    where they apply (eager_because), --pad-to-buckets with them, --precompile with buckets unless
+    --compile; --precompile without buckets raises ValueError."""
+    cuda_graphs, why = modes.cuda_graphs, None
+    if cuda_graphs is None:
+        why = eager_because(device, amp, distributed, modes.compile, modes.pad_to_buckets)
+        cuda_graphs = why is None
+    pad_to_buckets = cuda_graphs if modes.pad_to_buckets is None else modes.pad_to_buckets
+    precompile = pad_to_buckets and not modes.compile if modes.precompile is None else modes.precompile
+    if precompile and not pad_to_buckets:
+        raise ValueError(PRECOMPILE_NEEDS_BUCKETS)
+    return StepModes(cuda_graphs, modes.compile, pad_to_buckets, precompile), why
 
 
 def parse_n_output(text):
@@ -266,12 +299,12 @@ class TrainOptions:
     # not given on the command line: $FASTFORMER_BACKEND's (from_args)
     backend_name: str = flag("auto", check=one_of(BACKENDS), **RUNTIME_FLAGS["backend_name"])
     amp: str = flag("auto", check=one_of(AMPS), **RUNTIME_FLAGS["amp"])
-    cuda_graphs: bool = flag(
-        False,
+    cuda_graphs: bool | None = flag(
         check=SWITCH,
-        action="store_true",
-        help="capture each train and evaluation step as a CUDA graph once per batch shape and replay it "
-        "(CUDA only; bf16 or no autocast; implies --pad-to-buckets)",
+        action=argparse.BooleanOptionalAction,
+        help="capture each train and evaluation step as a CUDA graph once per batch shape and replay it, with "
+        "--pad-to-buckets (default: on where it applies: CUDA, bf16 or no autocast, one process, no --compile; "
+        "the job says why where it does not)",
     )
     compile: bool = flag(
         False,
@@ -283,7 +316,7 @@ class TrainOptions:
         check=SWITCH,
         action=argparse.BooleanOptionalAction,
         help="pad each batch to its longest review rounded up to a multiple of 16 (at most the config's n_enc_seq), "
-        "so that steps see few shapes (default: on with --cuda-graphs, else off)",
+        "so that steps see few shapes (default: on with CUDA graphs, else off)",
     )
     precompile: bool | None = flag(
         check=SWITCH,
@@ -764,6 +797,7 @@ class Run:
     compile: bool  # the model through torch.compile(fullgraph=True)
     pad_to_buckets: bool  # batches padded to bucket lengths
     precompile: bool  # the bucket shapes' kernels compiled before the first step
+    eager_because: str | None  # why the steps run eagerly where CUDA graphs were not given (settle_steps)
     log: Callable  # the job's `log` on rank 0, quiet on the others
     checkpoint: tuple | None  # load_checkpoint's (model state, its file, trainer state); None: from the start
     epochs: int  # the run's epochs in total
@@ -783,7 +817,7 @@ class Run:
 
     def step_modes(self):
         """The step modes as run.json records them."""
-        names = ("cuda_graphs", "compile", "pad_to_buckets", "precompile")
+        names = ("cuda_graphs", "compile", "pad_to_buckets", "precompile", "eager_because")
         return {name: getattr(self, name) for name in names}
 
 
@@ -810,13 +844,16 @@ def settle(inputs, log):
     run_options = inputs.run_options
     if run_options.batch_size is None:
         run_options = dataclasses.replace(run_options, batch_size=DEFAULT_BATCH_SIZE[device.type])
+    amp = runtime.resolve_amp(options.amp, device)
+    modes, eager = settle_steps(modes, device, amp, launch.distributed)
     return Run(
         inputs,
         run_options,
         device,
-        runtime.resolve_amp(options.amp, device),
+        amp,
         launch,
         **modes._asdict(),
+        eager_because=eager,
         log=log if launch.rank == 0 else runtime.quiet,
         checkpoint=checkpoint,
         epochs=inputs.epochs,

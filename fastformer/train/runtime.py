@@ -10,11 +10,13 @@ Rank 0 trains the vocab and sends it to the others, and alone writes the run dir
 progress; the metrics are summed over the processes. A checkpoint keeps every process's RNG state
 (rng_state), and --resume needs the same N.
 
-How each step runs (fastformer.train.run.step_modes): eagerly by default; with --cuda-graphs, as
+How each step runs (fastformer.train.run.step_modes and settle_steps): on CUDA, by default, as
 replays of CUDA graphs captured once per batch shape (fastformer.train.graphs), the loaders padding
 the encoder ids to bucket lengths (fastformer.data.reviews.bucket_length) so that there are few
-shapes; with --compile, through torch.compile(model, fullgraph=True). These, and --pad-to-buckets,
-change the speed and the rounding, not the math: a run may resume with other values of them.
+shapes; eagerly where graphs do not apply (a CPU, --amp fp16, torchrun, --no-pad-to-buckets) or
+with --no-cuda-graphs; with --compile, through torch.compile(model, fullgraph=True). These, and
+--pad-to-buckets, change the speed and the rounding, not the math: a run may resume with other
+values of them.
 """
 
 import contextlib
@@ -168,9 +170,15 @@ def device_memory(device):
     return host_memory()
 
 
-def step_mode(cuda_graphs, compile, pad_to_buckets):
-    """How the steps run, for the header: "" for the default (eager, padded to the longest review)."""
-    parts = ["CUDA graphs"] if cuda_graphs else ["torch.compile"] if compile else []
+def step_mode(cuda_graphs, compile, pad_to_buckets, eager_because=None):
+    """How the steps run, for the header: "CUDA graphs" or "torch.compile", or "eager" with why
+    where graphs were not given and do not apply; and the buckets' padding."""
+    if cuda_graphs:
+        parts = ["CUDA graphs"]
+    elif compile:
+        parts = ["torch.compile"]
+    else:
+        parts = [f"eager steps ({eager_because})" if eager_because else "eager steps"]
     if pad_to_buckets:
         parts.append(f"padded to multiples of {BUCKET_MULTIPLE}")
     return "".join(f", {part}" for part in parts)
