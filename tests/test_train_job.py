@@ -50,6 +50,9 @@ def test_train_learns_and_writes_a_complete_run_directory(run_dir):
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2, 3]
     assert metrics["test_accuracy"] == metrics["epochs"][-1]["test_accuracy"] >= 0.9  # chance is 0.5
     assert all(e["tokens_per_s"] > 0 for e in metrics["epochs"])
+    # the time from the job's start to its first step done: in the epoch that took it
+    first = [e["first_step_seconds"] for e in metrics["epochs"]]
+    assert 0 < first[0] < metrics["epochs"][0]["seconds"] + 60 and first[1:] == [None, None]
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert Config.load(run_dir / "config.json") == Config(TINY)
 
@@ -74,6 +77,8 @@ def test_one_frozen_run_goes_to_every_step_and_run_json_records_its_options(file
     assert {name: recorded[name] for name in RUN_OPTIONS} == dataclasses.asdict(run.options)
     assert run.options.batch_size == DEFAULT_BATCH_SIZE["cpu"] and run.options.lr == 3e-3
     assert main(["train", "--resume", str(out), "--max-steps", "2"]) == 0
+    epochs = json.loads((out / "metrics.json").read_text())["epochs"]
+    assert epochs[-1]["first_step_seconds"] > 0  # the resumed invocation's own first step
     assert runs[1].options == run.options and runs[1].checkpoint is not None
 
 

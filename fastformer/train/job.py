@@ -201,6 +201,7 @@ class _Trainer:
     test_loader: torch.utils.data.DataLoader
     set_epoch: Callable
     steps_per_epoch: int
+    first_step_seconds: float | None = None  # from the job's start to this invocation's first step done
     epoch: int = 0  # whole epochs done
     epoch_step: int = 0  # steps done of the next epoch (a run stopped inside it)
     epoch_stats: dict | None = None  # train_epoch's figures of those steps
@@ -525,10 +526,12 @@ def _epoch_line(record, epochs, steps_per_epoch):
     epoch = f"epoch {record['epoch']}/{epochs}"
     if not record["complete"]:
         epoch += f" stopped after {record['epoch_steps']} of its {steps_per_epoch} steps"
+    first = record.get("first_step_seconds")
     return (
         f"{epoch}  train loss {record['train_loss']:.4f} acc {record['train_accuracy']:.3f}  "
         f"test loss {record['test_loss']:.4f} acc {record['test_accuracy']:.3f}  "
         f"{record['tokens_per_s']:,.0f} tok/s  {record['seconds']:.1f} s"
+        + (f"  (first step done {first:.1f} s after the job started)" if first is not None else "")
     )
 
 
@@ -547,6 +550,11 @@ def _epoch(trainer, epoch, run, last):
     lr_now = float(trainer.scheduler.get_last_lr()[0])  # a tensor under --cuda-graphs: one sync an epoch
     if skip and trainer.history and trainer.history[-1]["epoch"] == epoch + 1:
         lr_now = trainer.history[-1]["lr"]  # the epoch's first
+    timed = trainer.first_step_seconds is None  # this invocation's first epoch: time its first step
+
+    def first_step():
+        trainer.first_step_seconds = time.monotonic() - run.inputs.started
+
     try:
         train_stats = train_epoch(
             trainer.trained,
@@ -559,6 +567,7 @@ def _epoch(trainer, epoch, run, last):
             max_steps=None if max_steps is None else max_steps - trainer.step,
             desc=f"Train {epoch + 1}/{epochs}",
             graphs=trainer.graphs,
+            first_step=first_step if timed else None,
         )
     except NonFiniteLossError as error:
         step = trainer.step + error.step
@@ -595,6 +604,8 @@ def _epoch(trainer, epoch, run, last):
         "test_accuracy": test_stats["accuracy"],
         "tokens_per_s": train_stats["tokens_per_s"],
         "seconds": train_stats["seconds"],
+        # the job's start (its inputs' checks) to its first step done, in the epoch that took it
+        "first_step_seconds": trainer.first_step_seconds if timed else None,
     }
 
 

@@ -189,6 +189,7 @@ def train_epoch(
     desc="Train",
     log_every=10,
     graphs=None,
+    first_step=None,
 ):
     """One epoch of the tutorial's train_epoch (cross-entropy on logits[0]).
 
@@ -200,6 +201,7 @@ def train_epoch(
     processes at each refresh, only rank 0 shows the bar, and every process raises together.
     With `graphs` (a fastformer.train.graphs.GraphedSteps of `model` and `optimizer`; no scaler), each
     step is graphs.train_step, a CUDA graph replay, followed by scheduler.step().
+    `first_step()` is called when the epoch's first step is done on the device (one host sync).
     Returns {"loss", "accuracy", "steps", "reviews", "tokens", "seconds", "tokens_per_s"}.
     """
     model.train()
@@ -230,6 +232,9 @@ def train_epoch(
             tokens += _count_tokens(enc_inputs, dec_inputs, i_pad)
             seen += labels.numel()
             steps += 1
+            if steps == 1 and first_step is not None:
+                _synchronize(device)
+                first_step()
             bar.update(1)
             if steps % log_every == 0 or steps == n_steps:
                 sums = _summed(total_loss, correct, tokens, seen)

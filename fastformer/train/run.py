@@ -535,11 +535,13 @@ class TrainInputs(NamedTuple):
     data: Data | None = None  # None until read (check_inputs reads it)
     digests: dict | None = None  # the sha256 of each data file: {"train": ..., "test": ... or None}
     modes: StepModes | None = None  # how the steps run (check_inputs settles them)
+    started: float | None = None  # time.monotonic() when check_inputs began: the job's clock (first step)
 
 
 def check_inputs(options):
     """Check `options` (a TrainOptions) and every file they name, read the data and settle its
     classes, without torch; returns the TrainInputs, or raises ValueError or OSError in one line."""
+    started = time.monotonic()
     options = options.checked()
     if options.dataset is not None:
         options = dataclasses.replace(
@@ -570,7 +572,7 @@ def check_inputs(options):
     _check_fits_host(options, inputs.config, inputs.vocab, data.n_classes)
     # the classes the data settled are the run's n_output
     run_options = dataclasses.replace(inputs.run_options, n_output=data.n_classes)
-    return inputs._replace(run_options=run_options, data=data, digests=digests, modes=modes)
+    return inputs._replace(run_options=run_options, data=data, digests=digests, modes=modes, started=started)
 
 
 @contextlib.contextmanager

@@ -106,8 +106,9 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                     the last four {not_run} when the budget was spent
       job           budget_seconds, data, data_note, data_command, and per job (triton, reference):
                     command, returncode, timed_out, timeout_seconds, wall_seconds, setup_seconds,
-                    first_step_seconds, first_refresh_steps, train_seconds, tokens_per_s, accuracy,
-                    steps, step_mode, kernels, amp, device, max_steps (or error and last_lines)
+                    first_step_seconds (the job's own, metrics.json), train_seconds, tokens_per_s,
+                    accuracy, steps, step_mode, eager_because, kernels, amp, device, max_steps (or
+                    error and last_lines)
   targets               tools.benchmarks.targets judged on this run's records: [{target, kind,
                         required, cases, worst, low, high, basis, peer, verdict, met}]; worst is the
                         worst case's figure and [low, high] its interval, basis the figure compared

@@ -15,22 +15,20 @@ tests/data/rotten_tomatoes_200.tsv (10% of them held out as the test split) and 
 the summary say so. --smoke trains on those 200 reviews too, with the smoke plan's tiny model; on
 a CPU, where Triton's interpreter takes seconds a step, the triton job stops after its first step.
 
-The figures of each job (the job records no time to its first step: it is read from its output):
+The figures of each job:
   wall_seconds        the subprocess, from its start to its exit
   setup_seconds       from the start to the job's header line "  run dir  ...", the last it prints
                       before its first train step (interpreter, imports, data, vocab, model)
-  first_step_seconds  setup_seconds plus the first train step's own time, which the epoch's tqdm
-                      bar gives as its rate at its first refresh: exact where that refresh comes
-                      after step 1 (a step longer than tqdm's 0.1 s refresh interval), else the
-                      mean time of the steps it covers, off by less than 0.1 s
-                      (first_refresh_steps says which); host time: the step enqueued and its kernels
-                      compiled, the GPU possibly still running it
+  first_step_seconds  the job's own figure (metrics.json's first epoch): from the start of its
+                      inputs' checks, just after the command's start, to its first train step done
+                      on the device: the compiles, the graphs' captures and the first step included
   train_seconds       the epoch's train loop (metrics.json): the first step's compiles included,
                       the test evaluation not
   tokens_per_s        the epoch's real (non-padding) encoder and decoder tokens over train_seconds
                       (metrics.json's figure, the one the epoch's line prints)
   accuracy            the test accuracy after the epoch (metrics.json)
-  steps, step_mode, kernels, amp, device, max_steps   what ran (metrics.json, run.json)
+  steps, step_mode, kernels, amp, device, max_steps   what ran (metrics.json, run.json); step_mode
+                      "CUDA graphs", "compile" or "eager", and eager_because why (run.json)
 """
 
 import json
@@ -54,10 +52,7 @@ DATA_SECONDS = 60  # for `fastformer data`: it converts 2.5 MB in a second or tw
 SMOKE_PIECES, SMOKE_BATCH = 120, 4  # --smoke: the 200 reviews need 65 pieces for their characters alone
 INTERPRETED_STEPS = 1  # the triton job on a CPU: a step of the tiny model takes Triton's interpreter ~2.5 s
 LAST_LINES = 12  # of a failed job's output, in the error
-TQDM_INTERVAL = 0.1  # tqdm's mininterval: a bar refreshes after a step only when this long has passed since the last
 RUN_DIR_LINE = re.compile(r"  run dir  ")  # fastformer.train.job._log_header's last line
-# the first epoch's bar at a refresh: the steps done, and tqdm's rate, "2.50s/ batch" or "214.70 batch/s"
-TRAIN_BAR = re.compile(r"Train 1/\d+: *\d+%\|[^|]*\| *(\d+)/\d+ \[[^,\]]*, *(?:([\d.]+)s/ batch|([\d.]+) batch/s)")
 
 
 def run_command(command, timeout):
@@ -119,18 +114,10 @@ def smoke_options(run, folder):
     return ["--config", config, "--vocab-size", str(SMOKE_PIECES), "--batch-size", str(SMOKE_BATCH)]
 
 
-def first_step(lines):
-    """(setup_seconds, first_step_seconds, first_refresh_steps) from a train job's output lines
-    [(seconds, text)]; None for what is not there (see the module's docstring)."""
-    setup = next((seconds for seconds, text in lines if RUN_DIR_LINE.match(text)), None)
-    bar = next((match for _, text in lines if (match := TRAIN_BAR.search(text))), None)
-    if setup is None or bar is None:
-        return setup, None, None
-    steps, seconds_per_step, steps_per_second = int(bar.group(1)), bar.group(2), bar.group(3)
-    step = float(seconds_per_step) if seconds_per_step else 1 / float(steps_per_second)
-    if steps > 1:  # step 1 ended within the refresh interval, whatever the steps after it took
-        step = min(step, TQDM_INTERVAL)
-    return setup, setup + step, steps
+def setup_seconds(lines):
+    """When the job's header's last line ("  run dir  ...") arrived, from the job's output lines
+    [(seconds, text)]; None where it is not there."""
+    return next((seconds for seconds, text in lines if RUN_DIR_LINE.match(text)), None)
 
 
 def read_run(run_dir):
@@ -144,8 +131,10 @@ def read_run(run_dir):
         "train_seconds": epoch["seconds"],
         "tokens_per_s": epoch["tokens_per_s"],
         "accuracy": metrics["test_accuracy"],
+        "first_step_seconds": epoch.get("first_step_seconds"),
         "steps": epoch["epoch_steps"],
         "step_mode": "CUDA graphs" if info["cuda_graphs"] else "compile" if info["compile"] else "eager",
+        "eager_because": info.get("eager_because"),
         "kernels": info["kernels"],
         "amp": info["amp"],
         "device": info["device"],
@@ -168,11 +157,10 @@ def train_job(backend, options, environment, out, timeout):
     if result["timed_out"] or result["returncode"] != 0:
         how = f"stopped at its {timeout:.0f} s" if result["timed_out"] else f"exited {result['returncode']}"
         return dict(job, error=f"the {backend} job {how}", last_lines=last_lines(result["lines"]))
-    setup, first, refresh = first_step(result["lines"])
-    job.update(setup_seconds=setup, first_step_seconds=first, first_refresh_steps=refresh, **read_run(out))
-    if first is None:
-        missing = "its header's run dir line" if setup is None else "a refresh of its first epoch's bar"
-        return dict(job, error=f"the {backend} job's output has no {missing}", last_lines=last_lines(result["lines"]))
+    job.update(setup_seconds=setup_seconds(result["lines"]), **read_run(out))
+    if job["setup_seconds"] is None or job["first_step_seconds"] is None:
+        missing = "its header's run dir line" if job["setup_seconds"] is None else "metrics.json's first_step_seconds"
+        return dict(job, error=f"the {backend} job left no {missing}", last_lines=last_lines(result["lines"]))
     return job
 
 
