@@ -36,8 +36,8 @@ def test_the_stage_trains_on_both_backends_and_reads_back_their_figures(tmp_path
     run.stage_started = time.monotonic()
     details = job.stage(run)
     assert details["data"] == job.REVIEWS_200 and details["data_command"] is None
-    for backend in ("triton", "reference"):
-        figures = details[backend]
+    for name, backend in (("triton", "triton"), ("triton_warm", "triton"), ("reference", "reference")):
+        figures = details[name]
         assert "error" not in figures, figures
         assert figures["returncode"] == 0 and not figures["timed_out"]
         assert all(figures[key] > 0 for key in FIGURES), figures
@@ -47,7 +47,7 @@ def test_the_stage_trains_on_both_backends_and_reads_back_their_figures(tmp_path
         assert 0 <= figures["accuracy"] <= 1
         assert figures["kernels"] == backend and figures["step_mode"] == "eager" and figures["device"] == "cpu"
     # Triton's interpreter: one step; the reference: the whole epoch of 180 reviews in batches of 4
-    assert details["triton"]["max_steps"] == 1 and details["triton"]["steps"] == 1
+    assert details["triton"]["max_steps"] == details["triton_warm"]["steps"] == 1
     assert details["reference"]["max_steps"] is None and details["reference"]["steps"] == 45
     assert "\n" not in details["summary"] and details["summary"].startswith("CPU figures")
     assert "triton/reference" in details["summary"] and "smoke" in details["summary"]
@@ -100,7 +100,7 @@ def test_without_the_carried_sdist_the_jobs_train_on_the_200_reviews_and_say_so(
     assert "no no-such-carry/vaderSentiment-3.3.2.tar.gz" in data["data_note"]
     assert "tools/gpu_carry.sh" in data["data_note"]
     figures = {"accuracy": 0.7, "tokens_per_s": 1e5, "first_step_seconds": 9.0, "steps": 2, "max_steps": None}
-    line = job.summary({"triton": figures, "reference": figures, **data}, cuda=True)
+    line = job.summary({"triton": figures, "triton_warm": figures, "reference": figures, **data}, cuda=True)
     assert data["data_note"] in line and not line.startswith("CPU")
 
 
@@ -120,15 +120,16 @@ def test_a_job_that_exits_non_zero_fails_the_stage_with_its_last_lines(monkeypat
     with pytest.raises(Failed) as failed:
         job.stage(smoke_run())
     message, details = str(failed.value), failed.value.details
-    assert message.startswith("the triton job exited 2; the reference job exited 2\n")
+    assert message.startswith("the triton job exited 2; the triton_warm job exited 2; the reference job exited 2\n")
     assert "fastformer train: error: train file not found" in message
-    for backend in ("triton", "reference"):
-        assert details[backend]["returncode"] == 2
-        assert details[backend]["last_lines"][-1].startswith("fastformer train: error: train file not found")
-    assert details["summary"].count("train file not found") == 2
+    for name in ("triton", "triton_warm", "reference"):
+        assert details[name]["returncode"] == 2
+        assert details[name]["last_lines"][-1].startswith("fastformer train: error: train file not found")
+    assert details["summary"].count("train file not found") == 3
 
 
 @on_a_cpu
 def test_a_job_cut_at_its_budget_fails_the_stage():
-    with pytest.raises(Failed, match=r"^the triton job stopped at its 2 s; the reference job stopped at its \d s"):
+    cut = r"^the triton job stopped at its \d s; the triton_warm job stopped at its \d s; the reference job stopped"
+    with pytest.raises(Failed, match=cut):
         job.stage(smoke_run(budget=3))

@@ -48,9 +48,10 @@ stages run in this order, whatever order --stage gives (plan.py says what each m
                kernels and on the reference, both under the run's autocast, and on the reference in
                fp64; at every step |fastformer - fp64| <= 2 * max over the steps |reference - fp64| + atol
   job          the default job end to end, as a user runs it: `fastformer train --dataset
-               rotten-tomatoes --epochs 1` on the Triton kernels and with --backend reference (the
-               data from the sdist tools/gpu_carry.sh carries, else the embedded 200 reviews): wall
-               time, time to first step, tokens/s over the epoch, test accuracy (job.py)
+               rotten-tomatoes --epochs 1` on the Triton kernels, cold and warm (a second run on
+               the Triton cache the first filled), and with --backend reference (the data from the
+               sdist tools/gpu_carry.sh carries, else the embedded 200 reviews): wall time, time to
+               first step, tokens/s over the epoch, test accuracy (job.py)
 
 Each stage is timed and has a time budget (plan.py), checked between its items, which come in the
 order the decisions need them: cases left when it is spent are reported as not run, with the
@@ -104,7 +105,8 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                     fastformer_loss, reference_loss, reference_fp64_loss}], max_loss_diff,
                     reference_max_loss_diff, loss_atol, loss_tolerance, worst_step, agree}; each of
                     the last four {not_run} when the budget was spent
-      job           budget_seconds, data, data_note, data_command, and per job (triton, reference):
+      job           budget_seconds, data, data_note, data_command, and per job (triton, on an empty
+                    Triton cache; triton_warm, on the cache it filled; reference):
                     command, returncode, timed_out, timeout_seconds, wall_seconds, setup_seconds,
                     first_step_seconds (the job's own, metrics.json), train_seconds, tokens_per_s,
                     accuracy, steps, step_mode, eager_because, kernels, amp, device, max_steps (or

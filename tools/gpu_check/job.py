@@ -2,18 +2,19 @@
 kernels and on the PyTorch reference:
 
     fastformer data rotten-tomatoes --from gpu-carry/vaderSentiment-3.3.2.tar.gz
-    fastformer train --dataset rotten-tomatoes --epochs 1 --backend triton      (then reference)
+    fastformer train --dataset rotten-tomatoes --epochs 1 --backend triton      (twice, then reference)
 
-each command in a subprocess (run.stream, which echoes it into the log and interrupts it at its
-budget), with $XDG_CACHE_HOME (where `fastformer data` writes and --dataset reads) and
-$TRITON_CACHE_DIR (so that the job compiles its kernels as on a machine's first run) new empty
-folders of a temporary folder that also holds the run directories and goes after the stage.
+the triton job first on an empty Triton cache (cold: a machine's first run), then again on the
+cache it filled (warm: triton_warm), then the reference. Each command runs in a subprocess
+(run.stream, which echoes it into the log and interrupts it at its budget), with $XDG_CACHE_HOME
+(where `fastformer data` writes and --dataset reads) and $TRITON_CACHE_DIR new empty folders of a
+temporary folder that also holds the run directories and goes after the stage.
 
 The GPU machine has no network: tools/gpu_carry.sh puts the sdist into gpu-carry/ here, and the
 device tool carries that ignored folder. Without it the jobs train on the 200 reviews of
 tests/data/rotten_tomatoes_200.tsv (10% of them held out as the test split) and the details and
 the summary say so. --smoke trains on those 200 reviews too, with the smoke plan's tiny model; on
-a CPU, where Triton's interpreter takes seconds a step, the triton job stops after its first step.
+a CPU, where Triton's interpreter takes seconds a step, the triton jobs stop after their first step.
 
 The figures of each job:
   wall_seconds        the subprocess, from its start to its exit
@@ -47,7 +48,6 @@ from tools.gpu_check.run import ROOT, Failed, stream
 CARRY = "gpu-carry"  # under ROOT: what the GPU machine cannot download (tools/gpu_carry.sh)
 REVIEWS_200 = os.path.join("tests", "data", "rotten_tomatoes_200.tsv")  # under ROOT
 BUDGET_SECONDS = 300  # until the plans give the stage its own
-TRITON_SHARE = 2 / 3  # of the budget, for the triton job; the reference job has what is left
 DATA_SECONDS = 60  # for `fastformer data`: it converts 2.5 MB in a second or two
 SMOKE_PIECES, SMOKE_BATCH = 120, 4  # --smoke: the 200 reviews need 65 pieces for their characters alone
 INTERPRETED_STEPS = 1  # the triton job on a CPU: a step of the tiny model takes Triton's interpreter ~2.5 s
@@ -142,7 +142,7 @@ def read_run(run_dir):
     }
 
 
-def train_job(backend, options, environment, out, timeout):
+def train_job(name, backend, options, environment, out, timeout):
     """`fastformer train OPTIONS --epochs 1 --backend BACKEND --out OUT` within `timeout` seconds:
     its figures, or "error" and its last lines when it failed, was cut or left a figure unread."""
     command = fastformer_command(environment, "train", *options, "--epochs", "1", "--backend", backend, "--out", out)
@@ -156,18 +156,18 @@ def train_job(backend, options, environment, out, timeout):
     }
     if result["timed_out"] or result["returncode"] != 0:
         how = f"stopped at its {timeout:.0f} s" if result["timed_out"] else f"exited {result['returncode']}"
-        return dict(job, error=f"the {backend} job {how}", last_lines=last_lines(result["lines"]))
+        return dict(job, error=f"the {name} job {how}", last_lines=last_lines(result["lines"]))
     job.update(setup_seconds=setup_seconds(result["lines"]), **read_run(out))
     if job["setup_seconds"] is None or job["first_step_seconds"] is None:
         missing = "its header's run dir line" if job["setup_seconds"] is None else "metrics.json's first_step_seconds"
-        return dict(job, error=f"the {backend} job left no {missing}", last_lines=last_lines(result["lines"]))
+        return dict(job, error=f"the {name} job left no {missing}", last_lines=last_lines(result["lines"]))
     return job
 
 
 def summary(details, cuda):
     """One line: each job's accuracy, tokens/s and time to first step, their ratios, the data."""
     parts = []
-    for name in ("triton", "reference"):
+    for name, _, _ in JOBS:
         job = details[name]
         if "error" in job:
             parts.append(f"{job['error']}: {(job['last_lines'] or [''])[-1]}")
@@ -184,8 +184,13 @@ def summary(details, cuda):
             f"{triton['first_step_seconds'] / reference['first_step_seconds']:.3g}x the time to first step"
         )
     data = details["data"] if details["data"] != REVIEWS_200 else f"{details['data']} ({details['data_note']})"
-    where = "" if cuda else "CPU figures (the triton job through Triton's interpreter): "
+    where = "" if cuda else "CPU figures (the triton jobs through Triton's interpreter): "
     return f"{where}{'; '.join(parts)}; data {data}"
+
+
+# (name, backend, share of the budget left when it starts): the default job cold (an empty Triton
+# cache), then again on the cache it filled (a second run on the same machine), then the reference
+JOBS = (("triton", "triton", 0.5), ("triton_warm", "triton", 0.5), ("reference", "reference", 1.0))
 
 
 def stage(run):
@@ -202,14 +207,13 @@ def stage(run):
         details.update(data)
         if run.mode == "smoke":
             options += smoke_options(run, folder)
-        for backend in ("triton", "reference"):
-            left = max(1.0, deadline - time.monotonic())
-            timeout = left * TRITON_SHARE if backend == "triton" else left
+        for name, backend, share in JOBS:
+            timeout = max(1.0, (deadline - time.monotonic()) * share)
             cut = ["--max-steps", str(INTERPRETED_STEPS)] if backend == "triton" and not run.cuda else []
-            out = os.path.join(folder, f"run-{backend}")
-            details[backend] = train_job(backend, options + cut, environment, out, timeout)
+            out = os.path.join(folder, f"run-{name}")
+            details[name] = train_job(name, backend, options + cut, environment, out, timeout)
     details["summary"] = summary(details, run.cuda)
-    errors = [details[name] for name in ("triton", "reference") if "error" in details[name]]
+    errors = [details[name] for name, _, _ in JOBS if "error" in details[name]]
     if errors:
         raise Failed(
             "; ".join(job["error"] for job in errors)
