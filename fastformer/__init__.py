@@ -27,6 +27,7 @@ _EXPORTS = {
     "get_attn_pad_mask": "fastformer.masks",
     "get_backend": "fastformer.backend",
     "get_sinusoid_encoding_table": "fastformer.masks",
+    "pad_to_bucket": "fastformer.data.reviews",
     "set_backend": "fastformer.backend",
     "use_backend": "fastformer.backend",
 }

@@ -23,6 +23,14 @@ The kernels must be imported without TRITON_INTERPRET, so the tests run this in 
 It prints a JSON list, one object per (model, backend): per sequence length, whether the forward
 and backward ran; the graphs Inductor lowered; the kernels Inductor had compiled for sm_90a; the
 Triton kernels launched; the error, if any.
+
+With --bucketed it also follows the drop-in user's loop of docs/drop-in.md, the tutorial's train
+step on MovieClassification compiled as `torch.compile(model, mode="reduce-overhead")` compiles it
+(fullgraph here: a graph break is an error), over batches of reviews of different lengths padded by
+fastformer.pad_to_bucket: what Dynamo compiles per batch, which must be one graph per bucket
+length and none again for a batch of a bucket met before. Dynamo's part of that mode (its
+tracing, guards and recompiles) is the same whatever the backend: aot_eager runs the graphs here;
+Inductor's CUDA graphs need a GPU (tests/test_cuda_graphs.py checks them there).
 """
 
 import argparse
@@ -174,6 +182,42 @@ def run(model_name, backend_name):
     return result
 
 
+# --bucketed: the longest review of each batch, in order (small_config's n_enc_seq is 24: buckets 16 and 24)
+BUCKETED_LENGTHS = (5, 9, 14, 20, 3, 24, 12)
+
+
+def run_bucketed():
+    """The drop-in loop over BUCKETED_LENGTHS: per batch its bucket length and the frames Dynamo
+    had compiled by its end; the error, if any."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = small_config(dropout=0.1, d_head=16, n_layer=1)
+    model = fastformer.MovieClassification(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, fullgraph=True, backend=counter)
+    result = {"model": "movie", "loop": "reduce-overhead, bucketed", "batches": []}
+    with sm90.dry_run(time_configs=False), fastformer.use_backend("triton"):
+        for i, length in enumerate(BUCKETED_LENGTHS):
+            enc, dec = token_batch(config, enc_len=length, dec_len=1, seed=i)
+            enc = fastformer.pad_to_bucket(enc, config)
+            labels = torch.randint(0, config.n_output, (enc.size(0),))
+            try:
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    logits = compiled(enc, dec)[0]
+                torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+                optimizer.step()
+            except Exception as error:  # noqa: BLE001  (reported in the result)
+                traceback.print_exc()
+                result["error"] = f"{type(error).__name__}: {error}"[:4000]
+                break
+            result["batches"].append({"longest": length, "bucket": enc.size(1), "frames": counter.frame_count})
+    return result
+
+
 LAUNCHED = []  # names of the Triton kernels launched (dry), in order, by every run of this process
 
 
@@ -204,9 +248,11 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
     parser.add_argument("--backends", nargs="+", choices=("aot_eager", "inductor"), default=("aot_eager", "inductor"))
+    parser.add_argument("--bucketed", action="store_true", help="also the drop-in loop over bucketed batches")
     args = parser.parse_args(argv)
     torch._inductor.config.compile_threads = 1  # compile in this process, where triton.compile is replaced
-    print(json.dumps([run(model, backend) for model in args.models for backend in args.backends]))
+    results = [run(model, backend) for model in args.models for backend in args.backends]
+    print(json.dumps(results + ([run_bucketed()] if args.bucketed else [])))
     sys.stdout.flush()
 
 

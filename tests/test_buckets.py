@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
-from fastformer.data.reviews import BUCKET_MULTIPLE, bucket_length, movie_collate_fn
+from fastformer.data.reviews import BUCKET_MULTIPLE, bucket_length, movie_collate_fn, pad_to_bucket
 from tests.helpers import assert_max_diff, assert_within_torch_error, small_config, token_batch
 
 
@@ -27,6 +27,32 @@ def test_collate_pads_the_encoder_ids_to_the_bucket():
     assert torch.equal(bucketed[:, :11], enc) and bucketed[:, 11:].eq(0).all()
     assert torch.equal(labels_b, labels) and torch.equal(dec_b, dec)
     assert movie_collate_fn(items, i_pad=7, bucket_max_len=12)[1][:, 11:].eq(7).all()  # capped at 12, padded with i_pad
+
+
+def test_pad_to_bucket_pads_as_the_job_collates():
+    """The public helper (fastformer.pad_to_bucket) gives the job's collate's bucket padding."""
+    config = small_config(n_enc_seq=24, i_pad=0)
+    items = [(torch.tensor(1), torch.arange(1, n + 1), torch.tensor([2])) for n in (5, 11, 3)]
+    _, enc, _ = movie_collate_fn(items, i_pad=config.i_pad)
+    padded = fastformer.pad_to_bucket(enc, config)
+    assert torch.equal(padded, movie_collate_fn(items, i_pad=config.i_pad, bucket_max_len=config.n_enc_seq)[1])
+    assert padded.shape == (3, 16) and padded.dtype == enc.dtype
+    assert fastformer.pad_to_bucket(padded, config) is padded  # at its bucket already: itself
+    assert fastformer.pad_to_bucket(torch.ones(2, 20, dtype=torch.int32), config).shape == (2, 24)  # n_enc_seq
+
+
+@pytest.mark.parametrize(
+    "ids, error, message",
+    [
+        ([[1, 2]], TypeError, "enc_inputs must be a torch.Tensor of token ids, got list"),
+        (torch.ones(2, 3), ValueError, r"integer token ids of shape \(batch, length\), got torch.float32 \(2, 3\)"),
+        (torch.ones(6, dtype=torch.long), ValueError, r"got torch.int64 \(6,\)"),
+        (torch.ones(1, 25, dtype=torch.long), ValueError, r"25 positions, more than config.n_enc_seq \(24\)"),
+    ],
+)
+def test_pad_to_bucket_names_what_is_wrong(ids, error, message):
+    with pytest.raises(error, match=message):
+        pad_to_bucket(ids, small_config(n_enc_seq=24))
 
 
 @pytest.mark.parametrize("backend_name", ["reference", "triton"])

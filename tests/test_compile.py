@@ -29,7 +29,7 @@ def results(tmp_path_factory):
     caches = tmp_path_factory.mktemp("compile-caches")
     env.update(TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), TRITON_CACHE_DIR=str(caches / "triton"))
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.compile_harness", "--models", *MODELS, "--backends", *BACKENDS],
+        [sys.executable, "-m", "tests.compile_harness", "--models", *MODELS, "--backends", *BACKENDS, "--bucketed"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -37,7 +37,8 @@ def results(tmp_path_factory):
         timeout=1800,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return {(r["model"], r["backend"]): r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {(r["model"], r.get("backend", r.get("loop"))): r for r in found}
 
 
 # the kernels a train step of each model launches: attention both ways, the FFN, add + LayerNorm
@@ -106,3 +107,14 @@ def test_the_fp64_check_reads_ptx_arithmetic():
     assert not FP64_ARITHMETIC.search("\tcvt.rn.f32.f64 \t%f1, %fd1;")  # the cast to fp32 itself
     assert not FP64_ARITHMETIC.search("\tmul.f32 %f2, %f1, %f1;")
     assert not FP64_ARITHMETIC.search("\tld.param.f64 %fd1, [param_3];")
+
+
+def test_the_drop_in_loop_compiles_once_per_bucket(results):
+    """The tutorial's train step on the model compiled as mode="reduce-overhead" compiles it
+    (fullgraph: no graph break) over batches padded by fastformer.pad_to_bucket: a graph for the
+    first bucket, one more for the second (Dynamo's automatic dynamic shapes), then none for any
+    batch of a bucket met before, whatever its longest review."""
+    result = results[("movie", "reduce-overhead, bucketed")]
+    assert "error" not in result, result["error"]
+    batches = [(b["longest"], b["bucket"], b["frames"]) for b in result["batches"]]
+    assert batches == [(5, 16, 1), (9, 16, 1), (14, 16, 1), (20, 24, 2), (3, 16, 2), (24, 24, 2), (12, 16, 2)]

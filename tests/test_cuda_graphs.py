@@ -13,7 +13,7 @@ from fastformer.train import job
 from fastformer.train.graphs import GraphedSteps, make_capturable
 from fastformer.train.loop import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
 from fastformer.train.run import StepModes, check_on_device, settle_steps, step_modes
-from tests.helpers import small_config, tiny_job_files, train_args
+from tests.helpers import small_config, tiny_job_files, token_batch, train_args
 
 CUDA = torch.device("cuda")
 CPU = torch.device("cpu")
@@ -405,6 +405,74 @@ def test_evaluate_replays_a_graph_per_bucket_and_gives_the_eager_accuracy(files,
     reviews = int(results["--cuda-graphs"].split(" on ")[1].split()[0])
     # bucket padding changes the logits by rounding only: a review on the boundary may flip, no more
     assert abs(accuracy["--cuda-graphs"] - accuracy["--no-cuda-graphs"]) <= 1 / reviews
+
+
+# the drop-in loop's batches, two epochs of the longest review of each (small_config's n_enc_seq is
+# 24: buckets 16 and 24)
+DROP_IN_LENGTHS = (5, 9, 20, 14, 22, 3, 16, 24) * 2
+
+
+def drop_in_losses(config, compiled, dtype=torch.float32, backend_name="auto", amp="bf16", step=None):
+    """The tutorial's training loop (docs/drop-in.md) over DROP_IN_LENGTHS, batches padded by
+    fastformer.pad_to_bucket: the model eager, or under torch.compile(mode="reduce-overhead").
+    `step` (a list) holds the index of the batch running."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = fastformer.MovieClassification(config).to(CUDA, dtype).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    forward = torch.compile(model, mode="reduce-overhead") if compiled else model
+    losses = []
+    with fastformer.use_backend(backend_name):
+        for i, length in enumerate(DROP_IN_LENGTHS):
+            if step is not None:
+                step[:] = [i]
+            enc, _ = token_batch(config, bs=5, enc_len=length, seed=i)
+            dec = torch.full((5, 1), 2)
+            labels = torch.randint(0, config.n_output, (5,), generator=torch.Generator().manual_seed(i))
+            enc, dec, labels = fastformer.pad_to_bucket(enc, config).to(CUDA), dec.to(CUDA), labels.to(CUDA)
+            torch.compiler.cudagraph_mark_step_begin()
+            optimizer.zero_grad(set_to_none=True)
+            with autocast(CUDA, amp):
+                logits = forward(enc, dec)[0]
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.cuda
+def test_the_drop_in_loop_under_reduce_overhead_replays_a_graph_per_bucket_and_tracks_eager(monkeypatch):
+    """torch.compile(model, mode="reduce-overhead") over batches padded to their buckets: Inductor's
+    CUDA graphs are recorded a bounded number of times (a forward and a backward graph per bucket,
+    and the first bucket's once more under the graph Dynamo recompiles with dynamic shapes at the
+    second), all in the first epoch, none skipped; the second epoch replays them. The losses keep to
+    the tests' rule against fp64 beside the eager loop's."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
+
+    from tools.convergence import LOSS_ATOL, compare_curves
+
+    step, recorded = [0], []
+    record = cudagraph_trees.CUDAGraphTreeManager.record_function
+    monkeypatch.setattr(
+        cudagraph_trees.CUDAGraphTreeManager,
+        "record_function",
+        lambda self, *args, **kwargs: recorded.append(step[0]) or record(self, *args, **kwargs),
+    )
+    config = small_config(dropout=0.0)
+    counters.clear()
+    curves = {
+        "fastformer": drop_in_losses(config, compiled=True, step=step),
+        "reference": drop_in_losses(config, compiled=False),
+        "reference_fp64": drop_in_losses(config, False, torch.float64, "reference", "off"),
+    }
+    buckets, epoch = {16, 24}, len(DROP_IN_LENGTHS) // 2
+    assert recorded and all(i < epoch for i in recorded), recorded  # the second epoch only replays
+    assert len(recorded) <= 2 * (len(buckets) + 1), recorded
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    result = compare_curves(curves, LOSS_ATOL["bf16"])
+    assert result["agree"], (result, curves)
 
 
 @pytest.mark.cuda

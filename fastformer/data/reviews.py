@@ -108,17 +108,48 @@ def bucket_length(length, max_len, multiple=BUCKET_MULTIPLE):
     return max(length, min(max_len, -(-length // multiple) * multiple))
 
 
+def pad_to_bucket(enc_inputs, config):
+    """Encoder ids (bs, n_enc), as the tutorial's collate pads them (to the batch's longest
+    review), padded further on the right with config.i_pad to their bucket length: n_enc rounded up
+    to a multiple of 16, at most config.n_enc_seq (bucket_length). It is the padding `fastformer
+    train` gives its batches, so that a step compiled or captured per shape sees a handful of them:
+
+        compiled = torch.compile(model, mode="reduce-overhead")
+        logits = compiled(fastformer.pad_to_bucket(enc_inputs, config), dec_inputs)[0]
+
+    The extra columns are [PAD] keys, which the model masks: they change the logits by rounding
+    only. Returns a new tensor (enc_inputs itself where it is at its bucket length already)."""
+    if not isinstance(enc_inputs, torch.Tensor):
+        raise TypeError(f"enc_inputs must be a torch.Tensor of token ids, got {type(enc_inputs).__name__}")
+    if enc_inputs.dim() != 2 or enc_inputs.dtype.is_floating_point or enc_inputs.dtype.is_complex:
+        raise ValueError(
+            f"enc_inputs must be integer token ids of shape (batch, length), got {enc_inputs.dtype} "
+            f"{tuple(enc_inputs.shape)}"
+        )
+    if enc_inputs.size(1) > config.n_enc_seq:
+        raise ValueError(
+            f"enc_inputs has {enc_inputs.size(1)} positions, more than config.n_enc_seq ({config.n_enc_seq}): "
+            "the model has no position embedding for them"
+        )
+    return _padded(enc_inputs, config.i_pad, config.n_enc_seq)
+
+
+def _padded(enc_inputs, i_pad, max_len):
+    extra = bucket_length(enc_inputs.size(1), max_len) - enc_inputs.size(1)
+    return torch.nn.functional.pad(enc_inputs, (0, extra), value=i_pad) if extra else enc_inputs
+
+
 def movie_collate_fn(inputs, i_pad=0, bucket_max_len=None):
     """The tutorial's collate: (labels (bs,), enc_inputs (bs, n_enc), dec_inputs (bs, 1)), ids
     padded with i_pad to the longest sequence in the batch; with `bucket_max_len` (the model's
-    n_enc_seq), the encoder ids are padded further, to bucket_length(longest, bucket_max_len).
-    The extra columns are i_pad, keys the model masks, so they change the logits only by rounding."""
+    n_enc_seq), the encoder ids are padded further, to bucket_length(longest, bucket_max_len), as
+    pad_to_bucket pads them. The extra columns are i_pad, keys the model masks, so they change the
+    logits only by rounding."""
     labels, enc_inputs, dec_inputs = zip(*inputs)
     enc_inputs = torch.nn.utils.rnn.pad_sequence(enc_inputs, batch_first=True, padding_value=i_pad)
     dec_inputs = torch.nn.utils.rnn.pad_sequence(dec_inputs, batch_first=True, padding_value=i_pad)
     if bucket_max_len is not None:
-        extra = bucket_length(enc_inputs.size(1), bucket_max_len) - enc_inputs.size(1)
-        enc_inputs = torch.nn.functional.pad(enc_inputs, (0, extra), value=i_pad)
+        enc_inputs = _padded(enc_inputs, i_pad, bucket_max_len)
     return [torch.stack(labels, dim=0), enc_inputs, dec_inputs]
 
 
