@@ -358,7 +358,7 @@ CHECK_PLANS = os.environ.get("FASTFORMER_CHECK_PLANS", "0") == "1"
 def planning():
     """Whether an op call may use its plans: eager() and not compile_only() (whose launches only
     compile; an op then takes its ordinary path)."""
-    return eager() and not _compile_only.get()
+    return eager() and not compiling_only()
 
 
 def signature(*args):
@@ -626,6 +626,11 @@ def compile_only():
         yield
     finally:
         _compile_only.reset(token)
+
+
+def compiling_only():
+    """Whether launches only compile here (inside compile_only())."""
+    return _compile_only.get()
 
 
 class _CompileOnly:

@@ -302,10 +302,11 @@ def _make_plan(x, w1, b1, w2, b2, activation, store_pre):
 
 class _PlannedFeedForward(torch.autograd.Function):
     """linear(act(linear(x, w1, b1)), w2, b2) with a gradient, by the first product's plan (the
-    pre-activation stored when x, w1 or b1 needs a gradient) and a cuBLAS product with bias, as one
-    autograd node: its backward computes what the second product's AddmmBackward and the first
-    product's node would, the same products on the same layouts (so the same bits), where the
-    engine would visit three nodes, two of them between Python and C++. The FFN's forward +
+    pre-activation stored when x, w1 or b1 needs a gradient, and the activation recomputed from it
+    for w2's gradient rather than kept) and a cuBLAS product with bias, as one autograd node: its
+    backward computes what the second product's AddmmBackward and the first product's node would,
+    the same products on the same layouts (so the same bits), where the engine would visit three
+    nodes, two of them between Python and C++. The FFN's forward +
     backward cost 1.06x to 1.08x eager PyTorch's host time as two nodes and 0.96x to 0.98x as one
     (tools.host_overhead; docs/host-path.md). Each tensor is saved only where a gradient asked for
     needs it."""
@@ -318,8 +319,11 @@ class _PlannedFeedForward(torch.autograd.Function):
         out = torch.mm(h2, w2.t()) if b2 is None else torch.addmm(b2, h2, w2.t())
         needs_dx, needs_dw1, needs_db1, needs_dw2 = ctx.needs_input_grad[:4]
         first = needs_dx or needs_dw1 or needs_db1  # a gradient through the first product
+        # the activation h for dw2 is recomputed from pre where pre is kept (the activation gradient's
+        # kernel writes it again, the same bits): one (M, d_ff) tensor held for the backward, not two
+        keep_h = needs_dw2 and pre is None
         ctx.save_for_backward(
-            x2 if needs_dw1 else None, w1 if needs_dx else None, w2 if first else None, pre, h2 if needs_dw2 else None
+            x2 if needs_dw1 else None, w1 if needs_dx else None, w2 if first else None, pre, h2 if keep_h else None
         )
         ctx.plan, ctx.shape = plan, None if rows else x.shape
         ctx.set_materialize_grads(False)
@@ -336,7 +340,8 @@ class _PlannedFeedForward(torch.autograd.Function):
             dout = dout.reshape(-1, dout.shape[-1])
         dx = dw1 = db1 = None
         if needs_dx or needs_dw1 or needs_db1:
-            dpre, db1 = ctx.plan.activation_grad(torch.mm(dout, w2), pre, needs_db1)
+            dpre, db1, h = ctx.plan.activation_grad(torch.mm(dout, w2), pre, needs_db1, needs_dw2 and h2 is None)
+            h2 = h if h2 is None else h2
             if needs_dx:
                 dx = torch.mm(dpre, w1) if ctx.shape is None else torch.mm(dpre, w1).view(ctx.shape)
             if needs_dw1:

@@ -1,12 +1,15 @@
 """Linear layer with its activation fused into the GEMM, the exact (erf) GELU or ReLU, in Triton, and
 its PyTorch reference: `linear_gelu` (GELU by default; `activation="relu"` for the models that use ReLU).
 
-The forward is a GEMM whose epilogue adds the bias and applies the activation to the fp32
-accumulator, so the pre-activation never makes a round trip through memory before it. (cuBLASLt,
+The forward is a GEMM whose epilogue adds the bias and applies the activation to the accumulator
+rounded to the output's dtype (as eager PyTorch's linear then gelu does), so the pre-activation
+never makes a round trip through memory before it. (cuBLASLt,
 Apex and TransformerEngine epilogues offer only the tanh GELU, which is not the tutorial's.) For
 training it also writes the pre-activation; the backward turns dY into dPre = dY * act'(pre) in one
 fused elementwise kernel, which also sums dPre's columns over its slab of rows for db (a second small
-kernel adds the slabs in a fixed order), then dX and dW come from tensor-core GEMMs.
+kernel adds the slabs in a fixed order) and, for feed_forward, writes act(pre) again, the same bits
+as the forward's, so that the FFN keeps one (M, d_ff) tensor for its backward where it kept two;
+then dX and dW come from tensor-core GEMMs.
 ReLU serves the models that use it (Aladdin Persson's seq2seq Transformer, the TensorFlow/Keras
 tutorial's) through the same kernels.
 
@@ -34,6 +37,7 @@ from ._runtime import (
     autograd_apply,
     call_op,
     cdiv,
+    compiling_only,
     dot_precision,
     eager,
     eager_twin,
@@ -103,9 +107,10 @@ def _linear_gelu_fwd_kernel(
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PRE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """One (BLOCK_M, BLOCK_N) tile of Y = act(X @ W.T + B), the bias and activation applied to the fp32
-    accumulator, and (STORE_PRE) of the pre-activation. Grid: cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)
-    programs on one axis, in grouped order. Launched by _linear_gelu_forward.
+    """One (BLOCK_M, BLOCK_N) tile of Y = act(X @ W.T + B), the bias added to the fp32 accumulator and
+    the activation applied to it rounded to Y's dtype, and (STORE_PRE) of that pre-activation.
+    Grid: cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N) programs on one axis, in grouped order. Launched by
+    _linear_gelu_forward.
 
     Args:
         X: (M, K) input rows (rows_view of x), fp16, bf16 or fp32, unit column stride.
@@ -158,22 +163,29 @@ def _linear_gelu_fwd_kernel(
     if HAS_BIAS:
         acc += tl.load(B + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    # the pre-activation as stored (rounded to the output's dtype), to which the activation applies,
+    # as eager PyTorch's linear then gelu computes it: a backward recomputes y from PRE bit for bit
+    pre = acc.to(Y.dtype.element_ty)
     if STORE_PRE:
-        tl.store(PRE + offs_m[:, None] * stride_pm + offs_n[None, :], acc.to(PRE.dtype.element_ty), mask=out_mask)
-    y = apply_activation(acc, ACTIVATION)
+        tl.store(PRE + offs_m[:, None] * stride_pm + offs_n[None, :], pre, mask=out_mask)
+    y = apply_activation(pre.to(tl.float32), ACTIVATION)
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y.to(Y.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit(do_not_specialize=["M"])  # M bounds the slabs' masks only
 def _activation_grad_kernel(
-    DY, PRE, DPRE, DB_PARTIAL,
-    stride_dy, stride_pre, stride_dpre,
+    DY, PRE, DPRE, DB_PARTIAL, H,
+    stride_dy, stride_pre, stride_dpre, stride_h,
     M, N, rows_per_program,
-    ACTIVATION: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ACTIVATION: tl.constexpr, BIAS_GRAD: tl.constexpr, WRITE_H: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dPre = dY * act'(pre) in fp32 over a slab of rows_per_program rows and BLOCK_N columns, and
-    (BIAS_GRAD) the slab's column sums of dPre as stored: DB_PARTIAL[pid_m]. The slab's rows are
-    loaded two steps ahead (a loop without a dot is pipelined only when asked).
+    """dPre = dY * act'(pre) in fp32 over a slab of rows_per_program rows and BLOCK_N columns,
+    (BIAS_GRAD) the slab's column sums of dPre as stored: DB_PARTIAL[pid_m], and (WRITE_H) the
+    activation act(pre) again, which the forward wrote from the same PRE, so the same bits: a
+    backward that needs it (the FFN's second product's weight gradient) reads PRE where the forward
+    would have saved both. The slab's rows are loaded two steps ahead (a loop without a dot is
+    pipelined only when asked).
     GELU'(a) = Phi(a) + a * phi(a); ReLU'(a) = [a > 0].
     Grid: (cdiv(M, rows_per_program), cdiv(N, BLOCK_N)). Launched by _activation_backward.
 
@@ -183,13 +195,15 @@ def _activation_grad_kernel(
         DPRE: (M, N) output in PRE's dtype: dY * act'(pre).
         DB_PARTIAL: (cdiv(M, rows_per_program), N) fp32, contiguous, output: row pid_m holds the column
             sums of this program's slab of DPRE; None when BIAS_GRAD is off.
-        stride_dy, stride_pre, stride_dpre: the row strides in elements of DY, PRE and DPRE.
+        H: (M, N) output in PRE's dtype: act(pre); None when WRITE_H is off.
+        stride_dy, stride_pre, stride_dpre, stride_h: the row strides in elements of DY, PRE, DPRE and H.
         M: rows; bounds the slabs' masks only, not specialized.
         N: columns.
         rows_per_program: rows of a slab, GRAD_ROWS_PER_PROGRAM, a multiple of BLOCK_M (fixed, so that db's
             summation order does not depend on the GPU).
         ACTIVATION: "gelu" (exact erf) or "relu": which derivative.
         BIAS_GRAD: DB_PARTIAL is written (the bias needs a gradient).
+        WRITE_H: H is written.
         BLOCK_M: rows per step of the loop over the slab.
         BLOCK_N: columns per program.
     """
@@ -210,6 +224,9 @@ def _activation_grad_kernel(
             grad = 0.5 * (1.0 + tl.erf(a * SQRT1_2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
         dpre = (dy * grad).to(DPRE.dtype.element_ty)
         tl.store(DPRE + rows[:, None] * stride_dpre + cols[None, :], dpre, mask=ok)
+        if WRITE_H:
+            h = apply_activation(a, ACTIVATION).to(H.dtype.element_ty)
+            tl.store(H + rows[:, None] * stride_h + cols[None, :], h, mask=ok)
         if BIAS_GRAD:
             db += dpre.to(tl.float32)  # masked elements are 0
     if BIAS_GRAD:
@@ -257,41 +274,53 @@ def _linear_gelu_forward(
     return y, pre
 
 
-def _activation_outputs(pre, bias_grad):
+def _activation_outputs(pre, bias_grad, write_h):
     """Empty dpre (pre's shape and dtype), the fp32 partial sums of its columns (None without
-    bias_grad) and db ((N,), or (0,) without bias_grad)."""
+    bias_grad), db ((N,), or (0,) without bias_grad) and h (pre's shape, or (0, N) without write_h)."""
     M, N = pre.shape
     dpre = torch.empty_like(pre)
     partial = None
     if bias_grad:
         partial = torch.empty(cdiv(M, GRAD_ROWS_PER_PROGRAM), N, dtype=torch.float32, device=pre.device)
-    return dpre, partial, torch.empty(N if bias_grad else 0, dtype=pre.dtype, device=pre.device)
+    db = torch.empty(N if bias_grad else 0, dtype=pre.dtype, device=pre.device)
+    return dpre, partial, db, torch.empty(M if write_h else 0, N, dtype=pre.dtype, device=pre.device)
 
 
-def _activation_launches(dy, pre, dpre, partial, db, activation, bias_grad):
-    """[(kernel, grid, args, kwargs)] of the activation gradient's launches: the slabs, then (with
-    bias_grad) the sum of their partials into db. dy has a unit last stride."""
+def _activation_launches(dy, pre, dpre, partial, db, h, activation, bias_grad, write_h):
+    """[(kernel, grid, args, kwargs)] of the activation gradient's launches: the slabs (which write h
+    with write_h), then (with bias_grad) the sum of their partials into db. dy has a unit last stride."""
     M, N = pre.shape
     block_n = 16 if INTERPRET else 128
     slabs = (
         _activation_grad_kernel,
         (cdiv(M, GRAD_ROWS_PER_PROGRAM), cdiv(N, block_n)),
-        (dy, pre, dpre, partial, dy.stride(0), pre.stride(0), dpre.stride(0), M, N, GRAD_ROWS_PER_PROGRAM),
-        {"ACTIVATION": activation, "BIAS_GRAD": bias_grad, "BLOCK_M": 16, "BLOCK_N": block_n},
-    )
+        (
+            dy, pre, dpre, partial, h if write_h else None,
+            dy.stride(0), pre.stride(0), dpre.stride(0), h.stride(0) if write_h else 0,
+            M, N, GRAD_ROWS_PER_PROGRAM,
+        ),
+        {"ACTIVATION": activation, "BIAS_GRAD": bias_grad, "WRITE_H": write_h, "BLOCK_M": 16, "BLOCK_N": block_n},
+    )  # fmt: skip
     return [slabs, (_sum_partials_kernel, *sum_partials_launch(partial, db))] if bias_grad else [slabs]
 
 
 def _activation_backward(
-    dy: torch.Tensor, pre: torch.Tensor, activation: str, bias_grad: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """dPre = dY * act'(pre) for (M, N) dy and pre, and (bias_grad) db = dPre summed over rows, in
-    pre's dtype (else an empty (0,) tensor): two launches, the slabs and the sum of their partials."""
+    dy: torch.Tensor, pre: torch.Tensor, activation: str, bias_grad: bool = True, write_h: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dPre = dY * act'(pre) for (M, N) dy and pre, (bias_grad) db = dPre summed over rows, in pre's
+    dtype (else an empty (0,) tensor), and (write_h) act(pre), the forward's output again (else an
+    empty (0, N) tensor): two launches, the slabs and the sum of their partials."""
     dy = last_dim_contiguous(dy)
-    dpre, partial, db = _activation_outputs(pre, bias_grad)
-    for kernel, grid, args, kwargs in _activation_launches(dy, pre, dpre, partial, db, activation, bias_grad):
+    dpre, partial, db, h = _activation_outputs(pre, bias_grad, write_h)
+    launches = _activation_launches(dy, pre, dpre, partial, db, h, activation, bias_grad, write_h)
+    if compiling_only() and not write_h:
+        # a warm-up (fastformer.train.warmup) runs the ops' ordinary paths, which never write h; the
+        # planned FFN's backward does: compile that form too, or the first real step would
+        _, _, _, h_too = _activation_outputs(pre, False, True)
+        launches.append(_activation_launches(dy, pre, dpre, partial, db, h_too, activation, bias_grad, True)[0])
+    for kernel, grid, args, kwargs in launches:
         launch(kernel)[grid](*args, **kwargs)
-    return dpre, db
+    return dpre, db, h
 
 
 _linear_gelu_forward_op = torch.library.triton_op("fastformer::linear_gelu_forward", mutates_args=())(
@@ -319,7 +348,7 @@ def _backward(ctx, dy, _dpre):
     if pre.numel() == 0 and x2.numel() != 0:
         raise RuntimeError("linear_gelu: backward through a forward run without gradients (no pre-activation saved)")
     needs_dx, needs_dw, needs_db = ctx.needs_input_grad[:3]
-    dpre, db = call_op(_activation_backward_op, _activation_backward, dy, pre, ctx.activation, needs_db)
+    dpre, db, _ = call_op(_activation_backward_op, _activation_backward, dy, pre, ctx.activation, needs_db)
     dx = dpre @ weight if needs_dx else None
     dw = dpre.t() @ x2 if needs_dw else None
     return dx, dw, db if needs_db else None, None, None
@@ -368,26 +397,29 @@ class LinearGeluPlan(Plan):
         self.forward(x, weight, bias, y, pre)
         return y, pre
 
-    def activation_grad(self, dy, pre, bias_grad):
-        """dpre and db of a planned backward: by prepared launches (activation_backward), or when a
-        dispatch mode or transform is over the backward, through the registered op, which it sees."""
+    def activation_grad(self, dy, pre, bias_grad, write_h=False):
+        """dpre, db and (write_h) h = act(pre) of a planned backward: by prepared launches
+        (activation_backward), or when a dispatch mode or transform is over the backward, through
+        the registered op, which it sees."""
         if planning():
-            return self.activation_backward(dy, pre, bias_grad)
-        return _activation_backward_op(dy, pre, self.activation, bias_grad)
+            return self.activation_backward(dy, pre, bias_grad, write_h)
+        return _activation_backward_op(dy, pre, self.activation, bias_grad, write_h)
 
-    def activation_backward(self, dy, pre, bias_grad):
-        """dpre and db, as _activation_backward, by prepared launches."""
+    def activation_backward(self, dy, pre, bias_grad, write_h=False):
+        """dpre, db and h, as _activation_backward, by prepared launches."""
         dy = last_dim_contiguous(dy)
-        dpre, partial, db = _activation_outputs(pre, bias_grad)
-        key = (dy.stride(), dy.dtype, bias_grad)
-        launches = kept(self.backwards, key, self._activation_launches, dy, pre, dpre, partial, db, bias_grad)
-        launches[0](dy, pre, dpre, partial)
+        dpre, partial, db, h = _activation_outputs(pre, bias_grad, write_h)
+        key = (dy.stride(), dy.dtype, bias_grad, write_h)
+        launches = kept(
+            self.backwards, key, self._activation_launches, dy, pre, dpre, partial, db, h, bias_grad, write_h
+        )
+        launches[0](dy, pre, dpre, partial, h if write_h else None)
         if bias_grad:
             launches[1](partial, db)
-        return dpre, db
+        return dpre, db, h
 
-    def _activation_launches(self, dy, pre, dpre, partial, db, bias_grad):
-        launches = _activation_launches(dy, pre, dpre, partial, db, self.activation, bias_grad)
+    def _activation_launches(self, dy, pre, dpre, partial, db, h, bias_grad, write_h):
+        launches = _activation_launches(dy, pre, dpre, partial, db, h, self.activation, bias_grad, write_h)
         return [PreparedLaunch(*launch) for launch in launches]
 
 
@@ -415,7 +447,7 @@ class _PlannedLinearGelu(torch.autograd.Function):
         if not rows:
             dy = dy.reshape(pre.shape)
         needs_dx, needs_dw, needs_db = ctx.needs_input_grad[:3]
-        dpre, db = plan.activation_grad(dy, pre, needs_db)
+        dpre, db, _ = plan.activation_grad(dy, pre, needs_db)
         dx = dw = None
         if needs_dx:
             dx = torch.mm(dpre, weight) if rows else torch.mm(dpre, weight).view(x.shape)

@@ -275,13 +275,17 @@ def test_each_planned_op_is_its_registered_op_bitwise():
 @pytest.mark.parametrize("x_shape", [(14, 8), (2, 7, 8)], ids=["rows", "3-D"])
 @pytest.mark.parametrize("biases", [True, False], ids=["biases", "no_biases"])
 @pytest.mark.parametrize("wanted", ["all", "x", "w2", "w1"])
-def test_the_planned_feed_forward_is_its_ordinary_path_bitwise(x_shape, biases, wanted):
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.bf16)])
+def test_the_planned_feed_forward_is_its_ordinary_path_bitwise(x_shape, biases, wanted, dtype):
     """feed_forward's plan runs the FFN as one autograd node (its backward computes the second
-    product's gradients itself): its output and every gradient asked for equal bit for bit what the
-    registered linear_gelu op followed by F.linear give, for the model's rows and a 3-D x, with and
-    without biases, and when only some inputs need a gradient (only those are computed)."""
+    product's gradients itself, from the activation its activation-gradient kernel writes again out
+    of the stored pre-activation, where the ordinary path keeps the forward's): its output and
+    every gradient asked for equal bit for bit what the registered linear_gelu op followed by
+    F.linear give, for the model's rows and a 3-D x, with and without biases, when only some inputs
+    need a gradient (only those are computed), in fp32 and in bf16 (where the forward's activation
+    rounds its input to bf16 first, so that the recomputed one has the same bits)."""
     g = torch.Generator().manual_seed(0)
-    x, w1, b1, w2, b2 = _leaves(g, x_shape, (12, 8), (12,), (8, 12), (8,))
+    x, w1, b1, w2, b2 = _leaves(g, x_shape, (12, 8), (12,), (8, 12), (8,), dtype=dtype)
     if not biases:
         b1 = b2 = None
     tensors = {"x": x, "w1": w1, "b1": b1, "w2": w2, "b2": b2}

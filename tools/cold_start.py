@@ -232,41 +232,15 @@ def _job_batches(dataset, pad_to_buckets, quick, rotten_tomatoes, scratch):
     return config, batches, source
 
 
-def _no_matmuls():
-    """A dispatch mode under which PyTorch's matrix products (the projections and the second FFN
-    GEMM, forward and backward) return uncomputed tensors with the shape, dtype and strides the
-    product would have (found on the meta device). The dry run's kernels launch nothing, so no
-    value in the model is right anyway, and no value changes what Triton compiles; computed, the
-    CPU's bf16 products would take minutes a batch."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_map
-
-    aten = torch.ops.aten
-    products = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
-
-    def on_meta(value):
-        return value.to("meta") if isinstance(value, torch.Tensor) else value
-
-    class NoMatmuls(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func not in products:
-                return func(*args, **kwargs)
-            out = func(*tree_map(on_meta, args), **tree_map(on_meta, kwargs))
-            return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=args[0].device)
-
-    return NoMatmuls()
-
-
 def _run_batches(model, batches):
     """A train step's forward and backward per train batch, an evaluation forward per eval batch."""
     import torch
     import torch.nn.functional as F
 
     import fastformer
+    from tools import sm90
 
-    with fastformer.use_backend("triton"), _no_matmuls():
+    with fastformer.use_backend("triton"), sm90.no_matmuls():
         for mode, labels, enc, dec in batches:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 if mode == "train":

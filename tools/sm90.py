@@ -302,6 +302,35 @@ def dry_run(time_configs=True):
         driver._active, _runtime.can_launch = previous
 
 
+def no_matmuls():
+    """A dispatch mode under which PyTorch's matrix products (the projections and the second FFN
+    GEMM, forward and backward) return uncomputed tensors with the shape, dtype and strides the
+    product would have (found on the meta device). Beside dry_run: its kernels launch nothing, so
+    no value in the model is right anyway, and no value changes what Triton compiles or what a
+    step allocates; computed, the CPU's bf16 products would take minutes a batch at the tutorial's
+    widths (tools.cold_start). A dispatch mode sends fastformer's ops down their ordinary paths, not
+    their plans."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    aten = torch.ops.aten
+    products = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+
+    def on_meta(value):
+        return value.to("meta") if isinstance(value, torch.Tensor) else value
+
+    class NoMatmuls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func not in products:
+                return func(*args, **kwargs)
+            out = func(*tree_map(on_meta, args), **tree_map(on_meta, kwargs))
+            return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=args[0].device)
+
+    return NoMatmuls()
+
+
 class _Recorder:
     """Wraps triton.compile: captures each compile's ptxas log and reads the result. A compile is
     done once per process (memoized by its specialization), and attributed to every case using it."""

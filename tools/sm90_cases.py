@@ -78,7 +78,9 @@ def attention_case(dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, 
 
 def ffn_case(dtype, activation, train, d, d_ff, M):
     """The model's FFN: Conv1d weights (out, in, 1) read as (out, in) views; training stores the
-    pre-activation and runs the activation-gradient kernel; inference also runs the fused FFN."""
+    pre-activation and runs the activation-gradient kernel as the FFN's backward does (the
+    activation written again for the second product's weight gradient) and as linear_gelu's does
+    (not); inference also runs the fused FFN."""
     linear_gelu = _module("fastformer.kernels.linear_gelu")
     feed_forward = _module("fastformer.kernels.feed_forward")
     name = f"ffn/{dtype}/{activation}/{'train' if train else 'inference'}/d{d}x{d_ff}/M{M}"
@@ -91,7 +93,8 @@ def ffn_case(dtype, activation, train, d, d_ff, M):
         b1, b2 = torch.zeros(d_ff, dtype=t), torch.zeros(d, dtype=t)
         _, pre = linear_gelu._linear_gelu_forward(x, w1, b1, activation, train)
         if train:
-            linear_gelu._activation_backward_op(torch.zeros_like(pre), pre, activation)
+            for write_h in (True, False):
+                linear_gelu._activation_backward_op(torch.zeros_like(pre), pre, activation, True, write_h)
         else:
             feed_forward._ffn_fused_forward(x, w1, b1, w2, b2, activation)
 
