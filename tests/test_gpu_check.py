@@ -178,6 +178,7 @@ def test_smoke_stage_details(smoke):
     fastest = min((r for r in model["rows"] if r["bench"] == "model_train" and r["provider"].startswith("reference")),
                   key=lambda r: r["ms"])  # fmt: skip
     assert set(model["step_kernels"]) == {"fastformer", fastest["provider"]}
+    assert model["memory_phases"]["not_run"].startswith("needs CUDA")
     assert all(r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None for r in model["rows"])
     assert model["mfu_note"].startswith("needs CUDA")
     profile = model["host_profile"]  # where the eager train step's host time goes, per provider

@@ -100,11 +100,13 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                     id: [{kernel, calls_per_run, us_per_run, share}], the first row the case's
                     total, or {error}}; model also rows ({bench, provider, ms, p20_ms, p80_ms,
                     tokens_per_s, peak_mem_mb, resident_mb, tflops, mfu}), mfu_note, step_kernels
-                    ({provider: kernel rows}), host_profile, host_calls ([{call, us_per_call,
-                    error?}]) and convergence: {config, batch, steps, reviews, amp, lr, curve: [{step,
-                    fastformer_loss, reference_loss, reference_fp64_loss}], max_loss_diff,
-                    reference_max_loss_diff, loss_atol, loss_tolerance, worst_step, agree}; each of
-                    the last four {not_run} when the budget was spent
+                    ({provider: kernel rows}), memory_phases ({path: {before_step_mb,
+                    forward_peak_mb, backward_peak_mb, optimizer_peak_mb}}: tools.memory.phases),
+                    host_profile, host_calls ([{call, us_per_call, error?}]) and convergence:
+                    {config, batch, steps, reviews, amp, lr, curve: [{step, fastformer_loss,
+                    reference_loss, reference_fp64_loss}], max_loss_diff, reference_max_loss_diff,
+                    loss_atol, loss_tolerance, worst_step, agree}; each of the last five {not_run}
+                    when the budget was spent (memory_phases on a CPU too)
       job           budget_seconds, data, data_note, data_command, and per job (triton, on an empty
                     Triton cache; triton_warm, on the cache it filled; reference):
                     command, returncode, timed_out, timeout_seconds, wall_seconds, setup_seconds,

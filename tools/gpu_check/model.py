@@ -51,6 +51,7 @@ def stage(run):
     details["rows"] = [{k: r[k] for k in ROW_KEYS} for r in results]
     details["mfu_note"] = None if run.gemm_rate() else "needs CUDA: the MFU denominator is the GPU's bf16 GEMM rate"
     details["step_kernels"] = step_kernels(results)
+    details["memory_phases"] = _memory_phases(run)
     details["host_profile"] = _host_profile(run)
     details["host_calls"] = _host_calls(run)
     convergence = details["convergence"] = _convergence(run)
@@ -114,6 +115,21 @@ def step_note(results, bench):
     return f"{bench.removeprefix('model_')}: " + "; ".join(notes) if notes else ""
 
 
+def _memory_phases(run):
+    """{path: peaks} of tools.memory.phases on CUDA: a train step of fastformer and of the fp32
+    reference at the model stage's config and batch, each phase's peak allocated (forward, backward,
+    optimizer) above what the step started with (its weights and optimizer state), which it gives
+    too; {"not_run": reason} on a CPU or when the stage's budget is spent."""
+    from tools.memory import phases
+
+    if not run.cuda:
+        return {"not_run": "needs CUDA: torch.cuda.max_memory_allocated (python -m tools.memory counts on a CPU)"}
+    if time.monotonic() > run.deadline("model"):
+        return {"not_run": f"the model stage's budget of {run.plan.budget_seconds['model']} s was spent"}
+    return {path: phases(path, run.plan.config, run.plan.model_batch, run.device) for path in MEMORY_PATHS}
+
+
+MEMORY_PATHS = ("fastformer", "reference_fp32")  # tools.memory's paths
 PROFILE_ROWS = 15
 
 

@@ -42,6 +42,7 @@ UNITS = {
         "MiB of CUDA memory allocated and held once a case is set up and has run once (inputs, weights, "
         "optimizer state, a CUDA graph's pool)"
     ),
+    "*_mb": "MiB (2**20 bytes); the model stage's memory_phases: allocated at a phase's peak above the step's start",
     "tokens_per_s": "real (non-padding) tokens per second",
     "mfu": "achieved TFLOP/s over env.bf16_gemm_tflops (a fraction)",
     "required, worst, low, high": (
