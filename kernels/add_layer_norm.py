@@ -4,12 +4,16 @@ The forward reads x and residual once, adds the optional x_bias (the bias of the
 made x, in fp32), applies dropout (Philox, in the kernel, from a seed the caller may pass), adds,
 normalizes with fp32 statistics and writes y, and optionally y cast to fp16/bf16 (`lowp_dtype`:
 under autocast y is the fp32 residual stream and the cast is what the next matrix product reads),
-keeping only each row's mean and 1/std. The backward adds the gradients of y and of its cast
-itself, regenerates the dropout mask from its seed instead of storing it, and reduces dW, db and
-d(x_bias) through per-program partial sums that a second small kernel (`sum_partials`) adds in a
-fixed order (no atomics), so gradients are bitwise reproducible. The backward takes BLOCK_M rows at
-a time, so a narrow row (the tutorial's d = 256) still gives each program several warps and several
-rows' loads in flight.
+keeping each row's mean and 1/std and, when a gradient will be taken, the fp32 sum it normalized,
+h = residual + dropout(x + x_bias). The backward reads h from that one tensor instead of recomputing
+it: autograd then keeps neither x nor the residual (under autocast x in bf16 and the residual stream
+in fp32, 6 bytes an element where h is 4), which nothing else needs after the forward, and h is the
+same bits the forward normalized. The backward adds the gradients of y and of its cast itself,
+regenerates the dropout mask from its seed instead of storing it (dx is dh through the mask), and
+reduces dW, db and d(x_bias) through per-program partial sums that a second small kernel
+(`sum_partials`) adds in a fixed order (no atomics), so gradients are bitwise reproducible. The
+backward takes BLOCK_M rows at a time, so a narrow row (the tutorial's d = 256) still gives each
+program several warps and several rows' loads in flight.
 """
 import math
 
@@ -66,14 +70,15 @@ def _row_keep(seed, row, dropout_p, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _add_ln_fwd_kernel(
-    X, R, W, B, XB, Y, Y_LOW, MEAN, RSTD, SEED,
-    stride_x, stride_r, stride_w, stride_b, stride_xb, stride_y, stride_y_low,
+    X, R, W, B, XB, Y, Y_LOW, S, MEAN, RSTD, SEED,
+    stride_x, stride_r, stride_w, stride_b, stride_xb, stride_y, stride_y_low, stride_s,
     n_cols, eps, dropout_p,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_X_BIAS: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    WRITE_LOW: tl.constexpr, BLOCK_N: tl.constexpr,
+    WRITE_LOW: tl.constexpr, WRITE_SUM: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One row: y = layer_norm(residual + dropout(x + x_bias)), and (WRITE_LOW) y cast once more,
-    from y's own dtype, to Y_LOW's. Grid: (n_rows,), one row per program. Launched by _add_ln_forward.
+    """One row: y = layer_norm(residual + dropout(x + x_bias)), (WRITE_LOW) y cast once more, from
+    y's own dtype, to Y_LOW's, and (WRITE_SUM) the fp32 sum it normalizes, for the backward. Grid:
+    (n_rows,), one row per program. Launched by _add_ln_forward.
 
     Args:
         X: (n_rows, n_cols) the sublayer output's rows (rows_view of x), fp16, bf16 or fp32, unit column stride.
@@ -84,12 +89,15 @@ def _add_ln_fwd_kernel(
             HAS_X_BIAS is off.
         Y: (n_rows, n_cols) output, contiguous, in the op's output dtype (fp32 under autocast).
         Y_LOW: (n_rows, n_cols) output in fp16 or bf16, contiguous: y cast; None when WRITE_LOW is off.
+        S: (n_rows, n_cols) fp32 output, contiguous: h = residual + dropout(x + x_bias), what the
+            backward reads; None when WRITE_SUM is off.
         MEAN, RSTD: (n_rows,) fp32 outputs: each row's mean and 1/std, for the backward.
         SEED: (1,) int64 dropout seed; None when HAS_DROPOUT is off.
         stride_x, stride_r: the row strides in elements of X and R.
         stride_w, stride_b, stride_xb: the strides in elements of W, B and XB; 0 for an absent one.
         stride_y: Y's row stride in elements.
         stride_y_low: Y_LOW's row stride in elements; 0 when absent.
+        stride_s: S's row stride in elements; 0 when absent.
         n_cols: the row's width d.
         eps: LayerNorm epsilon.
         dropout_p: the dropout probability, in [0, 1); read only under HAS_DROPOUT.
@@ -97,6 +105,7 @@ def _add_ln_fwd_kernel(
         HAS_X_BIAS: XB is read and added to x in fp32 before dropout.
         HAS_DROPOUT: SEED and dropout_p are read: x + x_bias dropped with Philox (dropout_keep).
         WRITE_LOW: Y_LOW is written.
+        WRITE_SUM: S is written.
         BLOCK_N: the whole row, n_cols padded to a power of two of at least 4 (_row_block).
     """
     # torch.compile's Inductor passes a Python float as fp64, a launch as fp32: one type for both
@@ -111,6 +120,8 @@ def _add_ln_fwd_kernel(
         keep = _row_keep(tl.load(SEED), row, dropout_p, BLOCK_N)
         x = tl.where(keep, x / (1.0 - dropout_p), 0.0)
     h = tl.load(R + row * stride_r + cols, mask=ok, other=0.0).to(tl.float32) + x
+    if WRITE_SUM:
+        tl.store(S + row * stride_s + cols, h, mask=ok)
     mean = tl.sum(h, 0) / n_cols
     centered = tl.where(ok, h - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, 0) / n_cols + eps)
@@ -129,37 +140,35 @@ def _add_ln_fwd_kernel(
 
 @triton.jit(do_not_specialize=["n_rows", "rows_per_program"])  # they change with the batch and bound masks only
 def _add_ln_bwd_kernel(
-    X, R, W, XB, DY, DY_LOW, DX, DR, PARTIAL, MEAN, RSTD, SEED,
-    stride_x, stride_r, stride_w, stride_xb, stride_dy, stride_dy_low, stride_dx, stride_dr, stride_partial,
+    S, W, DY, DY_LOW, DX, DR, PARTIAL, MEAN, RSTD, SEED,
+    stride_s, stride_w, stride_dy, stride_dy_low, stride_dx, stride_dr, stride_partial,
     n_rows, n_cols, rows_per_program, dropout_p,
-    HAS_WEIGHT: tl.constexpr, HAS_X_BIAS: tl.constexpr, HAS_DY_LOW: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_DY_LOW: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     PARAM_GRADS: tl.constexpr, X_BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    """dx, dresidual for a run of rows, BLOCK_M rows at a time, from dy + dy_low (HAS_DY_LOW: the
-    gradient of y's cast, added in fp32), and this program's partial sums, one row of PARTIAL:
-    (PARAM_GRADS) the sum of dy * xhat (dW) and of dy (db), then (X_BIAS_GRAD) the sum of the
-    gradient of x + x_bias, in the row's last n_cols columns.
-    NUM_STAGES > 1 has Triton load x, residual, dy (and dy_low) NUM_STAGES - 1 steps ahead (async
-    copies into shared memory on sm_80+): a loop without a dot is pipelined only when asked.
+    """dx, dresidual for a run of rows, BLOCK_M rows at a time, from the forward's sum h, dy and
+    dy_low (HAS_DY_LOW: the gradient of y's cast, added in fp32), and this program's partial sums,
+    one row of PARTIAL: (PARAM_GRADS) the sum of dy * xhat (dW) and of dy (db), then (X_BIAS_GRAD)
+    the sum of the gradient of x + x_bias, in the row's last n_cols columns.
+    NUM_STAGES > 1 has Triton load h, dy (and dy_low) NUM_STAGES - 1 steps ahead (async copies into
+    shared memory on sm_80+): a loop without a dot is pipelined only when asked.
     Grid: (cdiv(n_rows, rows_per_program),) (_bwd_grid). Launched by _add_layer_norm_backward.
 
     Args:
-        X: (n_rows, n_cols) the forward's x rows, fp16, bf16 or fp32, unit column stride.
-        R: (n_rows, n_cols) the forward's residual rows, unit column stride.
+        S: (n_rows, n_cols) fp32, unit column stride: the forward's h = residual + dropout(x + x_bias) (WRITE_SUM).
         W: (n_cols,) LayerNorm weight, any stride; None when HAS_WEIGHT is off.
-        XB: (n_cols,) x_bias, any stride and dtype; None when HAS_X_BIAS is off.
         DY: (n_rows, n_cols) the gradient of y, unit column stride.
         DY_LOW: (n_rows, n_cols) the gradient of y's low-precision cast, unit column stride; None
             when HAS_DY_LOW is off.
-        DX: (n_rows, n_cols) output in X's dtype, contiguous: the gradient of x.
-        DR: (n_rows, n_cols) output in R's dtype, contiguous: the gradient of the residual.
+        DX: (n_rows, n_cols) output in x's dtype, contiguous: the gradient of x.
+        DR: (n_rows, n_cols) output in the residual's dtype, contiguous: the gradient of the residual.
         PARTIAL: (programs, k * n_cols) fp32, contiguous, output: row pid holds this program's sums,
             k blocks of n_cols: dW then db (PARAM_GRADS), then d(x_bias) (X_BIAS_GRAD); None when k = 0.
         MEAN, RSTD: (n_rows,) fp32: the forward's row means and 1/std.
         SEED: (1,) int64, the forward's dropout seed; None when HAS_DROPOUT is off.
-        stride_x, stride_r: the row strides in elements of X and R.
-        stride_w, stride_xb: the strides in elements of W and XB; 0 for an absent one.
+        stride_s: S's row stride in elements.
+        stride_w: W's stride in elements; 0 when absent.
         stride_dy: DY's row stride in elements.
         stride_dy_low: DY_LOW's row stride in elements; 0 when absent.
         stride_dx, stride_dr: the row strides in elements of DX and DR.
@@ -169,11 +178,10 @@ def _add_ln_bwd_kernel(
         rows_per_program: the rows of a program, a multiple of BLOCK_M (_bwd_grid); not specialized.
         dropout_p: the forward's dropout probability; read only under HAS_DROPOUT.
         HAS_WEIGHT: W is read (else weight 1).
-        HAS_X_BIAS: XB is read and added to x in fp32, as the forward did, to recompute the normalized row.
         HAS_DY_LOW: DY_LOW is read and added to DY in fp32.
-        HAS_DROPOUT: SEED and dropout_p are read: the forward's mask is regenerated (dropout_keep).
+        HAS_DROPOUT: SEED and dropout_p are read: the forward's mask is regenerated (dropout_keep) for dx.
         PARAM_GRADS: the dW and db sums are written to PARTIAL.
-        X_BIAS_GRAD: the d(x_bias) sums are written to PARTIAL.
+        X_BIAS_GRAD: the d(x_bias) sums, of dx (the gradient of x + x_bias), are written to PARTIAL.
         BLOCK_M: rows per step of the loop.
         BLOCK_N: the whole row, n_cols padded to a power of two of at least 4 (_row_block).
         NUM_STAGES: the loop's pipeline depth (1: not pipelined; _bwd_tile).
@@ -186,9 +194,6 @@ def _add_ln_bwd_kernel(
     w = tl.full([BLOCK_N], 1.0, tl.float32)
     if HAS_WEIGHT:
         w = tl.load(W + cols * stride_w, mask=col_ok, other=0.0).to(tl.float32)
-    x_bias = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if HAS_X_BIAS:
-        x_bias = tl.load(XB + cols * stride_xb, mask=col_ok, other=0.0).to(tl.float32)
     seed = load_seed(SEED, HAS_DROPOUT)
     dw = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -199,13 +204,7 @@ def _add_ln_bwd_kernel(
         rows = first + i + tl.arange(0, BLOCK_M)
         row_ok = i + tl.arange(0, BLOCK_M) < n_mine
         ok = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        if HAS_X_BIAS:
-            x = x + x_bias[None, :]
-        if HAS_DROPOUT:
-            keep = dropout_keep(seed, rows, 0, dropout_p, BLOCK_N)
-            x = tl.where(keep, x / (1.0 - dropout_p), 0.0)
-        h = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=ok, other=0.0).to(tl.float32) + x
+        h = tl.load(S + rows[:, None] * stride_s + cols[None, :], mask=ok, other=0.0)
         dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         if HAS_DY_LOW:
             dy = dy + tl.load(DY_LOW + rows[:, None] * stride_dy_low + cols[None, :], mask=ok, other=0.0).to(tl.float32)
@@ -218,6 +217,7 @@ def _add_ln_bwd_kernel(
         dh = tl.where(ok, (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None], 0.0)
         tl.store(DR + rows[:, None] * stride_dr + cols[None, :], dh.to(DR.dtype.element_ty), mask=ok)
         if HAS_DROPOUT:
+            keep = dropout_keep(seed, rows, 0, dropout_p, BLOCK_N)
             dh = tl.where(keep, dh / (1.0 - dropout_p), 0.0)
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dh.to(DX.dtype.element_ty), mask=ok)
         if PARAM_GRADS:
@@ -232,41 +232,48 @@ def _add_ln_bwd_kernel(
         tl.store(PARTIAL + pid * stride_partial + (stride_partial - n_cols) + cols, tl.sum(dxb, 0), mask=col_ok)
 
 
-def _forward_outputs(x, out_dtype, lowp_dtype):
-    """Empty y (x's shape, out_dtype), y_low (x's shape in lowp_dtype; None when that is None) and
-    each row's mean and 1/std (fp32), contiguous."""
+def _forward_outputs(x, out_dtype, lowp_dtype, save_sum):
+    """Empty y (x's shape, out_dtype), y_low (x's shape in lowp_dtype; None when that is None),
+    each row's mean and 1/std (fp32) and the sum s (rows, d) in fp32 (None without save_sum),
+    contiguous."""
     n_rows = math.prod(x.shape[:-1])  # as rows_view's shape has it (a product, not a quotient, of symbolic sizes)
     y = torch.empty(*x.shape, dtype=out_dtype, device=x.device)  # sizes as ints: a microsecond less than a Size
     y_low = None if lowp_dtype is None else torch.empty(*x.shape, dtype=lowp_dtype, device=x.device)
     mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    return y, y_low, mean, torch.empty_like(mean)
+    s = torch.empty(n_rows, x.shape[-1], dtype=torch.float32, device=x.device) if save_sum else None
+    return y, y_low, mean, torch.empty_like(mean), s
 
 
-def _forward_launch(x2, r2, weight, bias, x_bias, y, y_low, mean, rstd, seed, eps, dropout_p):
+def _forward_launch(x2, r2, weight, bias, x_bias, y, y_low, s, mean, rstd, seed, eps, dropout_p):
     """(grid, args, kwargs) of the forward's launch on rows x2 and r2 (n_rows, n_cols) with a unit
-    last stride, into _forward_outputs'."""
+    last stride, into _forward_outputs' (s None: the sum is not written)."""
     n_rows, n_cols = x2.shape
     args = (
-        x2, r2, weight, bias, x_bias, y, y_low, mean, rstd, seed,
+        x2, r2, weight, bias, x_bias, y, y_low, s, mean, rstd, seed,
         x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(bias), vector_stride(x_bias), n_cols,
-        0 if y_low is None else n_cols, n_cols, eps, dropout_p,
+        0 if y_low is None else n_cols, 0 if s is None else n_cols, n_cols, eps, dropout_p,
     )
     kwargs = {
         "HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None, "HAS_X_BIAS": x_bias is not None,
-        "HAS_DROPOUT": dropout_p > 0.0, "WRITE_LOW": y_low is not None,
+        "HAS_DROPOUT": dropout_p > 0.0, "WRITE_LOW": y_low is not None, "WRITE_SUM": s is not None,
         "BLOCK_N": _row_block(n_cols), "num_warps": _warps(n_cols),
     }
     return (n_rows,), args, kwargs
 
 
-def _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype):
-    """(y, y_low, mean, rstd): y_low is empty when lowp_dtype is None. One launch."""
-    y, y_low, mean, rstd = _forward_outputs(x, out_dtype, lowp_dtype)
+def _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype, save_sum):
+    """(y, y_low, mean, rstd, s): y_low is empty when lowp_dtype is None, s (the fp32 sum the
+    backward reads) empty (0, d) without save_sum. One launch."""
+    y, y_low, mean, rstd, s = _forward_outputs(x, out_dtype, lowp_dtype, save_sum)
     grid, args, kwargs = _forward_launch(
-        rows_view(x), rows_view(residual), weight, bias, x_bias, y, y_low, mean, rstd, seed, eps, dropout_p
+        rows_view(x), rows_view(residual), weight, bias, x_bias, y, y_low, s, mean, rstd, seed, eps, dropout_p
     )
     launch(_add_ln_fwd_kernel)[grid](*args, **kwargs)
-    return y, torch.empty(0, dtype=out_dtype, device=x.device) if y_low is None else y_low, mean, rstd
+    if y_low is None:
+        y_low = torch.empty(0, dtype=out_dtype, device=x.device)
+    if s is None:
+        s = torch.empty(0, x.shape[-1], dtype=torch.float32, device=x.device)
+    return y, y_low, mean, rstd, s
 
 
 def _row_block(n_cols):
@@ -280,9 +287,9 @@ def _warps(n_cols):
 
 def _bwd_tile(n_cols):
     """(BLOCK_M, num_warps, NUM_STAGES) of the backward. BLOCK_M rows (at most 16) make a tile of
-    1024 elements, 8 to a thread over 4 warps (d = 256: 4 rows a step), loaded two steps ahead
-    (24 KiB of shared memory in fp32; 28 KiB under autocast, with y_low's gradient). Rows wider
-    than 1024 go one at a time, 8 to 32 elements to a thread, unpipelined (pipelined, d = 2048
+    1024 elements, 8 to a thread over 4 warps (d = 256: 4 rows a step), loaded two steps ahead (h
+    and dy: 16 KiB of shared memory in fp32; 24 KiB under autocast, with y_low's gradient). Rows
+    wider than 1024 go one at a time, 8 to 32 elements to a thread, unpipelined (pipelined, d = 2048
     spills on sm_90a in fp32 with dropout)."""
     block_n = _row_block(n_cols)
     block_m = max(1, min(16, 1024 // block_n))
@@ -311,21 +318,22 @@ def _add_layer_norm_forward(
     dropout_p: float,
     out_dtype: torch.dtype,
     lowp_dtype: torch.dtype | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """y, y_low (empty when lowp_dtype is None), and each row's mean and 1/std. The seed is an
-    input (an op may not return one of its inputs): `add_layer_norm` draws one when dropout needs it."""
+    save_sum: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """y, y_low (empty when lowp_dtype is None), each row's mean and 1/std, and (save_sum) the fp32
+    sum the backward reads, else an empty (0, d) tensor: ask for it when a gradient will be taken
+    (`add_layer_norm` passes needs_grad). The seed is an input (an op may not return one of its
+    inputs): `add_layer_norm` draws one when dropout needs it."""
     if dropout_p > 0.0 and seed is None:
         raise ValueError("add_layer_norm_forward: dropout_p > 0 needs a seed tensor")
-    return _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype)
+    return _add_ln_forward(x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype, save_sum)
 
 
 def _add_layer_norm_backward(
     dy: torch.Tensor,
     dy_low: torch.Tensor | None,
-    x: torch.Tensor,
-    residual: torch.Tensor,
+    s: torch.Tensor,
     weight: torch.Tensor | None,
-    x_bias: torch.Tensor | None,
     mean: torch.Tensor,
     rstd: torch.Tensor,
     seed: torch.Tensor | None,
@@ -333,62 +341,67 @@ def _add_layer_norm_backward(
     param_grads: bool,
     x_bias_grad: bool,
     sums_dtype: torch.dtype,
+    x_dtype: torch.dtype,
+    residual_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dx, dresidual, and the column sums as one (k, d) tensor in sums_dtype: dweight and dbias
-    when param_grads, then dx_bias when x_bias_grad (k = 0 when neither). The gradient of y is
-    dy + dy_low (dy_low: of y's cast, or None). Two launches, the rows and the reduction of their
-    partial sums (one, the rows, when k = 0)."""
+    """dx (dy's shape in x_dtype), dresidual (in residual_dtype), and the column sums as one (k, d)
+    tensor in sums_dtype: dweight and dbias when param_grads, then dx_bias when x_bias_grad (k = 0
+    when neither), from s, the forward's fp32 sum (rows, d). The gradient of y is dy + dy_low
+    (dy_low: of y's cast, or None). Two launches, the rows and the reduction of their partial sums
+    (one, the rows, when k = 0)."""
     dy_low = None if dy_low is None else rows_view(dy_low)
-    dx, dr, partial, sums = _backward_outputs(x, residual, _bwd_programs(x), param_grads, x_bias_grad, sums_dtype)
+    programs = _bwd_programs(*s.shape, s.device)
+    dx, dr, partial, sums = _backward_outputs(
+        dy.shape, x_dtype, residual_dtype, s.device, programs, param_grads, x_bias_grad, sums_dtype
+    )
     launches = _backward_launches(
-        rows_view(x), rows_view(residual), weight, x_bias, rows_view(dy), dy_low, dx, dr, partial, sums,
-        mean, rstd, seed, dropout_p, param_grads, x_bias_grad,
+        s, weight, rows_view(dy), dy_low, dx, dr, partial, sums, mean, rstd, seed, dropout_p, param_grads, x_bias_grad
     )
     for kernel, grid, args, kwargs in launches:
         launch(kernel)[grid](*args, **kwargs)
     return dx, dr, sums
 
 
-def _bwd_programs(x):
-    """The backward's number of programs for x's rows (_bwd_grid)."""
-    n_cols = x.shape[-1]
-    return _bwd_grid(math.prod(x.shape[:-1]), _bwd_tile(n_cols)[0], x.device)[0]
+def _bwd_programs(n_rows, n_cols, device):
+    """The backward's number of programs for n_rows rows of n_cols (_bwd_grid)."""
+    return _bwd_grid(n_rows, _bwd_tile(n_cols)[0], device)[0]
 
 
-def _backward_outputs(x, residual, programs, param_grads, x_bias_grad, sums_dtype):
-    """Empty dx (x's shape and dtype), dresidual (residual's), the fp32 partial sums of `programs`
-    (_bwd_programs; None when no sum is asked for) and the sums (k, d) in sums_dtype
+def _backward_outputs(shape, x_dtype, residual_dtype, device, programs, param_grads, x_bias_grad, sums_dtype):
+    """Empty dx (x's shape and dtype), dresidual (x's shape, residual's dtype), the fp32 partial sums
+    of `programs` (_bwd_programs; None when no sum is asked for) and the sums (k, d) in sums_dtype
     (_add_layer_norm_backward), contiguous."""
-    n_cols = x.shape[-1]
-    dx = torch.empty(*x.shape, dtype=x.dtype, device=x.device)
-    dr = torch.empty(*residual.shape, dtype=residual.dtype, device=x.device)
+    n_cols = shape[-1]
+    dx = torch.empty(*shape, dtype=x_dtype, device=device)
+    dr = torch.empty(*shape, dtype=residual_dtype, device=device)
     n_sums = 2 * param_grads + x_bias_grad
     partial = None
     if n_sums:
-        partial = torch.empty(programs, n_sums * n_cols, dtype=torch.float32, device=x.device)
-    return dx, dr, partial, torch.empty(n_sums, n_cols, dtype=sums_dtype, device=x.device)
+        partial = torch.empty(programs, n_sums * n_cols, dtype=torch.float32, device=device)
+    return dx, dr, partial, torch.empty(n_sums, n_cols, dtype=sums_dtype, device=device)
 
 
 def _backward_launches(
-    x2, r2, weight, x_bias, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed, dropout_p, param_grads, x_bias_grad
+    s, weight, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed, dropout_p, param_grads, x_bias_grad
 ):
-    """[(kernel, grid, args, kwargs)] of the backward's launches on rows (unit last stride) into
-    _backward_outputs': the rows, then (when a sum is asked for) the sum of their partials."""
-    n_rows, n_cols = x2.shape
+    """[(kernel, grid, args, kwargs)] of the backward's launches on the forward's sum s and the
+    gradients' rows (unit last stride) into _backward_outputs': the rows, then (when a sum is asked
+    for) the sum of their partials."""
+    n_rows, n_cols = s.shape
     block_m, num_warps, num_stages = _bwd_tile(n_cols)
-    programs, rows_per_program = _bwd_grid(n_rows, block_m, x2.device)
+    programs, rows_per_program = _bwd_grid(n_rows, block_m, s.device)
     rows = (
         _add_ln_bwd_kernel,
         (programs,),
         (
-            x2, r2, weight, x_bias, dy2, dy_low2, dx, dr, partial, mean, rstd, seed,
-            x2.stride(0), r2.stride(0), vector_stride(weight), vector_stride(x_bias),
+            s, weight, dy2, dy_low2, dx, dr, partial, mean, rstd, seed,
+            s.stride(0), vector_stride(weight),
             dy2.stride(0), 0 if dy_low2 is None else dy_low2.stride(0), n_cols, n_cols,
             0 if partial is None else partial.stride(0),
             n_rows, n_cols, rows_per_program, dropout_p,
         ),
         {
-            "HAS_WEIGHT": weight is not None, "HAS_X_BIAS": x_bias is not None, "HAS_DY_LOW": dy_low2 is not None,
+            "HAS_WEIGHT": weight is not None, "HAS_DY_LOW": dy_low2 is not None,
             "HAS_DROPOUT": dropout_p > 0.0, "PARAM_GRADS": param_grads, "X_BIAS_GRAD": x_bias_grad,
             "BLOCK_M": block_m, "BLOCK_N": _row_block(n_cols), "NUM_STAGES": num_stages, "num_warps": num_warps,
         },
@@ -407,37 +420,42 @@ _add_layer_norm_backward_op = torch.library.triton_op("fastformer::add_layer_nor
 
 
 def _setup_context(ctx, inputs, output):
-    x, residual, weight, bias, x_bias, seed, _eps, dropout_p, _out_dtype, lowp_dtype = inputs
-    _, y_low, mean, rstd = output
-    ctx.save_for_backward(x, residual, weight, x_bias, mean, rstd, seed)
-    # the statistics (and y_low when none is asked for) take no gradient: autograd neither tracks
-    # them nor fills zeros for them
-    ctx.mark_non_differentiable(mean, rstd, *([y_low] if lowp_dtype is None else []))
+    x, residual, weight, bias, x_bias, seed, _eps, dropout_p, _out_dtype, lowp_dtype, _save_sum = inputs
+    _, y_low, mean, rstd, s = output
+    # the sum stands for x, residual and x_bias: the backward needs only their dtypes and shape
+    ctx.save_for_backward(s, weight, mean, rstd, seed)
+    # the statistics, the sum (and y_low when none is asked for) take no gradient: autograd neither
+    # tracks them nor fills zeros for them
+    ctx.mark_non_differentiable(mean, rstd, s, *([y_low] if lowp_dtype is None else []))
     ctx.set_materialize_grads(False)
     ctx.dropout_p = dropout_p
+    ctx.x_shape, ctx.x_dtype, ctx.residual_dtype = x.shape, x.dtype, residual.dtype
     ctx.sum_dtypes = tuple(None if t is None else t.dtype for t in (weight, bias, x_bias))
 
 
-def _backward(ctx, dy, dy_low, _dmean, _drstd):
-    no_grads = (None,) * 10
+def _backward(ctx, dy, dy_low, _dmean, _drstd, _ds):
+    no_grads = (None,) * 11
     if dy is None and dy_low is None:  # neither y nor y_low took part in what is differentiated
         return no_grads
     if dy is None:  # y_low alone did: its gradient is all of y's
         dy, dy_low = dy_low, None
-    x, residual, weight, x_bias, mean, rstd, seed = ctx.saved_tensors
+    s, weight, mean, rstd, seed = ctx.saved_tensors
+    if s.numel() == 0 and math.prod(ctx.x_shape) != 0:
+        raise RuntimeError("add_layer_norm: backward through a forward run without gradients (no sum saved)")
     needs_dw, needs_db, needs_dxb = ctx.needs_input_grad[2:5]
     param_grads = needs_dw or needs_db
     # the sums come out in the dtype of the parameters they are for when those share one (no casts)
     sums_dtype = _sums_dtype(ctx.sum_dtypes, (needs_dw, needs_db, needs_dxb))
     dx, dr, sums = call_op(
         _add_layer_norm_backward_op, _add_layer_norm_backward,
-        dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed, ctx.dropout_p, param_grads, needs_dxb, sums_dtype,
+        dy, dy_low, s, weight, mean, rstd, seed, ctx.dropout_p, param_grads, needs_dxb, sums_dtype,
+        ctx.x_dtype, ctx.residual_dtype,
     )
     w_dtype, b_dtype, xb_dtype = ctx.sum_dtypes
     dw = sums[0].to(w_dtype) if needs_dw else None
     db = sums[1].to(b_dtype) if needs_db else None
     dxb = sums[-1].to(xb_dtype) if needs_dxb else None
-    return dx, dr, dw, db, dxb, None, None, None, None, None
+    return dx, dr, dw, db, dxb, None, None, None, None, None, None
 
 
 torch.library.register_autograd(_add_layer_norm_forward_op, _backward, setup_context=_setup_context)
@@ -449,55 +467,67 @@ _add_layer_norm_forward_eager = eager_twin(_add_layer_norm_forward, _setup_conte
 # ----------------------------------------------------------------------------------------------
 class _Plan(Plan):
     """An eager `add_layer_norm` call's signature made ready: its checks passed, the forward's
-    launch prepared, and the backward's launches prepared per signature of the gradients (and of
-    which inputs need one) on the first backward that meets it."""
+    launch prepared with and without the sum the backward reads, and the backward's launches
+    prepared per signature of the gradients (and of which inputs need one) on the first backward
+    that meets it."""
 
     def __init__(self, x, residual, weight, bias, x_bias, seed, eps, dropout_p, out_dtype, lowp_dtype):
         self.shape, self.rows = tuple(x.shape), (math.prod(x.shape[:-1]), x.shape[-1])
         self.eps, self.dropout_p, self.out_dtype, self.lowp_dtype = eps, dropout_p, out_dtype, lowp_dtype
+        self.x_dtype, self.residual_dtype = x.dtype, residual.dtype  # dx's and dresidual's
         self.draws_seed = dropout_p > 0.0 and seed is None
         if self.draws_seed:  # a stand-in for the seed each call draws (no number drawn here)
             seed = torch.empty(1, dtype=torch.int64, device=x.device)
         elif dropout_p == 0.0:
             seed = None
-        y, y_low, mean, rstd = _forward_outputs(x, out_dtype, lowp_dtype)
+        y, y_low, mean, rstd, s = _forward_outputs(x, out_dtype, lowp_dtype, True)
         x2, r2 = x.view(self.rows), residual.view(self.rows)
-        launch_args = _forward_launch(x2, r2, weight, bias, x_bias, y, y_low, mean, rstd, seed, eps, dropout_p)
-        self.forward = PreparedLaunch(_add_ln_fwd_kernel, *launch_args)
+        # forwards[save_sum]: without the sum (nothing to differentiate), and with it
+        self.forwards = tuple(
+            PreparedLaunch(
+                _add_ln_fwd_kernel,
+                *_forward_launch(x2, r2, weight, bias, x_bias, y, y_low, sum_, mean, rstd, seed, eps, dropout_p),
+            )
+            for sum_ in (None, s)
+        )
         # the dtypes the parameter gradients come out in (_backward), the backward's programs
         self.sum_dtypes = tuple(None if t is None else t.dtype for t in (weight, bias, x_bias))
-        self.programs = _bwd_programs(x)
+        self.programs = _bwd_programs(*self.rows, x.device)
         self.backwards = {}
         self._grads = {}  # grads(needs), by needs
 
     def _made(self):
         return (
-            self.rows, self.eps, self.dropout_p, self.out_dtype, self.lowp_dtype, self.draws_seed, self.sum_dtypes,
-            self.programs, self.forward,
+            self.rows, self.eps, self.dropout_p, self.out_dtype, self.lowp_dtype, self.x_dtype, self.residual_dtype,
+            self.draws_seed, self.sum_dtypes, self.programs, *self.forwards,
         )
 
     def __repr__(self):
-        return f"add_layer_norm._Plan(rows={self.rows}, p={self.dropout_p}, lowp={self.lowp_dtype}, {self.forward})"
+        return (
+            f"add_layer_norm._Plan(rows={self.rows}, p={self.dropout_p}, lowp={self.lowp_dtype}, "
+            f"{self.forwards[True]})"
+        )
 
-    def _backward_launches(self, x, residual, weight, x_bias, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed,
-                           param_grads, x_bias_grad):
+    def _backward_launches(self, s, weight, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed, param_grads,
+                           x_bias_grad):
         dy2, dy_low2 = dy2.view(self.rows), None if dy_low2 is None else dy_low2.view(self.rows)
         launches = _backward_launches(
-            x.view(self.rows), residual.view(self.rows), weight, x_bias, dy2, dy_low2, dx, dr, partial, sums,
-            mean, rstd, seed, self.dropout_p, param_grads, x_bias_grad,
+            s, weight, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed, self.dropout_p, param_grads, x_bias_grad
         )
         return [PreparedLaunch(*launch) for launch in launches]
 
-    def run(self, x, residual, weight, bias, x_bias, seed):
-        """y, y_low, mean and rstd of the forward, allocated as _forward_outputs lays them out."""
+    def run(self, x, residual, weight, bias, x_bias, seed, save_sum):
+        """y, y_low, mean, rstd and (save_sum) s, the sum the backward reads, else None, of the
+        forward, allocated as _forward_outputs lays them out."""
         device = x.device
         y = torch.empty(*self.shape, dtype=self.out_dtype, device=device)
         y_low = None if self.lowp_dtype is None else torch.empty(*self.shape, dtype=self.lowp_dtype, device=device)
         mean = torch.empty(self.rows[0], dtype=torch.float32, device=device)
         rstd = torch.empty_like(mean)
+        s = torch.empty(*self.rows, dtype=torch.float32, device=device) if save_sum else None
         # x and residual go as they are: the launch was prepared on their rows, views of them
-        self.forward(x, residual, weight, bias, x_bias, y, y_low, mean, rstd, seed)
-        return y, y_low, mean, rstd
+        self.forwards[save_sum](x, residual, weight, bias, x_bias, y, y_low, s, mean, rstd, seed)
+        return y, y_low, mean, rstd, s
 
     def grads(self, needs):
         """What the backward computes when (weight, bias, x_bias) each need a gradient or not:
@@ -516,18 +546,22 @@ class _Plan(Plan):
             found = self._grads[needs] = (param_grads, x_bias_grad, sums_dtype, picks)
         return found
 
-    def backward(self, dy, dy_low, x, residual, weight, x_bias, mean, rstd, seed, needs):
+    def backward(self, dy, dy_low, s, weight, mean, rstd, seed, needs):
         """dx, dresidual, dweight, dbias and dx_bias (None where `needs` says none), as
-        _add_layer_norm_backward and _backward compute them, by prepared launches."""
+        _add_layer_norm_backward and _backward compute them from the forward's sum s, by prepared
+        launches."""
         param_grads, x_bias_grad, sums_dtype, picks = self.grads(needs)
         # the gradients' rows (a contiguous gradient goes as it is: the launches are prepared on its rows)
         dy2 = dy if dy.is_contiguous() else rows_view(dy)
         dy_low2 = dy_low if dy_low is None or dy_low.is_contiguous() else rows_view(dy_low)
         key = (dy2.stride(), dy2.dtype, None if dy_low2 is None else (dy_low2.stride(), dy_low2.dtype), needs)
-        dx, dr, partial, sums = _backward_outputs(x, residual, self.programs, param_grads, x_bias_grad, sums_dtype)
-        tensors = x, residual, weight, x_bias, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed
+        dx, dr, partial, sums = _backward_outputs(
+            self.shape, self.x_dtype, self.residual_dtype, s.device, self.programs, param_grads, x_bias_grad,
+            sums_dtype,
+        )
+        tensors = s, weight, dy2, dy_low2, dx, dr, partial, sums, mean, rstd, seed
         launches = kept(self.backwards, key, self._backward_launches, *tensors, param_grads, x_bias_grad)
-        launches[0](x, residual, weight, x_bias, dy2, dy_low2, dx, dr, partial, mean, rstd, seed)
+        launches[0](s, weight, dy2, dy_low2, dx, dr, partial, mean, rstd, seed)
         if partial is not None:
             launches[1](partial, sums)
         return dx, dr, *[_pick(sums, pick) for pick in picks]
@@ -553,8 +587,8 @@ class _PlannedAddLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, x_bias, seed, plan):
-        y, y_low, mean, rstd = plan.run(x, residual, weight, bias, x_bias, seed)
-        ctx.save_for_backward(x, residual, weight, x_bias, mean, rstd, seed)
+        y, y_low, mean, rstd, s = plan.run(x, residual, weight, bias, x_bias, seed, True)
+        ctx.save_for_backward(s, weight, mean, rstd, seed)  # the sum, not x, residual and x_bias
         ctx.plan = plan
         ctx.set_materialize_grads(False)
         return y if plan.lowp_dtype is None else (y, y_low)
@@ -573,7 +607,9 @@ class _PlannedAddLayerNorm(torch.autograd.Function):
             return *plan.backward(*args, needs), None, None
         # a dispatch mode or transform over the backward sees the registered op
         param_grads, x_bias_grad, sums_dtype, picks = plan.grads(needs)
-        dx, dr, sums = _add_layer_norm_backward_op(*args, plan.dropout_p, param_grads, x_bias_grad, sums_dtype)
+        dx, dr, sums = _add_layer_norm_backward_op(
+            *args, plan.dropout_p, param_grads, x_bias_grad, sums_dtype, plan.x_dtype, plan.residual_dtype
+        )
         return dx, dr, *[_pick(sums, pick) for pick in picks], None, None
 
 
@@ -682,7 +718,7 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None
             seed = planned_seed(plan, seed, x.device)
             if needs_grad(x, residual, weight, bias, x_bias):
                 return _planned_add_layer_norm(x, residual, weight, bias, x_bias, seed, plan)
-            y, y_low, _, _ = plan.run(x, residual, weight, bias, x_bias, seed)  # nothing to differentiate
+            y, y_low, _, _, _ = plan.run(x, residual, weight, bias, x_bias, seed, False)  # nothing to differentiate
             return y if lowp_dtype is None else (y, y_low)
     check_add_layer_norm_args(x, residual, weight, bias, eps, dropout_p, x_bias, seed, lowp_dtype)
     kwargs = dict(x_bias=x_bias, seed=seed, lowp_dtype=lowp_dtype)
@@ -705,8 +741,9 @@ def add_layer_norm(x, residual, weight, bias, eps, dropout_p=0.0, *, x_bias=None
         seed = None
     out_dtype = _output_dtype(x, residual, x_bias)
     forward = _add_layer_norm_forward_eager if eager() else _add_layer_norm_forward_op
-    y, y_low, _, _ = forward(
-        x, residual, weight, bias, x_bias, seed, float(eps), float(dropout_p), out_dtype, lowp_dtype
+    save_sum = needs_grad(x, residual, weight, bias, x_bias)  # the backward's input, when there will be one
+    y, y_low, _, _, _ = forward(
+        x, residual, weight, bias, x_bias, seed, float(eps), float(dropout_p), out_dtype, lowp_dtype, save_sum
     )
     return y if lowp_dtype is None else (y, y_low)
 

@@ -1,5 +1,6 @@
 """The Triton add + LayerNorm kernel against the fp64 reference: outputs, every gradient, dropout."""
 
+import importlib
 import warnings
 
 import pytest
@@ -9,6 +10,8 @@ from fastformer import kernels
 from fastformer.kernels._reduce import sum_partials
 from tests.helpers import assert_within_torch_error
 from tools import launches
+
+add_layer_norm_module = importlib.import_module("fastformer.kernels.add_layer_norm")  # the package exports the function
 
 FP32 = pytest.param(torch.float32, 1e-5, id="fp32")
 FP16 = pytest.param(torch.float16, 1e-3, id="fp16")
@@ -168,7 +171,7 @@ def test_registered_op_schema_and_autograd(device):
     x, residual, weight, bias, _ = (t.float().requires_grad_() for t in make_inputs((5, 32), device))
     torch.library.opcheck(
         torch.ops.fastformer.add_layer_norm_forward.default,
-        (x, residual, weight, bias, None, None, 1e-5, 0.0, torch.float32, None),
+        (x, residual, weight, bias, None, None, 1e-5, 0.0, torch.float32, None, True),
         test_utils=("test_schema", "test_autograd_registration"),
     )
 
@@ -178,8 +181,24 @@ def test_registered_op_fake_tensors_and_aot_dispatch():
     x, residual, weight, bias, _ = (t.float().requires_grad_() for t in make_inputs((5, 32), torch.device("cuda")))
     torch.library.opcheck(
         torch.ops.fastformer.add_layer_norm_forward.default,
-        (x, residual, weight, bias, None, None, 1e-5, 0.0, torch.float32, None),
+        (x, residual, weight, bias, None, None, 1e-5, 0.0, torch.float32, None, True),
     )
+
+
+@pytest.mark.parametrize("forward", ["registered op", "eager twin"])
+def test_a_backward_through_a_forward_run_without_gradients_raises(forward, device):
+    """A forward run without save_sum (`add_layer_norm` asks for the sum only when a gradient will be
+    taken) keeps nothing for the backward to read: called directly on inputs that require grad, its
+    backward raises instead of reading an empty tensor."""
+    x, residual, weight, bias, _ = (t.float().requires_grad_() for t in make_inputs((5, 32), device))
+    if forward == "registered op":
+        op = torch.ops.fastformer.add_layer_norm_forward
+    else:
+        op = add_layer_norm_module._add_layer_norm_forward_eager
+    y, _, _, _, s = op(x, residual, weight, bias, None, None, 1e-5, 0.0, torch.float32, None, False)
+    assert s.shape == (0, 32)
+    with pytest.raises(RuntimeError, match="backward through a forward run without gradients"):
+        y.sum().backward()
 
 
 def kernels_of(fn):
@@ -200,10 +219,10 @@ def test_backward_is_two_kernels_with_no_zero_filled_gradients(device):
     y = kernels.add_layer_norm(x, residual, weight, bias, 1e-5, dropout_p=0.1)
     assert kernels_of(lambda: y.backward(dy)) == {"triton._add_ln_bwd_kernel": 1, "triton._sum_partials_kernel": 1}
     seed = torch.zeros(1, dtype=torch.int64, device=device)
-    _, y_low, mean, rstd = torch.ops.fastformer.add_layer_norm_forward(
-        x, residual, weight, bias, None, seed, 1e-5, 0.1, torch.float32, None
+    _, y_low, mean, rstd, s = torch.ops.fastformer.add_layer_norm_forward(
+        x, residual, weight, bias, None, seed, 1e-5, 0.1, torch.float32, None, True
     )
-    assert not (mean.requires_grad or rstd.requires_grad or y_low.requires_grad)
+    assert not (mean.requires_grad or rstd.requires_grad or y_low.requires_grad or s.requires_grad)
 
 
 @pytest.mark.parametrize("trained", ["none", "weight", "bias"])

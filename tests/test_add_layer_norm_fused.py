@@ -1,7 +1,9 @@
 """add_layer_norm's keyword arguments that cut launches (docs/launches.md): x_bias, added in the forward
 and reduced with dW and db in the backward; a seed passed in; y's fp16/bf16 copy written by the
 same kernel, whose gradient the backward adds itself. Parity with the fp64 reference, bit-exact
-casts and gradients, launch counts, argument checks."""
+casts and gradients, launch counts, what autograd keeps for the backward, argument checks."""
+
+import contextlib
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from fastformer.kernels import _dropout
 from tests.helpers import assert_within_torch_error
 from tests.test_add_layer_norm import kernels_of
 from tests.test_dropout_bits import expected_keep
+from tests.test_eager_launch import Seen
 from tools import launches
 
 LEAVES = ("x", "residual", "weight", "bias", "x_bias")
@@ -372,7 +375,7 @@ def test_the_backend_passes_the_new_arguments_through(name, device):
 def _opcheck_args(device):
     x, residual, weight, bias, x_bias = (t.requires_grad_() for t in float_inputs((5, 32), device))
     seed = _dropout.draw_seed(device)
-    return (x.half(), residual, weight, bias, x_bias, seed, 1e-5, 0.1, torch.float32, HALF)
+    return (x.half(), residual, weight, bias, x_bias, seed, 1e-5, 0.1, torch.float32, HALF, True)
 
 
 def test_registered_op_schema_and_autograd_with_the_new_inputs(device):
@@ -387,6 +390,63 @@ def test_registered_op_schema_and_autograd_with_the_new_inputs(device):
 @pytest.mark.cuda
 def test_registered_op_fake_tensors_and_aot_dispatch_with_the_new_inputs():
     torch.library.opcheck(torch.ops.fastformer.add_layer_norm_forward.default, _opcheck_args(torch.device("cuda")))
+
+
+# ----------------------------------------------------------------------------------------------
+# what autograd keeps
+# ----------------------------------------------------------------------------------------------
+# (dtype of x, of the residual and the parameters, autocast and lowp_dtype)
+SAVED_CASES = {
+    "fp32": (torch.float32, torch.float32, None),
+    # the model under bf16 autocast: x a bf16 product's output, the residual stream in fp32
+    "autocast-bf16": (BF16, torch.float32, BF16),
+}
+
+
+@pytest.mark.parametrize("path", ["planned", "eager twin", "registered op"])
+@pytest.mark.parametrize("case", cases(*SAVED_CASES))
+def test_autograd_keeps_the_fp32_sum_not_x_or_the_residual(case, path, device):
+    """With a gradient to take, the op keeps one (rows, d) fp32 tensor for its backward, the sum
+    it normalized, and the rows' statistics, the seed and the weight: no storage of x or of the
+    residual. So on each path: its plan, its eager twin (x's rows not a view: no plan) and its
+    registered op (under a dispatch mode, as torch.compile's tracing sees it)."""
+    x_dtype, dtype, autocast = SAVED_CASES[case]
+    shape, rows = (2, 7, 33), 14
+    x, residual, weight, bias, x_bias = float_inputs(shape, device, seed=7)
+    x = x.to(x_dtype)
+    if path == "eager twin":
+        x = x.transpose(0, 1).contiguous().transpose(0, 1)
+    leaves = [x.requires_grad_()] + [t.to(dtype).requires_grad_() for t in (residual, weight, bias, x_bias)]
+    x, residual, weight, bias, x_bias = leaves
+    seed = _dropout.draw_seed(device)
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    mode = Seen() if path == "registered op" else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), mode:
+        with torch.autocast(device.type, dtype=autocast or HALF, enabled=autocast is not None):
+            out = kernels.add_layer_norm(
+                x, residual, weight, bias, 1e-5, 0.1, x_bias=x_bias, seed=seed, lowp_dtype=autocast
+            )
+        y = out if autocast is None else out[0]
+        grads = torch.autograd.grad(y.sum(), leaves)
+    node = type(y.grad_fn).__name__
+    if path == "planned":
+        assert node == "_PlannedAddLayerNormBackward", node
+    elif path == "eager twin":
+        assert node.endswith("_eagerBackward"), node
+    else:
+        assert "fastformer.add_layer_norm_forward.default" in mode.ops, node
+    storage = {t.untyped_storage().data_ptr() for t in saved}
+    assert x.untyped_storage().data_ptr() not in storage and residual.untyped_storage().data_ptr() not in storage
+    kept = sorted((tuple(t.shape), t.dtype) for t in saved)
+    expected = [((1,), torch.int64), ((rows,), torch.float32), ((rows,), torch.float32)]
+    expected += [((rows, 33), torch.float32), ((33,), dtype)]  # the sum; the weight, a leaf
+    assert kept == sorted(expected), kept
+    assert [g.dtype for g in grads] == [x_dtype] + [dtype] * 4
 
 
 # ----------------------------------------------------------------------------------------------

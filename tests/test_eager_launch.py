@@ -108,7 +108,7 @@ def test_the_eager_linear_gelu_and_add_layer_norm_are_their_registered_ops_bitwi
 
     h, r, lw, lb = (torch.randn(*s, generator=g).requires_grad_() for s in ((5, 12), (5, 12), (12,), (12,)))
     seed = draw_seeds(2, "cpu")[1:2]
-    args = (h, r, lw, lb, None, seed, 1e-6, 0.2, torch.float32, None)
+    args = (h, r, lw, lb, None, seed, 1e-6, 0.2, torch.float32, None, True)
     y_eager = add_layer_norm_module._add_layer_norm_forward_eager(*args)[0]
     y_op = add_layer_norm_module._add_layer_norm_forward_op(*args)[0]
     assert torch.equal(y_eager, y_op)
@@ -265,8 +265,8 @@ def test_each_planned_op_is_its_registered_op_bitwise():
     h, r, lw, lb, xb = _leaves(g, (2, 7, 12), (2, 7, 12), (12,), (12,), (12,))
     for _ in range(2):
         y, y_low = kernels.add_layer_norm(h, r, lw, lb, 1e-6, 0.2, x_bias=xb, seed=seeds[1:2], lowp_dtype=torch.float16)
-        args = (h, r, lw, lb, xb, seeds[1:2], 1e-6, 0.2, torch.float32, torch.float16)
-        y_op, y_low_op, _, _ = add_layer_norm_module._add_layer_norm_forward_op(*args)
+        args = (h, r, lw, lb, xb, seeds[1:2], 1e-6, 0.2, torch.float32, torch.float16, True)
+        y_op, y_low_op, _, _, _ = add_layer_norm_module._add_layer_norm_forward_op(*args)
         assert torch.equal(y, y_op) and torch.equal(y_low, y_low_op)
         for a, c in zip(_grads(y + y_low.float(), h, r, lw, lb, xb), _grads(y_op + y_low_op.float(), h, r, lw, lb, xb)):
             assert torch.equal(a, c)

@@ -74,3 +74,18 @@ def test_saved_tensors_are_counted_once_per_storage_and_the_weights_not_at_all()
     # linear saves x (its weight is a parameter: not counted); y * y saves y, twice, counted once
     assert sum(nbytes.values()) == x.untyped_storage().nbytes() + y.untyped_storage().nbytes()
     assert sum(saved.tensors.values()) == 2
+
+
+def test_add_layer_norm_keeps_its_fp32_sum_and_row_statistics_only(report):
+    """Each add + LayerNorm saves the fp32 sum it normalizes, and each row's mean and 1/std, for
+    its backward (kernels/add_layer_norm.py): not its input and residual, two (rows, d) tensors in
+    the model's dtype, nor a copy of either."""
+    site = "kernels/add_layer_norm.py:add_layer_norm"
+    rows = [r for r in report["paths"]["fastformer"]["saved"] if r["site"] == site]
+    assert rows and {r["dtype"] for r in rows} == {"float32"}
+    config = fastformer.Config.tutorial(**QUICK["config"])
+    batch, tokens = report["batch"], review_batch(config, report["batch"], False, "cpu")[0].shape[1]
+    calls = {batch * tokens: 2, batch: 3}  # rows: the encoder layer's two, the decoder layer's three ([BOS])
+    assert sum(r["tensors"] for r in rows) == 3 * sum(calls.values())  # the sum, the mean, the 1/std
+    kept = sum(n * rows_ * (config.d_hidn + 2) * 4 for rows_, n in calls.items())
+    assert sum(r["mb"] for r in rows) * 2**20 == pytest.approx(kept, rel=1e-3)

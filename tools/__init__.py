@@ -9,6 +9,7 @@ the report, which bench/'s pytest suites and `python -m bench.report` run too):
     python -m tools.cold_start     what a first and a second GPU run compile and time (docs/cold-start.md)
     python -m tools.host_overhead  the host time of an op call and of a train step (docs/host-path.md)
     python -m tools.sass           the kernels' hot loops read from their sm_90a SASS (docs/kernels.md)
+    python -m tools.memory         where a train step's memory goes, fastformer's against the reference (docs/memory.md)
     python -m tools.corpus_memory  the memory reading and encoding a large review file takes (docs/training.md)
     python -m tools.train_stops    the calls a reader follows from `fastformer train` to its first step (docs/layout.md)
 

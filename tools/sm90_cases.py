@@ -101,12 +101,18 @@ def ffn_case(dtype, activation, train, d, d_ff, M):
     return Case(name, run, _name(dtype))
 
 
-def layer_norm_case(dtype, d, dropout, rows=1024, fused=False):
+def layer_norm_case(dtype, d, dropout, rows=1024, fused=False, train=True):
     """add + LayerNorm in one dtype, or (fused) as the model calls it under autocast: x in dtype, the
-    residual stream, the parameters and x_bias in fp32, dropout, y in fp32 and its copy in dtype,
-    the backward adding both gradients and reducing d(x_bias) with dW and db."""
+    residual stream, the parameters and x_bias in fp32, dropout, y in fp32 and its copy in dtype.
+    Training writes the sum the backward reads (save_sum) and runs the backward, adding both
+    gradients and reducing d(x_bias) with dW and db; inference (train=False) runs the forward
+    alone, without the sum, as a call with no gradient to take does (fused: as the model evaluates,
+    without dropout)."""
     add_layer_norm = _module("fastformer.kernels.add_layer_norm")
-    name = f"add_layer_norm/{dtype}/d{d}" + ("/x_bias+lowp+dropout" if fused else "/dropout" if dropout else "")
+    p = 0.1 if dropout or (fused and train) else 0.0
+    name = f"add_layer_norm/{dtype}/d{d}"
+    name += ("/x_bias+lowp" + ("+dropout" if p else "")) if fused else ("/dropout" if p else "")
+    name += "" if train else "/inference"
 
     def run():
         t = DTYPES[dtype]
@@ -114,19 +120,18 @@ def layer_norm_case(dtype, d, dropout, rows=1024, fused=False):
         x, residual = torch.zeros(rows, d, dtype=t), torch.zeros(rows, d, dtype=stream)
         weight, bias = torch.ones(d, dtype=stream), torch.zeros(d, dtype=stream)
         x_bias = torch.zeros(d, dtype=stream) if fused else None
-        p = 0.1 if dropout or fused else 0.0
         seed = torch.zeros(1, dtype=torch.int64) if p else None
         lowp = t if fused else None
-        y, y_low, mean, rstd = add_layer_norm._add_ln_forward(
-            x, residual, weight, bias, x_bias, seed, 1e-12, p, stream, lowp
+        y, y_low, mean, rstd, s = add_layer_norm._add_ln_forward(
+            x, residual, weight, bias, x_bias, seed, 1e-12, p, stream, lowp, train
         )
+        if not train:
+            return
         add_layer_norm._add_layer_norm_backward_op(
             torch.zeros_like(y),
             torch.zeros_like(y_low) if fused else None,
-            x,
-            residual,
+            s,
             weight,
-            x_bias,
             mean,
             rstd,
             seed,
@@ -134,6 +139,8 @@ def layer_norm_case(dtype, d, dropout, rows=1024, fused=False):
             True,
             fused,
             torch.float32,
+            x.dtype,
+            residual.dtype,
         )
 
     return Case(name, run, _name(dtype))
@@ -187,6 +194,7 @@ def _common_cases(dtypes):
         for d, dropout in itertools.product((TUTORIAL["d_hidn"], LARGE["d_hidn"]), (False, True)):
             cases.append(layer_norm_case(dtype, d, dropout))
         cases += [layer_norm_case(dtype, d, True, fused=True) for d in (TUTORIAL["d_hidn"], LARGE["d_hidn"])]
+        cases.append(layer_norm_case(dtype, TUTORIAL["d_hidn"], False, fused=True, train=False))  # the forward alone
     return cases
 
 
@@ -201,6 +209,7 @@ def ci_cases():
     cases += [ffn_case("bf16", "gelu", train, TUTORIAL["d_hidn"], TUTORIAL["d_ff"], 8 * 256) for train in (True, False)]
     cases += [layer_norm_case("bf16", TUTORIAL["d_hidn"], dropout) for dropout in (False, True)]
     cases.append(layer_norm_case("bf16", TUTORIAL["d_hidn"], True, fused=True))
+    cases.append(layer_norm_case("bf16", TUTORIAL["d_hidn"], False, fused=True, train=False))
     for mask, dropout in itertools.product(MASKS, (False, True)):
         cases.append(attention_case("fp16", TUTORIAL["D"], mask, dropout, probs=(mask == "pad" and not dropout)))
     for mask, dropout in itertools.product(("pad", "pad+causal"), (False, True)):
