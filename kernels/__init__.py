@@ -5,6 +5,9 @@ nothing of nn.Module or Config; `fastformer` chooses which of the pair to call.
 
 A kernel with several configs runs the one its rule picks; `set_autotune(True)` or
 FASTFORMER_AUTOTUNE=1 autotunes them instead, the results kept on disk per GPU (kernels._configs).
+The attention passes load their tiles through pointers or, on Hopper, through tensor descriptors
+(TMA) as each kernel's rule says; `set_tma(True)` / FASTFORMER_TMA=1 choose TMA wherever it can
+serve, `set_tma(False)` / FASTFORMER_TMA=0 never (kernels._tma).
 
 This folder is the package `fastformer.kernels`: setup.py installs it under that name (a checkout
 needs `pip install -e .`), so that fastformer never takes the top-level name `kernels`, which belongs
@@ -42,6 +45,7 @@ else:  # fastformer.kernels: the ops
 
     from ._configs import autotune_enabled, autotuning, set_autotune
     from ._runtime import HAS_TRITON, INTERPRET, compile_only
+    from ._tma import set_tma, tma_choice, tma_loads
     from .add_layer_norm import (
         add_layer_norm,
         add_layer_norm_dropout_mask,
@@ -77,4 +81,7 @@ else:  # fastformer.kernels: the ops
         "self_attention",
         "self_attention_reference",
         "set_autotune",
+        "set_tma",
+        "tma_choice",
+        "tma_loads",
     ]

@@ -23,7 +23,8 @@ import contextlib
 
 import torch
 
-from ._runtime import HAS_TRITON, INTERPRET, EnvSetting, PreparedLaunch, launch, triton
+from ._runtime import HAS_TRITON, INTERPRET, EnvSetting, PreparedLaunch, aligned, ensure_allocator, launch, triton
+from ._tma import tma_choice
 
 ENV_VAR = "FASTFORMER_AUTOTUNE"
 _autotune = None  # set_autotune's choice; None: the environment's
@@ -68,11 +69,12 @@ def autotune_enabled():
 
 def switches(t):
     """What an op's plan depends on besides its arguments (kernels._runtime.signature): autotuning,
-    TF32 for fp32 products, and the autocast dtype in force for t's device. (autocast_state and
-    allow_tf32 written out: this runs on every planned call.)"""
+    the choice of tile loads (kernels/_tma.py), TF32 for fp32 products, and the autocast dtype in
+    force for t's device. (autocast_state and allow_tf32 written out: this runs on every planned call.)"""
     device_type = "cuda" if t.is_cuda else t.device.type
     return (
         _env_autotune() if _autotune is None else _autotune,
+        tma_choice(),
         torch._C._get_cublas_allow_tf32(),
         torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None,
     )
@@ -146,9 +148,12 @@ class Configs:
         fits: fits(meta, num_warps, num_stages, launch) -> bool, the rule; every launch must have
             a candidate that fits (the test of each op file holds it to that).
         interpreter_meta: the one config's meta under the interpreter.
+        tma_bases: the names of the tensor arguments a launch with TMA=True reads through tensor
+            descriptors (kernels/_tma.py): a launch whose one of them does not start on a 16-byte
+            boundary runs with TMA=False, through pointers.
     """
 
-    def __init__(self, kernel, name, candidates, key, fits=_fits_always, *, interpreter_meta):
+    def __init__(self, kernel, name, candidates, key, fits=_fits_always, *, interpreter_meta, tma_bases=()):
         self.kernel = kernel
         self.name = name
         self.candidates = [(dict(meta), num_warps, num_stages) for meta, num_warps, num_stages in candidates]
@@ -156,6 +161,8 @@ class Configs:
         self.key_index = [kernel.arg_names.index(name) for name in self.key] if HAS_TRITON else []
         self.fits = fits
         self.interpreter_meta = dict(interpreter_meta)
+        self.tma_bases = tuple(tma_bases)
+        self.tma_index = [kernel.arg_names.index(name) for name in self.tma_bases] if HAS_TRITON else []
         self.picks = {}  # key values and dtypes -> the rule's candidate
         self.autotuner = None
         if HAS_TRITON:
@@ -197,13 +204,26 @@ class Configs:
         """The PreparedLaunch of `self[grid](*args, **kwargs)`: the rule's config, or the autotuner
         (which picks one per call) while autotuning."""
         if autotune_enabled():
-            return PreparedLaunch(self.autotuner, grid, args, kwargs)
+            return PreparedLaunch(self.autotuner, grid, args, kwargs, tma_bases=self.tma_bases)
         meta, num_warps, num_stages = self.pick(args, kwargs)
         options = {"num_warps": num_warps, "num_stages": num_stages}
-        return PreparedLaunch(self.kernel, grid, args, {**kwargs, **meta, **options})
+        return PreparedLaunch(self.kernel, grid, args, {**kwargs, **meta, **options}, tma_bases=self.tma_bases)
+
+    def _tma_checked(self, args, kwargs):
+        """kwargs of a launch with TMA=True: as they are, Triton's scratch allocator made ready, when
+        every tensor named in tma_bases starts on a 16-byte boundary; else with TMA=False."""
+        n = len(args)
+        for name, i in zip(self.tma_bases, self.tma_index):
+            t = args[i] if i < n else kwargs.get(name)
+            if t is not None and not aligned(t):
+                return {**kwargs, "TMA": False}
+        ensure_allocator()  # descriptors made in the kernel take their bytes from it
+        return kwargs
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
+            if kwargs.get("TMA"):
+                kwargs = self._tma_checked(args, kwargs)
             if autotune_enabled():
                 return launch(self.autotuner)[grid](*args, **kwargs)
             meta, num_warps, num_stages = self.pick(args, kwargs)

@@ -42,6 +42,7 @@ try:
     import triton
     import triton.language as tl
     from triton import knobs
+    from triton.runtime import _allocation
     from triton.runtime.driver import driver
 
     HAS_TRITON = True
@@ -134,6 +135,29 @@ def launch(kernel):
         # the kernel (an autotuner's disk cache is lost) at tens of microseconds a call
         return _EagerLaunch.of(kernel) if isinstance(kernel, triton.runtime.JITFunction) else kernel
     return torch.library.wrap_triton(kernel)
+
+
+def aligned(t):
+    """Whether a tensor descriptor can start at t's first element: its address a multiple of 16 bytes."""
+    return not t.data_ptr() & 15
+
+
+def _scratch(size, alignment, stream):
+    """Triton's allocator for a launch's global scratch (the programs' descriptors): bytes on the
+    current CUDA device from PyTorch's caching allocator, so that a CUDA-graph capture takes them
+    from its pool. Freed when the launch returns: the next kernel on the stream may reuse them."""
+    return torch.empty(size, dtype=torch.int8, device=torch.device("cuda", torch.cuda.current_device()))
+
+
+def ensure_allocator():
+    """Give Triton `_scratch` as its allocator in this thread's context, unless one is set there
+    (Triton keeps it in a ContextVar: each thread, autograd's backward worker included, starts
+    without). Called before every launch with TMA=True (kernels/_tma.py), by Configs and PreparedLaunch; a
+    ContextVar lookup when set."""
+    if INTERPRET:  # the interpreter allocates nothing
+        return
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)
 
 
 def eager():
@@ -475,11 +499,18 @@ class PreparedLaunch:
     Under the interpreter, under compile_only() and with a launch-enter hook (a profiler's) every
     call goes through `launch(kernel)`.
 
+    A launch with TMA=True (kernels/_tma.py) readies Triton's scratch allocator first, and runs with
+    TMA=False, through Triton's binder, when a tensor named in `tma_bases` (Configs' tma_bases)
+    does not start on a 16-byte boundary.
+
     Equal when the kernel, grid and bound arguments are (Plans' check)."""
 
-    __slots__ = ("bind", "compiled", "debug", "device", "direct", "grid", "kernel", "kwargs", "slots", "template")
+    __slots__ = (
+        "bind", "compiled", "debug", "device", "direct", "grid", "kernel", "kwargs", "slots", "template", "tma",
+        "tma_flag",
+    )
 
-    def __init__(self, kernel, grid, args, kwargs):
+    def __init__(self, kernel, grid, args, kwargs, tma_bases=()):
         self.kernel = kernel
         self.direct = HAS_TRITON and not INTERPRET and isinstance(kernel, triton.runtime.JITFunction)
         names = kernel.arg_names
@@ -502,6 +533,13 @@ class PreparedLaunch:
         self.slots = tuple(i for i, v in enumerate(args) if v is None or isinstance(v, torch.Tensor))
         self.template = [None if i in self.slots else v for i, v in enumerate(args)]
         self.compiled = self.bind = self.device = self.debug = None
+        # TMA: the pointers (by their place among the slots) that descriptors made in the kernel
+        # read, and where the flag is, to turn it off for a call whose bases are not aligned
+        self.tma = self.tma_flag = None
+        if values.get("TMA"):
+            bases = {list(names).index(name) for name in tma_bases}
+            self.tma = tuple(j for j, i in enumerate(self.slots) if i in bases)
+            self.tma_flag = None if missing else list(names).index("TMA")  # positional, else a keyword
 
     def __eq__(self, other):
         return isinstance(other, PreparedLaunch) and self._bound() == other._bound()
@@ -518,6 +556,8 @@ class PreparedLaunch:
         return f"PreparedLaunch({self.kernel}, grid={self.grid}, args={self.template}, kwargs={self.kwargs})"
 
     def __call__(self, *pointers):
+        if self.tma is not None:
+            ensure_allocator()
         bind = self.bind
         if bind is not None:  # a kept compiled kernel: launch it if Triton would pick it again
             enter = knobs.runtime.launch_enter_hook  # a HookChain, empty unless a profiler added a hook
@@ -538,8 +578,16 @@ class PreparedLaunch:
         values = self.template.copy()
         for i, pointer in zip(self.slots, pointers):
             values[i] = pointer
-        compiled = launch(self.kernel)[self.grid](*values, **self.kwargs)
-        if self.direct and self.compiled is None and eager() and not _compile_only.get():
+        kwargs = self.kwargs
+        if self.tma and not all(j >= len(pointers) or pointers[j] is None or aligned(pointers[j]) for j in self.tma):
+            # a descriptor needs a 16-byte aligned base: this call loads through pointers
+            if self.tma_flag is None:
+                kwargs = {**kwargs, "TMA": False}
+            else:
+                values[self.tma_flag] = False
+        compiled = launch(self.kernel)[self.grid](*values, **kwargs)
+        keeps = kwargs is self.kwargs and (self.tma_flag is None or values[self.tma_flag])  # not a TMA=False call
+        if self.direct and self.compiled is None and keeps and eager() and not _compile_only.get():
             # the compiled kernel's launcher, its function handle and packed metadata (loaded by this launch)
             self.compiled = compiled.run, compiled.function, compiled.packed_metadata
             self.device = driver.active.get_current_device()

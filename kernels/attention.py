@@ -100,6 +100,7 @@ from ._runtime import (
     triton,
     warn_once,
 )
+from ._tma import use_tma
 
 # The tutorial fills masked scores with -1e9; kept so fully masked rows average V uniformly.
 MASKED_SCORE = -1e9
@@ -157,6 +158,39 @@ def _load_block(base, offs, stride, offs_d, HEAD_DIM: tl.constexpr, ROW_ALIGN: t
     if HEAD_DIM == BLOCK_D:
         return tl.load(pointers)
     return tl.load(pointers, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+
+
+@triton.jit
+def _rows_source(base, n, stride, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                 TMA: tl.constexpr):
+    """What a kernel reads the (n, HEAD_DIM) rows at `base` (row stride `stride`, unit column
+    stride) from: `base` itself, or (TMA) a tensor descriptor of them whose loads of BLOCK_ROWS rows
+    read zeros past n rows and HEAD_DIM columns, as the masked pointer loads do (kernels/_tma.py)."""
+    if TMA:  # (one return: Triton types every return of a function, whichever constexpr branch it is in)
+        source = tl.make_tensor_descriptor(
+            base, shape=[n, HEAD_DIM], strides=[stride, 1], block_shape=[BLOCK_ROWS, BLOCK_D]
+        )
+    else:
+        source = base
+    return source
+
+
+@triton.jit
+def _read_rows(
+    source, start, stride, n, offs_d,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, TMA: tl.constexpr,
+):
+    """(BLOCK_ROWS, BLOCK_D) rows start.. of a _rows_source, zeros past n rows and HEAD_DIM columns:
+    one descriptor load (TMA), else pointer loads, which mask columns only where MASKED is off (an
+    interior block, every row known to be in bounds: _load_block)."""
+    if TMA:
+        rows = source.load([start, 0])
+    elif MASKED:
+        rows = _load_rows(source, start + tl.arange(0, BLOCK_ROWS), stride, n, offs_d, HEAD_DIM, ROW_ALIGN)
+    else:
+        rows = _load_block(source, start + tl.arange(0, BLOCK_ROWS), stride, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+    return rows
 
 
 @triton.jit
@@ -306,21 +340,18 @@ def _masked_rows_value(
 @triton.jit
 def _fwd_step(
     acc, l_i, m_i, start_n, pad,
-    q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+    q, k_src, v_src, stride_kn, stride_vn, start_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
     seed, bh, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
 ):
     """The forward's online softmax over the key block start_n..: returns acc, l_i and m_i updated.
     MASKED: the block may hold masked scores (`pad`: its padding flags); otherwise it is an interior
     block (_query_key_range), whose keys are all in bounds and visible to every query of the tile:
-    no flags, no bounds and no selects."""
+    no flags, no bounds and no selects. k_src and v_src are _rows_source's."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    if MASKED:
-        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-    else:
-        k = _load_block(k_bh, offs_n, stride_kn, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+    k = _read_rows(k_src, start_n, stride_kn, Lk, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
     # (BLOCK_M, BLOCK_N) unscaled scores: the scale is folded into the exponent below
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
     if MASKED:
@@ -337,10 +368,7 @@ def _fwd_step(
     l_i = l_i * alpha + tl.sum(p, 1)
     if HAS_DROPOUT:  # the kept probabilities; 1 / (1 - p) scales the output once, after the loop
         p = tl.where(attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False), p, 0.0)
-    if MASKED:
-        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-    else:
-        v = _load_block(v_bh, offs_n, stride_vn, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+    v = _read_rows(v_src, start_n, stride_vn, Lk, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
     # rescale first, then let the dot accumulate in place (wgmma keeps acc in registers)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -350,11 +378,11 @@ def _fwd_step(
 @triton.jit
 def _dq_step(
     dq, start_n, pad,
-    q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk,
+    q, do, lse, delta, k_src, v_src, stride_kn, stride_vn, start_m, offs_d, Lq, Lk,
     mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
 ):
     """The dQ pass over the key block start_n..: returns dq with the block's part added. MASKED as
     in _fwd_step. With dropout, delta is the rows' delta times 1 - p, and dq comes out 1 - p times
@@ -363,12 +391,8 @@ def _dq_step(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     if HAS_DROPOUT:  # drawn first: fewer registers live across the dots (python -m tools.sm90_report)
         keep = attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
-    if MASKED:
-        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-    else:
-        k = _load_block(k_bh, offs_n, stride_kn, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
-        v = _load_block(v_bh, offs_n, stride_vn, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
+    k = _read_rows(k_src, start_n, stride_kn, Lk, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
+    v = _read_rows(v_src, start_n, stride_vn, Lk, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
     p = tl.exp2(qk * qk_scale - lse[:, None])  # the scale in one FFMA per score
     if MASKED:
@@ -384,11 +408,11 @@ def _dq_step(
 
 @triton.jit
 def _dkdv_step(
-    dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
+    dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA,
     Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
 ):
     """The dK/dV pass over the query block m..: returns dk and dv with the block's part added.
     MASKED: the tile may hold masked scores (`pad`: the key block's padding flags); otherwise every
@@ -397,14 +421,12 @@ def _dkdv_step(
     offs_m = m + tl.arange(0, BLOCK_M)
     if HAS_DROPOUT:
         keep = attention_keep(seed, bh, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)  # (BLOCK_N, BLOCK_M)
+    q = _read_rows(q_src, m, stride_qm, Lq, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
+    do = _read_rows(do_src, m, stride_dom, Lq, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
     if MASKED:
-        q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-        do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
         lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
         delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
     else:
-        q = _load_block(q_bh, offs_m, stride_qm, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
-        do = _load_block(do_bh, offs_m, stride_dom, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
         lse = tl.load(LSE + bh * Lq + offs_m)
         delta = tl.load(DELTA + bh * Lq + offs_m)
     # (BLOCK_N, BLOCK_M)
@@ -484,8 +506,12 @@ def _fwd_fits(meta, num_warps, num_stages, launch):
 
 _KEY = [
     "HEAD_DIM", "ROW_ALIGN", "BLOCK_D", "LQ_BUCKET", "LK_BUCKET",
-    "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION",
+    "IS_CAUSAL", "HAS_PAD", "HAS_MASK", "HAS_DROPOUT", "DOT_PRECISION", "TMA",
 ]
+# Whether the passes load their Q, K, V and dO tiles through tensor descriptors where TMA can
+# serve (kernels/_tma.py; set_tma or FASTFORMER_TMA choose otherwise): not until a GPU has timed
+# both (python -m tools.sweep), so pointer loads, the kernels the benchmarks have measured.
+PREFERS_TMA = False
 # The buckets only key the configs: specialized, a bucket below 16 (and one of 1) would compile
 # anew. The lengths stay specialized: knowing that Lq or Lk is a multiple of 16 keeps the masks
 # of 16 rows or keys one predicate, which the kernels' tightest tiles need to fit their registers.
@@ -503,7 +529,7 @@ def _attn_fwd_kernel(
     LQ_BUCKET, LK_BUCKET,  # config keys only
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
 ):
     """The forward of one query block of one (batch, head): O = softmax(masked Q K^T * scale) V with
     an online softmax in fp32, over the key blocks the block can see, and each row's log-sum-exp.
@@ -542,6 +568,8 @@ def _attn_fwd_kernel(
         BLOCK_D: the head block, D padded to a power of two of at least 16 (_head_block).
         BLOCK_M: query rows per program.
         BLOCK_N: keys per step of the loop over key blocks.
+        TMA: Q, K and V tiles load through tensor descriptors made per program (kernels/_tma.py:
+            16-byte aligned bases and row strides), else through pointers.
     """
     # torch.compile's Inductor passes a Python float as fp64, a launch as fp32: one type for both
     qk_scale, dropout_p = tl.cast(qk_scale, tl.float32), tl.cast(dropout_p, tl.float32)
@@ -553,8 +581,11 @@ def _attn_fwd_kernel(
     mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
+    k_src = _rows_source(k_bh, Lk, stride_kn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = _rows_source(v_bh, Lk, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
     # (BLOCK_M, BLOCK_D)
-    q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+    q_src = _rows_source(q_bh, Lq, stride_qm, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    q = _read_rows(q_src, start_m, stride_qm, Lq, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
     seed = load_seed(SEED, HAS_DROPOUT)
     clean_end, end_n = _query_key_range(
         pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, BLOCK_D, BLOCK_M, BLOCK_N
@@ -567,10 +598,10 @@ def _attn_fwd_kernel(
     for start_n in range(0, clean_end, BLOCK_N):
         acc, l_i, m_i = _fwd_step(
             acc, l_i, m_i, start_n, 0,
-            q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+            q, k_src, v_src, stride_kn, stride_vn, start_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
             seed, bh, qk_scale, dropout_p,
             False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-            BLOCK_D, BLOCK_M, BLOCK_N,
+            BLOCK_D, BLOCK_M, BLOCK_N, TMA,
         )
     # the edge: masked per element (a loop counted from 0: Triton 3.9 pipelines no loop that starts
     # at a value a reduction gave, here the padding scan's)
@@ -580,10 +611,10 @@ def _attn_fwd_kernel(
         _, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
         acc, l_i, m_i = _fwd_step(
             acc, l_i, m_i, start_n, pad,
-            q, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
+            q, k_src, v_src, stride_kn, stride_vn, start_m, offs_d, Lq, Lk, mask_bh, stride_mm, stride_mn,
             seed, bh, qk_scale, dropout_p,
             True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-            BLOCK_D, BLOCK_M, BLOCK_N,
+            BLOCK_D, BLOCK_M, BLOCK_N, TMA,
         )
 
     masked_row = l_i == 0.0
@@ -617,13 +648,14 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
 
     64 x 64 in 4 warps holds 238 to 255 registers at D64: in 2 stages with dropout and neither a
     causal nor a dense mask it compiles clean on both versions; in 3 stages, or with key padding but
-    no dropout, it spills (24 to 56 B on Triton 3.9)."""
+    no dropout, it spills (24 to 56 B on Triton 3.9), and through tensor descriptors (TMA) too
+    (16 B on Triton 3.9, the model's call)."""
     if not _fits_lengths(meta, launch, _DKDV_TILES):
         return False
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
     if tile == (64, 64) and num_warps == 4:  # at the register limit: where it compiles clean
         dropout_only = launch["HAS_DROPOUT"] and not (launch["IS_CAUSAL"] or launch["HAS_MASK"])
-        return dropout_only and launch["BLOCK_D"] <= 64 and num_stages == 2
+        return dropout_only and launch["BLOCK_D"] <= 64 and num_stages == 2 and not launch.get("TMA")
     if tile == (64, 128):  # with key padding it spills (12 to 36 B at D64), with dropout more
         return launch["BLOCK_D"] <= 64 and not (launch["HAS_PAD"] or launch["HAS_DROPOUT"] or launch["HAS_MASK"])
     if tile == (64, 64) and launch["HAS_DROPOUT"] and launch["IS_CAUSAL"]:
@@ -641,7 +673,8 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     the figures are in docs/kernels.md). With dropout, key blocks of at most 64: the 64 x 128 tile
     spills on Triton 3.6 at head dims 16 to 64 and is at the register limit on 3.9. At head dim 128
     (72 to 128): the 64 x 128 tile in 3 stages overflows shared memory with a dense mask (on 3.6)
-    and with padding spills in 2 stages, so it runs in 2 stages without padding only; with dropout
+    and with padding spills in 2 stages, so it runs in 2 stages without padding only, and through
+    tensor descriptors (TMA) not with a dense mask either (12 B of spills on Triton 3.9); with dropout
     the 128 x 64 tile is at the register limit (with padding alone it spills on Triton 3.6), so
     64-row tiles only, and with a causal or dense mask 64 x 64 spills too, so 64 x 32 it is."""
     if not _fits_lengths(meta, launch, _DQ_TILES):
@@ -653,7 +686,7 @@ def _dq_fits(meta, num_warps, num_stages, launch):
         return num_stages == 2  # in 3 it spills 48 B with key padding on Triton 3.9
     if launch["BLOCK_D"] == 128:
         if meta["BLOCK_N"] == 128:
-            return num_stages == 2 and not launch["HAS_PAD"]
+            return num_stages == 2 and not launch["HAS_PAD"] and not (launch.get("TMA") and launch["HAS_MASK"])
         if dropout and (launch["IS_CAUSAL"] or launch["HAS_MASK"]):
             return (meta["BLOCK_M"], meta["BLOCK_N"]) == (64, 32)
         if dropout:
@@ -674,7 +707,7 @@ def _attn_bwd_kernel(
     DQ_PASS: tl.constexpr,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
 ):
     """The backward, one kernel in two launches (_attn_bwd_dq, then _attn_bwd_dkdv). DQ_PASS is a
     constexpr: each pass compiles to its own branch alone, and the pointers only the other pass
@@ -708,6 +741,8 @@ def _attn_bwd_kernel(
             elements in 16 bytes, else 1), hinted with tl.multiple_of.
         BLOCK_M: query rows per program (dQ) or per step of the loop over query blocks (dK/dV).
         BLOCK_N: keys per step of the loop over key blocks (dQ) or per program (dK/dV).
+        TMA: Q, K, V and DO tiles load through tensor descriptors made per program (kernels/_tma.py:
+            16-byte aligned bases and row strides), else through pointers.
     """
     # torch.compile's Inductor passes a Python float as fp64, a launch as fp32: one type for both
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
@@ -731,8 +766,12 @@ def _attn_bwd_kernel(
         # dQ of one query block, looping over the key blocks it can see. It also writes its rows'
         # delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV pass, launched next.
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_rows(q_bh, offs_m, stride_qm, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-        do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+        q_src = _rows_source(q_bh, Lq, stride_qm, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+        do_src = _rows_source(do_bh, Lq, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+        q = _read_rows(q_src, start_m, stride_qm, Lq, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
+        do = _read_rows(do_src, start_m, stride_dom, Lq, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
+        k_src = _rows_source(k_bh, Lk, stride_kn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+        v_src = _rows_source(v_bh, Lk, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
         o = _load_rows(_interleaved(O, b, h, Lq, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
         delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
         tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
@@ -750,10 +789,10 @@ def _attn_bwd_kernel(
         for start_n in range(0, clean_end, BLOCK_N):
             dq = _dq_step(
                 dq, start_n, 0,
-                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk,
+                q, do, lse, delta, k_src, v_src, stride_kn, stride_vn, start_m, offs_d, Lq, Lk,
                 mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p,
                 False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-                BLOCK_D, BLOCK_M, BLOCK_N,
+                BLOCK_D, BLOCK_M, BLOCK_N, TMA,
             )
         # the edge: masked per element (counted from 0, as the forward's)
         pad_next = _key_padding(pad_b, stride_pn, clean_end + tl.arange(0, BLOCK_N), Lk, HAS_PAD)
@@ -762,10 +801,10 @@ def _attn_bwd_kernel(
             _, pad, pad_next = _next_key_block(pad_b, stride_pn, start_n, pad_next, Lk, HAS_PAD, BLOCK_N)
             dq = _dq_step(
                 dq, start_n, pad,
-                q, do, lse, delta, k_bh, v_bh, stride_kn, stride_vn, start_m, offs_d, Lq, Lk,
+                q, do, lse, delta, k_src, v_src, stride_kn, stride_vn, start_m, offs_d, Lq, Lk,
                 mask_bh, stride_mm, stride_mn, seed, bh, qk_scale, dropout_p,
                 True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-                BLOCK_D, BLOCK_M, BLOCK_N,
+                BLOCK_D, BLOCK_M, BLOCK_N, TMA,
             )
         dq_bh = _interleaved(DQ, b, h, Lq, HEAD_DIM, stride_gm)
         _store_rows(dq_bh, offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq * dq_scale)
@@ -774,8 +813,12 @@ def _attn_bwd_kernel(
         # the dQ pass wrote.
         offs_n = start_n + tl.arange(0, BLOCK_N)
         # (BLOCK_N, BLOCK_D)
-        k = _load_rows(k_bh, offs_n, stride_kn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
-        v = _load_rows(v_bh, offs_n, stride_vn, Lk, offs_d, HEAD_DIM, ROW_ALIGN)
+        k_src = _rows_source(k_bh, Lk, stride_kn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+        v_src = _rows_source(v_bh, Lk, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+        k = _read_rows(k_src, start_n, stride_kn, Lk, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
+        v = _read_rows(v_src, start_n, stride_vn, Lk, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
+        q_src = _rows_source(q_bh, Lq, stride_qm, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+        do_src = _rows_source(do_bh, Lq, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
 
         start_m = 0
         if IS_CAUSAL:
@@ -812,27 +855,27 @@ def _attn_bwd_kernel(
             clean_stop = tl.where(clean_keys, tl.maximum(whole_end, first_clean), end_m)
         for m in range(start_m, clean_start, BLOCK_M):
             dk, dv = _dkdv_step(
-                dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
+                dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA,
                 Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
                 True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-                BLOCK_D, BLOCK_M, BLOCK_N,
+                BLOCK_D, BLOCK_M, BLOCK_N, TMA,
             )
         if not (HAS_MASK or (BLOCK_D > 64 and (HAS_DROPOUT or HAS_PAD))):
             for i in range(0, tl.cdiv(clean_stop - clean_start, BLOCK_M)):
                 m = clean_start + i * BLOCK_M
                 dk, dv = _dkdv_step(
-                    dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
+                    dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA,
                     Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
                     False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-                    BLOCK_D, BLOCK_M, BLOCK_N,
+                    BLOCK_D, BLOCK_M, BLOCK_N, TMA,
                 )
             for i in range(0, tl.cdiv(end_m - clean_stop, BLOCK_M)):
                 m = clean_stop + i * BLOCK_M
                 dk, dv = _dkdv_step(
-                    dk, dv, m, k, v, offs_n, pad, q_bh, do_bh, stride_qm, stride_dom, offs_d, LSE, DELTA,
+                    dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA,
                     Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
                     True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-                    BLOCK_D, BLOCK_M, BLOCK_N,
+                    BLOCK_D, BLOCK_M, BLOCK_N, TMA,
                 )
 
         if HAS_PAD or HAS_MASK:
@@ -863,13 +906,16 @@ def _attn_bwd_kernel(
 # The kernels' launches with their configs; the backward kernel's two passes each have their own.
 _INTERPRETER_TILE = {"BLOCK_M": 16, "BLOCK_N": 16}
 _attn_fwd = Configs(
-    _attn_fwd_kernel, "attention forward", _candidates(_FWD_TILES), _KEY, _fwd_fits, interpreter_meta=_INTERPRETER_TILE
+    _attn_fwd_kernel, "attention forward", _candidates(_FWD_TILES), _KEY, _fwd_fits,
+    interpreter_meta=_INTERPRETER_TILE, tma_bases=("Q", "K", "V"),
 )
 _attn_bwd_dq = Configs(
-    _attn_bwd_kernel, "attention dQ", _candidates(_DQ_TILES), _KEY, _dq_fits, interpreter_meta=_INTERPRETER_TILE
+    _attn_bwd_kernel, "attention dQ", _candidates(_DQ_TILES), _KEY, _dq_fits,
+    interpreter_meta=_INTERPRETER_TILE, tma_bases=("Q", "K", "V", "DO"),
 )
 _attn_bwd_dkdv = Configs(
-    _attn_bwd_kernel, "attention dK/dV", _candidates(_DKDV_TILES), _KEY, _dkdv_fits, interpreter_meta=_INTERPRETER_TILE
+    _attn_bwd_kernel, "attention dK/dV", _candidates(_DKDV_TILES), _KEY, _dkdv_fits,
+    interpreter_meta=_INTERPRETER_TILE, tma_bases=("Q", "K", "V", "DO"),
 )
 
 
@@ -1035,7 +1081,8 @@ def _forward_launch(q, k, v, o, lse, seed, masking):
         q, k, v, o, lse, seed, pad, *masking.pad_strides, mask, *masking.mask_strides, *_row_strides(q, k, v),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk),
     )
-    return lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,), args, {**masking.flags, "ROW_ALIGN": _row_align(q, k, v)}
+    kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v), "TMA": use_tma(PREFERS_TMA, q, k, v)}
+    return lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,), args, kwargs
 
 
 def _attn_forward(q, k, v, masking, seed):
@@ -1074,7 +1121,7 @@ def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking):
     masks = (pad, *masking.pad_strides, mask, *masking.mask_strides)
     strides = (*_row_strides(q, k, v, do), _gradient_rows(dq, dk, dv))
     scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
-    kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v, do)}
+    kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v, do), "TMA": use_tma(PREFERS_TMA, q, k, v, do)}
     # the pointers only the other pass uses are None: DK and DV in the dQ pass, O and DQ in dK/dV
     return [
         (

@@ -52,6 +52,7 @@ from ._runtime import (
     tl,
     triton,
 )
+from ._tma import use_tma
 
 # tl.constexpr: jit code may read module globals only when they are constexprs (see kernels/_runtime.py)
 SQRT1_2 = tl.constexpr(0.7071067811865476)  # 1 / sqrt(2)
@@ -105,7 +106,7 @@ def _linear_gelu_fwd_kernel(
     M, N, K,
     M_BUCKET,  # config key only
     HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr, STORE_PRE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) tile of Y = act(X @ W.T + B), the bias added to the fp32 accumulator and
     the activation applied to it rounded to Y's dtype, and (STORE_PRE) of that pre-activation.
@@ -134,6 +135,8 @@ def _linear_gelu_fwd_kernel(
         BLOCK_M, BLOCK_N: the output tile.
         BLOCK_K: the step of the loop over K.
         GROUP_M: row blocks that take each column block of W in turn, while it is in L2.
+        TMA: X and W tiles load through tensor descriptors made per program (kernels/_tma.py: unit
+            column strides, 16-byte aligned bases and row strides), else through pointers.
     """
     # grouped ordering: GROUP_M row blocks share each column block of W while it is in L2
     pid = tl.program_id(0)
@@ -149,16 +152,23 @@ def _linear_gelu_fwd_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if TMA:  # tiles past M, N or K read as zeros, as the masked loads below
+        x_desc = tl.make_tensor_descriptor(X, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(W, shape=[N, K], strides=[stride_wn, 1], block_shape=[BLOCK_N, BLOCK_K])
     for k in range(0, K, BLOCK_K):
-        ks = k + offs_k
         # (BLOCK_M, BLOCK_K) of x and (BLOCK_K, BLOCK_N) of w^T
-        a_mask = (offs_m[:, None] < M) & (ks[None, :] < K)
-        a = tl.load(X + offs_m[:, None] * stride_xm + ks[None, :], mask=a_mask, other=0.0)
-        b = tl.load(
-            W + offs_n[None, :] * stride_wn + ks[:, None] * stride_wk,
-            mask=(offs_n[None, :] < N) & (ks[:, None] < K),
-            other=0.0,
-        )
+        if TMA:
+            a = x_desc.load([pid_m * BLOCK_M, k])
+            b = tl.trans(w_desc.load([pid_n * BLOCK_N, k]))
+        else:
+            ks = k + offs_k
+            a = tl.load(X + offs_m[:, None] * stride_xm + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < K),
+                        other=0.0)
+            b = tl.load(
+                W + offs_n[None, :] * stride_wn + ks[:, None] * stride_wk,
+                mask=(offs_n[None, :] < N) & (ks[:, None] < K),
+                other=0.0,
+            )
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(B + offs_n * stride_b, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
@@ -235,9 +245,13 @@ def _activation_grad_kernel(
 
 _linear_gelu_fwd = Configs(
     _linear_gelu_fwd_kernel, "linear_gelu", _gemm_candidates(),
-    ["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION"],
-    _gemm_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
+    ["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION", "TMA"],
+    _gemm_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, tma_bases=("X", "W"),
 )
+# Whether the GEMM loads its X and W tiles through tensor descriptors where TMA can serve
+# (kernels/_tma.py; set_tma or FASTFORMER_TMA choose otherwise): not until a GPU has timed both
+# (python -m tools.sweep), so pointer loads, the kernel the benchmarks have measured.
+PREFERS_TMA = False
 
 
 def _forward_outputs(x2, N, store_pre):
@@ -260,7 +274,7 @@ def _forward_launch(x2, weight, bias, y, pre, activation, store_pre):
     )
     kwargs = {
         "HAS_BIAS": bias is not None, "ACTIVATION": activation, "STORE_PRE": store_pre,
-        "DOT_PRECISION": dot_precision(x2.dtype),
+        "DOT_PRECISION": dot_precision(x2.dtype), "TMA": use_tma(PREFERS_TMA, x2, weight),
     }
     return lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),), args, kwargs
 

@@ -62,6 +62,53 @@ def _gemm_kernel(
     )
 
 
+@triton.jit
+def _tma_gemm_kernel(
+    A,
+    B,
+    C,
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
+):
+    """C = A @ B^T for one (BLOCK_M, BLOCK_N) tile, A (M, K) and B (N, K) row-major, their tiles
+    loaded through tensor descriptors made in the kernel (as kernels/_tma.py's kernels make theirs);
+    LOOP_STAGES: the loop's own pipeline depth (tl.range), 1 to keep it from being pipelined."""
+    off_m = tl.program_id(0) * BLOCK_M
+    off_n = tl.program_id(1) * BLOCK_N
+    a_desc = tl.make_tensor_descriptor(A, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(B, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=LOOP_STAGES):
+        acc = tl.dot(a_desc.load([off_m, k]), tl.trans(b_desc.load([off_n, k])), acc, out_dtype=tl.float32)
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    tl.store(
+        C + offs_m[:, None] * N + offs_n[None, :],
+        acc.to(C.dtype.element_ty),
+        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
+    )
+
+
+def _tma_gemm(loop_stages):
+    """Launch _tma_gemm_kernel on fp16 (1024 x 1024) operands, 128 x 128 x 64 tiles in 3 stages."""
+
+    def run():
+        M = N = K = 1024
+        a, b = torch.zeros(M, K, dtype=torch.float16), torch.zeros(N, K, dtype=torch.float16)
+        c = torch.empty(M, N, dtype=torch.float16)
+        grid = (triton.cdiv(M, 128), triton.cdiv(N, 128))
+        _tma_gemm_kernel[grid](
+            a, b, c, M, N, K, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, LOOP_STAGES=loop_stages, num_warps=8, num_stages=3
+        )
+
+    return run
+
+
 def _gemm(BLOCK_M, BLOCK_N, BLOCK_K, num_warps=4, num_stages=3, a_misaligned=False):
     """Launch _gemm_kernel on fp16 (1024 x 1024) operands. a_misaligned starts A one element past
     a 16-byte boundary: the JIT then cannot assume aligned rows, loads go element by element (2
@@ -109,6 +156,9 @@ EXPECTED = {
     "spills": "register spills",
     "not-wgmma": "wgmma",
     "not-pipelined": "not pipelined",
+    "tma-control": None,
+    # an unpipelined descriptor load: a TMA copy and a barrier made and waited on in every iteration
+    "tma-not-pipelined": "not pipelined",
 }
 
 
@@ -123,4 +173,6 @@ def cases():
         # 16 rows: below the 64 a warp group's wgmma needs, so mma.sync
         Case("not-wgmma", _gemm(16, 64, 64), "float16"),
         Case("not-pipelined", _gemm(64, 64, 64, a_misaligned=True), "float16"),
+        Case("tma-control", _tma_gemm(3), "float16"),
+        Case("tma-not-pipelined", _tma_gemm(1), "float16"),
     ]

@@ -206,7 +206,15 @@ def test_a_launch_runs_the_rules_config_or_the_autotuner(monkeypatch):
     monkeypatch.setattr(_configs, "launch", Recorded)
     monkeypatch.setattr(_configs, "INTERPRET", False)  # the GPU's rule
     tuned = linear_gelu._linear_gelu_fwd
-    launch = {"N": 1024, "K": 256, "M_BUCKET": 4096, "STORE_PRE": True, "ACTIVATION": "gelu", "DOT_PRECISION": "tf32"}
+    launch = {
+        "N": 1024,
+        "K": 256,
+        "M_BUCKET": 4096,
+        "STORE_PRE": True,
+        "ACTIVATION": "gelu",
+        "DOT_PRECISION": "tf32",
+        "TMA": False,
+    }
     tuned[(1,)](**launch)
     meta, num_warps, num_stages = tuned._first_fit(launch)
     assert launched.pop() == (

@@ -190,7 +190,8 @@ def shapes():
     unmasked and a long causal sequence (B4 H32 L4096), the model's training call (key padding and
     dropout 0.1 on views of a fused QKV projection, B128 H4 L256, and at the tutorial's lengths, B32
     H4 L64, where the rules pick 64 x 64 tiles), D128; the model's FFN product and add + LayerNorm
-    under autocast."""
+    under autocast. The `/tma` shapes are the same calls with their tiles loaded through tensor
+    descriptors (kernels/_tma.py), each pass running the config its rule picks for that variant."""
     from tools import sm90_cases as cases
 
     long = {"B": 4, "H": 32, "L": 4096}
@@ -219,6 +220,22 @@ def shapes():
         "ffn/model": (
             "linear_gelu, the tutorial's FFN product (d 256 -> 1024, M 32768, training)",
             cases.ffn_case("fp16", "gelu", True, 256, 1024, 128 * 256),
+        ),
+        "attention/causal/D64/tma": (
+            "attention, causal, D64, B4 H32 L4096, tiles through tensor descriptors",
+            cases.attention_case("fp16", 64, "causal", False, layout="contiguous", **long, tma=True),
+        ),
+        "attention/model/tma": (
+            "attention, the model's training call, B128 H4 L256, tiles through tensor descriptors",
+            cases.attention_case("fp16", 64, "pad", True, layout="self", **model, tma=True),
+        ),
+        "attention/model/L64/tma": (
+            "attention, the model's call, B32 H4 L64, tiles through tensor descriptors",
+            cases.attention_case("fp16", 64, "pad", True, layout="self", B=32, H=4, L=64, tma=True),
+        ),
+        "ffn/model/tma": (
+            "linear_gelu, the tutorial's FFN product, tiles through tensor descriptors",
+            cases.ffn_case("fp16", "gelu", True, 256, 1024, 128 * 256, tma=True),
         ),
         "add_layer_norm/model": (
             "add + LayerNorm as the model calls it under autocast (d 256, 32768 rows)",

@@ -128,7 +128,10 @@ def read_ptxas_log(log: str) -> dict[str, object]:
 def read_ttgir(ttgir: str) -> dict[str, int]:
     """Dots, how many are wgmma, and the innermost loops (scf.for) that hold a dot and whether they
     are pipelined: no dot operand of the loop is loaded synchronously (a `tt.load` whose value goes
-    into a dot or into shared memory for one, instead of an async copy into a multi-buffer).
+    into a dot or into shared memory for one, instead of an async copy into a multi-buffer; or a
+    tensor-descriptor load that Triton did not pipeline, which it lowers to a TMA copy into a buffer
+    and a barrier made, waited on and dropped within each iteration: a `ttng.init_barrier` in the
+    loop, where a pipelined one indexes barriers made before it).
     Triton's software pipeliner handles innermost loops only; a loop around another loop is
     counted apart (outer_dot_loops), and its limits belong in the kernel's docstring."""
     dots = wgmma = 0
@@ -142,8 +145,12 @@ def read_ttgir(ttgir: str) -> dict[str, int]:
         name, kind, operands = (op.group(1), op.group(2), _VALUE.findall(op.group(3))) if op else (None, None, [])
         if code.lstrip().startswith("scf.for "):  # a loop without results
             kind = "scf.for"
+        if code.lstrip().startswith("ttng.init_barrier "):  # no result either
+            kind = "ttng.init_barrier"
         if loops:
             loop = loops[-1]
+            if kind == "ttng.init_barrier":  # an unpipelined TMA load's own barrier
+                loop["sync"] += 1
             if kind in _DOTS:
                 loop["dot"] = True
             if kind == "tt.load" or (kind in _PASS_THROUGH and operands and operands[0] in loop["loaded"]):
@@ -401,13 +408,14 @@ def _summary(error):
 
 
 def config_of(src, options):
-    """("BLOCK_M=64 BLOCK_N=64 w4 s3", num_stages) of a compile: its block constexprs, warps and stages."""
-    meta = {
-        name: value for (name,), value in _constexprs(src).items() if name.startswith("BLOCK_") or name == "GROUP_M"
-    }
+    """("BLOCK_M=64 BLOCK_N=64 w4 s3", num_stages) of a compile: its block constexprs, warps and
+    stages, and " tma" where its tiles load through tensor descriptors (TMA=True, kernels/_tma.py)."""
+    constexprs = _constexprs(src)
+    meta = {name: value for (name,), value in constexprs.items() if name.startswith("BLOCK_") or name == "GROUP_M"}
     num_stages = (options or {}).get("num_stages", 3)
     config = " ".join(f"{k}={v}" for k, v in sorted(meta.items()))
-    return config + f" w{(options or {}).get('num_warps', 4)} s{num_stages}", num_stages
+    config += f" w{(options or {}).get('num_warps', 4)} s{num_stages}"
+    return config + (" tma" if constexprs.get(("TMA",)) else ""), num_stages
 
 
 def _constexprs(src):

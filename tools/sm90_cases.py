@@ -54,51 +54,75 @@ def _qkv(B, H, Lq, Lk, D, dtype, layout):
     return [t.transpose(1, 2) for t in (q, k, v)]
 
 
-def attention_case(dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, H=4, probs=False):
+def attention_case(
+    dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, H=4, probs=False, tma=False, autotune=True
+):
+    """The attention passes on one call; `tma`: their tile loads through tensor descriptors
+    (kernels/_tma.py, set_tma(True)), where the default is the kernels' rule; `autotune` as Case's."""
     attention = _module("fastformer.kernels.attention")
     pad, causal, dense = MASKS[mask]
     Lk = L if Lk is None else Lk
     p = 0.1 if dropout else 0.0
     name = f"attention/{dtype}/d{D}/{mask}{'+dropout' if dropout else ''}/{layout}/L{L}" + (f"x{Lk}" if Lk != L else "")
+    name += "/tma" if tma else ""
 
     def run():
-        q, k, v = _qkv(B, H, L, Lk, D, DTYPES[dtype], layout)
-        key_padding_mask = torch.zeros(B, Lk, dtype=torch.bool) if pad else None
-        attn_mask = torch.zeros(B, L, Lk, dtype=torch.bool) if dense else None
-        masking = attention._masking(q, key_padding_mask, attn_mask, causal, p, D**-0.5)
-        seed = torch.zeros(1, dtype=torch.int64) if dropout else None
-        o, lse = attention._attn_forward(q, k, v, masking, seed)
-        do = torch.zeros_like(o)
-        attention._attn_backward(do, q, k, v, o, lse, seed, masking)
-        if probs:
-            attention._attn_probs(q, k, lse, seed, masking)
+        _module("fastformer.kernels").set_tma(True if tma else None)
+        try:
+            _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk, B, H, probs)
+        finally:
+            _module("fastformer.kernels").set_tma(None)
 
-    return Case(name + ("+probs" if probs else ""), run, _name(dtype))
+    return Case(name + ("+probs" if probs else ""), run, _name(dtype), autotune=autotune)
 
 
-def ffn_case(dtype, activation, train, d, d_ff, M):
+def _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk, B, H, probs):
+    """attention_case's launches: the forward, the backward's two passes and (probs) the probabilities."""
+    q, k, v = _qkv(B, H, L, Lk, D, DTYPES[dtype], layout)
+    key_padding_mask = torch.zeros(B, Lk, dtype=torch.bool) if pad else None
+    attn_mask = torch.zeros(B, L, Lk, dtype=torch.bool) if dense else None
+    masking = attention._masking(q, key_padding_mask, attn_mask, causal, p, D**-0.5)
+    seed = torch.zeros(1, dtype=torch.int64) if p else None
+    o, lse = attention._attn_forward(q, k, v, masking, seed)
+    do = torch.zeros_like(o)
+    attention._attn_backward(do, q, k, v, o, lse, seed, masking)
+    if probs:
+        attention._attn_probs(q, k, lse, seed, masking)
+
+
+def ffn_case(dtype, activation, train, d, d_ff, M, tma=False, autotune=True):
     """The model's FFN: Conv1d weights (out, in, 1) read as (out, in) views; training stores the
     pre-activation and runs the activation-gradient kernel as the FFN's backward does (the
     activation written again for the second product's weight gradient) and as linear_gelu's does
-    (not); inference also runs the fused FFN."""
+    (not); inference also runs the fused FFN. `tma`: the GEMM's tiles through tensor descriptors
+    (kernels/_tma.py); `autotune` as Case's."""
     linear_gelu = _module("fastformer.kernels.linear_gelu")
     feed_forward = _module("fastformer.kernels.feed_forward")
-    name = f"ffn/{dtype}/{activation}/{'train' if train else 'inference'}/d{d}x{d_ff}/M{M}"
+    name = f"ffn/{dtype}/{activation}/{'train' if train else 'inference'}/d{d}x{d_ff}/M{M}" + ("/tma" if tma else "")
 
     def run():
-        t = DTYPES[dtype]
-        x = torch.zeros(M, d, dtype=t)
-        w1 = torch.zeros(d_ff, d, 1, dtype=t).squeeze(-1)
-        w2 = torch.zeros(d, d_ff, 1, dtype=t).squeeze(-1)
-        b1, b2 = torch.zeros(d_ff, dtype=t), torch.zeros(d, dtype=t)
-        _, pre = linear_gelu._linear_gelu_forward(x, w1, b1, activation, train)
-        if train:
-            for write_h in (True, False):
-                linear_gelu._activation_backward_op(torch.zeros_like(pre), pre, activation, True, write_h)
-        else:
-            feed_forward._ffn_fused_forward(x, w1, b1, w2, b2, activation)
+        _module("fastformer.kernels").set_tma(True if tma else None)
+        try:
+            _ffn_launches(linear_gelu, feed_forward, dtype, activation, train, d, d_ff, M)
+        finally:
+            _module("fastformer.kernels").set_tma(None)
 
-    return Case(name, run, _name(dtype))
+    return Case(name, run, _name(dtype), autotune=autotune)
+
+
+def _ffn_launches(linear_gelu, feed_forward, dtype, activation, train, d, d_ff, M):
+    """ffn_case's launches."""
+    t = DTYPES[dtype]
+    x = torch.zeros(M, d, dtype=t)
+    w1 = torch.zeros(d_ff, d, 1, dtype=t).squeeze(-1)
+    w2 = torch.zeros(d, d_ff, 1, dtype=t).squeeze(-1)
+    b1, b2 = torch.zeros(d_ff, dtype=t), torch.zeros(d, dtype=t)
+    _, pre = linear_gelu._linear_gelu_forward(x, w1, b1, activation, train)
+    if train:
+        for write_h in (True, False):
+            linear_gelu._activation_backward_op(torch.zeros_like(pre), pre, activation, True, write_h)
+    else:
+        feed_forward._ffn_fused_forward(x, w1, b1, w2, b2, activation)
 
 
 def layer_norm_case(dtype, d, dropout, rows=1024, fused=False, train=True):
@@ -157,32 +181,39 @@ def dropout_mask_case():
     return Case("dropout_mask", run, "")
 
 
-def model_case(B=32, L=64):
+def model_case(B=32, L=64, tma=False):
     """One train step and one evaluation of the tutorial's MovieClassification as `fastformer train`
     runs them on a GPU: the tutorial config, bf16 autocast, dropout 0.1, reviews padded to L
     tokens (lengths spread up to L) and the one-token [BOS] decoder input. It runs without
     autotuning, as a default GPU run does: what it compiles is the config each launch's rule picks
-    for the model's own layouts and flags."""
+    for the model's own layouts and flags. `tma`: with tile loads through tensor descriptors."""
     fastformer = _module("fastformer")
-    name = f"model/tutorial/bf16/train+eval/B{B}xL{L}"
+    name = f"model/tutorial/bf16/train+eval/B{B}xL{L}" + ("/tma" if tma else "")
 
     def run():
-        torch.manual_seed(0)
-        config = fastformer.Config.tutorial()
-        model = fastformer.MovieClassification(config)
-        lengths = torch.linspace(1, L, B).long()
-        enc = torch.randint(4, config.n_enc_vocab, (B, L)).masked_fill(
-            torch.arange(L) >= lengths[:, None], config.i_pad
-        )
-        dec = torch.full((B, 1), 2)  # [BOS]
-        labels = torch.randint(0, config.n_output, (B,))
-        with fastformer.use_backend("triton"), torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model.train()(enc, dec)[0]
-            torch.nn.functional.cross_entropy(logits.float(), labels).backward()
-            with torch.no_grad():
-                model.eval()(enc, dec)
+        _module("fastformer.kernels").set_tma(True if tma else None)
+        try:
+            _model_step(fastformer, B, L)
+        finally:
+            _module("fastformer.kernels").set_tma(None)
 
     return Case(name, run, "bfloat16", autotune=False)
+
+
+def _model_step(fastformer, B, L):
+    """model_case's train step and evaluation."""
+    torch.manual_seed(0)
+    config = fastformer.Config.tutorial()
+    model = fastformer.MovieClassification(config)
+    lengths = torch.linspace(1, L, B).long()
+    enc = torch.randint(4, config.n_enc_vocab, (B, L)).masked_fill(torch.arange(L) >= lengths[:, None], config.i_pad)
+    dec = torch.full((B, 1), 2)  # [BOS]
+    labels = torch.randint(0, config.n_output, (B,))
+    with fastformer.use_backend("triton"), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model.train()(enc, dec)[0]
+        torch.nn.functional.cross_entropy(logits.float(), labels).backward()
+        with torch.no_grad():
+            model.eval()(enc, dec)
 
 
 def _common_cases(dtypes):
@@ -222,6 +253,18 @@ def ci_cases():
     cases.append(attention_case("fp16", 64, "causal", False, layout="contiguous", L=4096))
     cases.append(attention_case("fp16", 72, "pad", False, layout="contiguous"))  # rows 144 B apart: ROW_ALIGN
     cases.append(model_case())
+    # tile loads through tensor descriptors (kernels/_tma.py), each launch with its rule's pick: every
+    # mask, with and without dropout, at the tutorial's head dim, the other head dims with the
+    # model's masks, and the model; full_cases compiles every config
+    for mask, dropout in itertools.product(MASKS, (False, True)):
+        cases.append(attention_case("fp16", TUTORIAL["D"], mask, dropout, tma=True, autotune=False))
+    for D in HEAD_DIMS:
+        if TUTORIAL["D"] != D:
+            cases.append(attention_case("fp16", D, "pad+causal", True, tma=True, autotune=False))
+    cases.append(attention_case("fp16", 64, "causal", False, layout="contiguous", L=4096, tma=True, autotune=False))
+    for (d, d_ff, M), train in itertools.product(((256, 1024, 8 * 256), (1024, 4096, 8192)), (True, False)):
+        cases.append(ffn_case("fp16", "gelu", train, d, d_ff, M, tma=True, autotune=False))
+    cases.append(model_case(tma=True))
     return cases
 
 
@@ -236,4 +279,10 @@ def full_cases():
     for dtype, D in itertools.product(DOT_DTYPES, HEAD_DIMS):
         cases.append(attention_case(dtype, D, "pad", False, layout="cross", L=97, Lk=61))
         cases.append(attention_case(dtype, D, "causal", False, layout="contiguous", L=1025))
+    for dtype, D, mask, dropout in itertools.product(DOT_DTYPES, HEAD_DIMS, MASKS, (False, True)):
+        cases.append(attention_case(dtype, D, mask, dropout, tma=True))  # every config, through descriptors
+    for dtype, train in itertools.product(DOT_DTYPES, (True, False)):
+        cases.append(ffn_case(dtype, "gelu", train, TUTORIAL["d_hidn"], TUTORIAL["d_ff"], 8 * 256, tma=True))
+        cases.append(ffn_case(dtype, "gelu", train, LARGE["d_hidn"], LARGE["d_ff"], LARGE["M"], tma=True))
+    cases.append(model_case(tma=True))
     return cases
