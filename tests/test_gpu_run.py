@@ -16,9 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.versions
 
 
-def gpu_run(tmp_path, *args, carry=None):
+def gpu_run(tmp_path, *args, carry=None, interpret=True):
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path / "out"), TMPDIR=str(tmp_path))
     env["GPU_CARRY"] = str(carry or tmp_path / "none")
+    if not interpret:  # as on a GPU machine, where the kernels compile (tools.sweep refuses the interpreter)
+        env.pop("TRITON_INTERPRET", None)
+        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     return subprocess.run(
         ["bash", "tools/gpu_run.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
@@ -71,3 +74,15 @@ def test_a_bad_command_line_is_gpu_checks_exit_2(tmp_path):
     done = gpu_run(tmp_path, "--rest", "--stage", "nope")
     assert done.returncode == 2 and "unknown stage 'nope'" in done.stderr
     assert "== tools.gpu_check --rest, stopped after " in done.stdout  # the mode the first argument picked
+
+
+def test_the_sweep_mode_runs_tools_sweep_with_the_time_left(tmp_path):
+    """--sweep runs tools.sweep in place of tools.gpu_check, its budget what is left less 30 s; here
+    a dry run of the smallest family (tests/test_sweep.py checks the sweep itself)."""
+    done = gpu_run(tmp_path, "--sweep", "--dry-run", "--quick", "--family", "gemm ffn M8192", interpret=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "== tools.sweep, stopped after " in done.stdout and "tools.gpu_check" not in done.stdout
+    report = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    left = int(done.stdout.split("== tools.sweep, stopped after ", 1)[1].split(" s", 1)[0])
+    assert report["budget_seconds"] == left - 30 and report["families"] == ["gemm ffn M8192"]
+    assert (tmp_path / "out" / "sweep.md").is_file()

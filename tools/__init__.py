@@ -3,6 +3,8 @@ the report, which bench/'s pytest suites and `python -m bench.report` run too):
 
     python -m tools.gpu_check      everything a GPU can tell in one command: tests, compile, determinism,
                                    benchmarks, the model's throughput and convergence (docs/benchmarks.md)
+    python -m tools.sweep          on a GPU, each variant x config of the kernels that have a choice, timed
+                                   (docs/kernels.md)
     python -m tools.sm90_report    the sm_90a compile check's table: every kernel and config compiled
                                    for Hopper on a CPU (tools/sm90.py's dry-run driver; docs/sm90.md)
     python -m tools.launches       kernels launched per train step and per inference (docs/launches.md)

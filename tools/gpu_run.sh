@@ -4,8 +4,10 @@
 #     bash tools/gpu_run.sh                  # the first call: gpu_check --quick, into $OUT (else ./gpu-out)
 #     bash tools/gpu_run.sh --rest           # the second call: gpu_check --rest
 #     bash tools/gpu_run.sh --quick --stage model   # any further arguments go to tools.gpu_check
+#     bash tools/gpu_run.sh --sweep          # a call of its own: tools.sweep, the kernels' variants x configs
 #
-# The first argument picks the mode (--quick, the default; --rest; --full; --smoke, the CPU rehearsal).
+# The first argument picks the mode (--quick, the default; --rest; --full; --smoke, the CPU rehearsal;
+# --sweep, which runs tools.sweep in place of tools.gpu_check, its budget the time left less 30 s).
 # 1. installs this checkout offline with what the machine has (torch, Triton, sentencepiece,
 #    pytest, pytest-benchmark, pytest-xdist and setuptools are there; nothing can be fetched);
 # 2. installs what the session carried for it (tools/gpu_carry.sh fills gpu-carry/ here; the device
@@ -16,10 +18,12 @@
 #    8 files, no subfolders: what the device tool brings back), and stops it with SIGINT when this
 #    script has run GPU_RUN_SECONDS (default 535, inside the device tool's 560 s cut), so that it
 #    still writes the stages it finished and marks the one it was in "interrupted"; SIGKILL 15 s
-#    after that.
+#    after that. With --sweep: `python3 -m tools.sweep --out "$OUT" --budget <left - 30>`, stopped
+#    the same way (it then writes what it timed, the rest "not timed").
 # The versions are printed again at the end, so the tool's output tail holds them too.
-# Exit status: tools.gpu_check's (0 no stage failed, 1 one did, 2 a bad command line), 124 when it
-# was stopped at the limit, 3 when an install failed.
+# Exit status: tools.gpu_check's (0 no stage failed, 1 one did, 2 a bad command line) or
+# tools.sweep's (0, 1 a launch failed, 2 a bad command line), 124 when it was stopped at the limit,
+# 3 when an install failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +33,7 @@ python="${PYTHON:-python3}"
 carry="${GPU_CARRY:-gpu-carry}"
 mode="--quick"
 case "${1:-}" in
-    --quick | --rest | --full | --smoke) mode="$1"; shift ;;
+    --quick | --rest | --full | --smoke | --sweep) mode="$1"; shift ;;
 esac
 [ "$mode" = "--full" ] && mode=""  # gpu_check's default mode
 mkdir -p "$out"
@@ -77,9 +81,15 @@ echo "== versions"
 echo "$preamble"
 
 left=$((seconds - SECONDS))
-echo "== tools.gpu_check ${mode:-(full)}, stopped after ${left} s"
-PYTHONUNBUFFERED=1 timeout --signal=INT --kill-after=15 "$left" \
-    "$python" -m tools.gpu_check ${mode:+"$mode"} --out "$out" "$@"
+if [ "$mode" = "--sweep" ]; then
+    echo "== tools.sweep, stopped after ${left} s"
+    PYTHONUNBUFFERED=1 timeout --signal=INT --kill-after=15 "$left" \
+        "$python" -m tools.sweep --out "$out" --budget "$((left > 60 ? left - 30 : 30))" "$@"
+else
+    echo "== tools.gpu_check ${mode:-(full)}, stopped after ${left} s"
+    PYTHONUNBUFFERED=1 timeout --signal=INT --kill-after=15 "$left" \
+        "$python" -m tools.gpu_check ${mode:+"$mode"} --out "$out" "$@"
+fi
 status=$?
 
 echo "== done: exit ${status}; files in ${out}: $(ls "$out" | tr '\n' ' ')"

@@ -9,7 +9,7 @@ shape, on dummy batches, before the first real one:
   `triton.AsyncCompileMode` whose executor is a thread pool: a launch submits its compile and the
   model goes on to the next, so the compiles of all the shapes run in parallel, in the threads
   (Triton releases the interpreter lock in its MLIR passes and ptxas runs as a process; see
-  `_CompileThreads` for the one trap of compiling in threads). This is
+  `CompileThreads` for the one trap of compiling in threads). This is
   sound because what a launch compiles depends only on its arguments' types, shapes, strides,
   alignment and flags, which the dummy batch has as a real one would, never on values: the
   kernels' outputs are left unwritten, and the warm-up's results are thrown away. A launch that
@@ -72,7 +72,7 @@ def warm_up(model, shapes, *, device, amp="off", dec_len=1, train=True, evaluate
     autotuning = kernels.autotune_enabled()
     bar = tqdm(total=len(shapes) * (2 if autotuning else 1), unit="shape", disable=not progress, leave=False)
     with _model_kept(model, device):
-        with _CompileThreads(workers) as pool, triton.AsyncCompileMode(pool), kernels.compile_only():
+        with CompileThreads(workers) as pool, triton.AsyncCompileMode(pool), kernels.compile_only():
             for i, shape in enumerate(shapes):
                 bar.set_description(f"compiling kernels: shape {i + 1}/{len(shapes)}")
                 _steps(model, shape, dec_len, device, amp, train, evaluate)
@@ -86,7 +86,7 @@ def warm_up(model, shapes, *, device, amp="off", dec_len=1, train=True, evaluate
     return {"shapes": len(shapes), "seconds": time.perf_counter() - start}
 
 
-class _CompileThreads(ThreadPoolExecutor):
+class CompileThreads(ThreadPoolExecutor):
     """The warm-up's compile threads. Triton parses each kernel's source with ast.parse, and
     CPython (3.11 at least) keeps ast.parse's recursion count per interpreter, not per thread: two
     threads parsing at once can raise a spurious SystemError ("AST constructor recursion depth

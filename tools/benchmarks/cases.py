@@ -4,14 +4,15 @@ checks the result it times against an fp32 PyTorch computation, so a fast wrong 
 benchmark. The benches and their providers (the peers a user would pick instead of fastformer):
 
   attention_fwd, attention_fwd_bwd   kernels.attention on (B, H, L, D) with a mask (MASKS):
-      fastformer, fastformer_autotune, reference (kernels.attention_reference), sdpa (PyTorch's
-      choice of backend, the one that ran named in the record), sdpa_cudnn, sdpa_flash,
+      fastformer, fastformer_autotune, fastformer_tma, reference (kernels.attention_reference),
+      sdpa (PyTorch's choice of backend, the one that ran named in the record), sdpa_cudnn, sdpa_flash,
       sdpa_efficient (pinned; a case a backend refuses is skipped with its reasons), flex
       (FlexAttention, compiled), compile (torch.compile of the reference)
   attention_model_call               the tutorial encoder's call: self-attention of a fused QKV
-      projection with key padding and dropout 0.1: fastformer, reference, the SDPA providers, flex
-  ffn_fwd, ffn_fwd_bwd               the feed-forward (or linear + GELU): fastformer, eager,
-      compile, compile_max_autotune; on ffn_fwd also fastformer_fused (the inference-only FFN)
+      projection with key padding and dropout 0.1: fastformer, fastformer_tma, reference, the SDPA
+      providers, flex
+  ffn_fwd, ffn_fwd_bwd               the feed-forward (or linear + GELU): fastformer, fastformer_tma,
+      eager, compile, compile_max_autotune; on ffn_fwd also fastformer_fused (the inference-only FFN)
   add_layer_norm                     bias + residual + LayerNorm: fastformer, eager, compile,
       liger (Liger-Kernel's LayerNorm after an eager add, where it is installed)
   model_train, model_infer           MovieClassification's step, each provider a Way (MODEL_WAYS)
@@ -49,13 +50,16 @@ SDPA_BACKENDS = {
     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
 # fastformer_autotune: fastformer with every kernel config timed (kernels.autotuning) in place of each
-# kernel's rule picking one, so a GPU run shows what the rule leaves on the table
-ATTENTION_PROVIDERS = ("fastformer", "fastformer_autotune", "reference", "sdpa", *SDPA_BACKENDS, "flex", "compile")
-MODEL_CALL_PROVIDERS = ("fastformer", "reference", "sdpa", *SDPA_BACKENDS, "flex")
+# kernel's rule picking one, so a GPU run shows what the rule leaves on the table; fastformer_tma:
+# fastformer with its tiles loaded through tensor descriptors (kernels.tma_loads(True)) where TMA
+# can serve, whatever the kernels' rules say (tools.sweep times the variants pass by pass)
+OURS = {"fastformer": (False, None), "fastformer_autotune": (True, None), "fastformer_tma": (False, True)}
+ATTENTION_PROVIDERS = (*OURS, "reference", "sdpa", *SDPA_BACKENDS, "flex", "compile")
+MODEL_CALL_PROVIDERS = ("fastformer", "fastformer_tma", "reference", "sdpa", *SDPA_BACKENDS, "flex")
 MASKS = ("none", "causal", "padding", "padding_causal")
 # the FFN's and add + LayerNorm's compiled peers: torch.compile of the eager code, by mode
 COMPILE_MODES = {"compile": None, "compile_max_autotune": "max-autotune-no-cudagraphs"}
-FFN_PROVIDERS = ("fastformer", "eager", *COMPILE_MODES)
+FFN_PROVIDERS = ("fastformer", "fastformer_tma", "eager", *COMPILE_MODES)
 ADD_LAYER_NORM_PROVIDERS = ("fastformer", "eager", "compile", "liger")
 # the aten op each SDPA backend dispatches to, as torch.profiler records it
 SDPA_OPS = {
@@ -153,11 +157,11 @@ def attention_inputs(B, H, L, D, dtype, mask, device, grad):
 
 def _attention_provider(provider, key_padding, causal, B, L, device):
     """fn(q, k, v) -> out for one provider, expressing the same mask."""
-    if provider in ("fastformer", "fastformer_autotune"):
-        tuned = provider == "fastformer_autotune"
+    if provider in OURS:
+        tuned, tma = OURS[provider]
 
         def fn(q, k, v):
-            with kernels.autotuning(tuned):
+            with kernels.autotuning(tuned), kernels.tma_loads(tma):
                 return kernels.attention(q, k, v, key_padding_mask=key_padding, causal=causal)
 
         return fn
@@ -273,8 +277,14 @@ def _self_attention_provider(provider, key_padding, n_head):
     projection (B, L, 3 * H * D), the context (B, L, H * D) as the output projection reads it.
     fastformer and the reference take qkv as the model hands it; SDPA takes q, k and v as strided
     views of it and its output is transposed back, as a model written with SDPA does."""
-    if provider == "fastformer":
-        return lambda qkv, p: kernels.self_attention(qkv, n_head, key_padding_mask=key_padding, dropout_p=p)
+    if provider in ("fastformer", "fastformer_tma"):
+        tma = OURS[provider][1]
+
+        def ours(qkv, p):
+            with kernels.tma_loads(tma):
+                return kernels.self_attention(qkv, n_head, key_padding_mask=key_padding, dropout_p=p)
+
+        return ours
     if provider == "reference":
         return lambda qkv, p: kernels.self_attention_reference(qkv, n_head, key_padding_mask=key_padding, dropout_p=p)
     if provider == "sdpa" or provider in SDPA_BACKENDS:
@@ -389,6 +399,13 @@ def ffn_case(mode, op, M, d, d_ff, provider, device, dtype="bf16"):
     def setup():
         eager = _eager_ffn if op == "feed_forward" else _eager_linear_gelu
         fn = {"fastformer": getattr(kernels, op), "eager": eager}.get(provider)
+        if provider == "fastformer_tma":  # its GEMM's tiles through tensor descriptors (kernels.tma_loads)
+            op_fn = getattr(kernels, op)
+
+            def fn(*args):
+                with kernels.tma_loads(True):
+                    return op_fn(*args)
+
         if provider == "fastformer_fused":  # the inference-only fully fused FFN, timed against the two-kernel one
             if mode != "fwd" or op != "feed_forward":
                 raise ValueError("fastformer_fused is the no-grad feed_forward only")

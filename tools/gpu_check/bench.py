@@ -117,6 +117,10 @@ def _quick_cases(device):
         *_attention(both, "causal", ("fastformer", *SDPA), device),
         *_model_call(("fwd_bwd",), ("fastformer", *SDPA, "flex"), device),
         *[suite.ffn_case("fwd_bwd", "feed_forward", **ffn, provider=p, device=device) for p in ("fastformer", "eager")],
+        # the same with tiles through tensor descriptors: what the rules would run if the sweep says so
+        *_attention(both, "causal", ("fastformer_tma",), device),
+        *_model_call(("fwd_bwd",), ("fastformer_tma",), device),
+        suite.ffn_case("fwd_bwd", "feed_forward", **ffn, provider="fastformer_tma", device=device),
         *[suite.add_layer_norm_case("fwd_bwd", 32768, 256, p, device) for p in ("fastformer", "liger", "eager")],
         *_attention(both, "padding_causal", ("fastformer", "flex", *SDPA), device),
         *_attention(both, "none", ("fastformer", *SDPA, "flex"), device),
@@ -146,7 +150,7 @@ def _smoke_cases(device):
 
     ffn = dict(M=24, d=16, d_ff=32, dtype="fp32")
     return [
-        *attention(both, "causal", ("fastformer", *SDPA)),
+        *attention(both, "causal", ("fastformer", "fastformer_tma", *SDPA)),
         *_model_call(both, ("fastformer", *SDPA, "flex", "reference"), device, (13,), B=2, H=2, D=16, dtype="fp32"),
         *attention(both, "padding_causal", ("fastformer", "flex", *SDPA)),
         *attention(("fwd",), "none", ("fastformer", "sdpa", "reference", "compile")),

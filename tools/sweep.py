@@ -1,0 +1,447 @@
+"""The sweep that decides the kernels' variants and configs on a GPU: `python -m tools.sweep`.
+
+    python -m tools.sweep --out DIR           # on a GPU (tools/gpu_run.sh --sweep): DIR/sweep.json, DIR/sweep.md
+    python -m tools.sweep --dry-run --quick   # on a CPU: small shapes compiled for sm_90a, nothing timed
+
+What: every kernel launch that has a choice to make, on the shapes its targets are judged at and on
+the tutorial's (FAMILIES, in bf16): the attention forward and the backward's dQ and dK/dV passes,
+causal and padding + causal at B4 H16 L4096 D64, and the model's own call (B128 H4 D64 on a fused
+QKV projection, key padding, dropout 0.1) at L 64, 128 and 256; and the FFN's first GEMM with its
+GELU (d 256 -> d_ff 1024, M 32768 and 8192). Each in both variants, its tiles loaded through
+pointers and through tensor descriptors (kernels/_tma.py), with every config its kernel's rule
+keeps for the launch (kernels._configs.Configs' `fits`). add + LayerNorm has one config and no
+descriptors, so nothing to sweep.
+
+How: every (launch, variant, config) is compiled first, in parallel (triton.AsyncCompileMode over a
+thread per CPU, under kernels.compile_only); then each is timed alone by device time: `reps` calls
+between CUDA events, the L2 flushed before each (tools.benchmarks.timing.device_times), the median
+and its 20th to 80th percentile. The backward passes read the log-sum-exp of a forward run once
+before, and dK/dV the delta of a dQ pass. Families are timed in FAMILIES' order, the targets'
+first, until --budget seconds have passed; a launch not timed by then is listed as such.
+
+The table: per family and pass, the fastest (variant, config) beside the rule's pick (the config
+its rule picks, in the variant PREFERS_TMA picks), each with its interval, the fastest's speed-up
+over the pick with the interval the spreads allow (tools.benchmarks.timing.Ratio), and TFLOP/s:
+the products each pass computes, 2 * B * H * Lq * Lk * D FLOPs each (half under a causal mask):
+the forward 2 (QK^T, PV), dQ 3 (QK^T, dO V^T, dS K), dK/dV 4 (K Q^T, V dO^T, P^T dO, dS^T Q); the
+GEMM 2 * M * N * K. A rule changes (kernels/_configs.py's candidates and their order, the fits
+functions, PREFERS_TMA) only where a committed table's interval says so (tools/results/).
+
+With --dry-run, on a CPU: tools.sm90's dry-run driver compiles every launch for sm_90a and launches
+nothing; the records say "compiled" or the error, which rehearses the GPU run end to end (CI runs
+it with --quick). The kernels must be imported without TRITON_INTERPRET.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools import refuses_interpreter
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = "fastformer.sweep/1"
+VARIANTS = ("pointer", "tma")
+# passes of attention and the products each computes (see the docstring)
+ATTENTION_PRODUCTS = {"forward": 2, "dQ": 3, "dK/dV": 4}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One shape family: a kernel (attention or gemm) on one shape. `quick` is the small shape a
+    dry run compiles (the same flags, so the same kernels and rules)."""
+
+    name: str
+    kind: str  # "attention" | "gemm"
+    shape: dict
+    quick: dict
+
+
+def _attention(name, mask, L, B, H, layout, dropout, quick_L):
+    shape = dict(B=B, H=H, L=L, D=64, mask=mask, layout=layout, dropout=dropout)
+    return Family(name, "attention", shape, dict(shape, B=2, H=2, L=quick_L))
+
+
+FAMILIES = (
+    _attention("attention causal L4096", "causal", 4096, 4, 16, "contiguous", 0.0, 256),
+    _attention("attention padding+causal L4096", "pad+causal", 4096, 4, 16, "contiguous", 0.0, 256),
+    _attention("attention model call L64", "pad", 64, 128, 4, "self", 0.1, 64),
+    _attention("attention model call L128", "pad", 128, 128, 4, "self", 0.1, 128),
+    _attention("attention model call L256", "pad", 256, 128, 4, "self", 0.1, 256),
+    Family("gemm ffn M32768", "gemm", dict(M=32768, K=256, N=1024), dict(M=1024, K=256, N=1024)),
+    Family("gemm ffn M8192", "gemm", dict(M=8192, K=256, N=1024), dict(M=512, K=256, N=1024)),
+)
+
+
+@dataclass
+class Launch:
+    """One pass of one family in one variant: its Configs, its (grid, args, kwargs) as its launcher
+    makes them, what runs before it (`before`: the forward for the backward, the dQ pass for
+    dK/dV), its FLOPs, and the configs its rule keeps."""
+
+    family: str
+    pass_name: str
+    variant: str
+    configs: object
+    grid: object
+    args: tuple
+    kwargs: dict
+    flops: float
+    before: list = field(default_factory=list)
+
+    def kept(self):
+        """The candidates its rule keeps for this launch, the rule's pick first."""
+        named = {**dict(zip(self.configs.kernel.arg_names, self.args)), **self.kwargs}
+        fitting = [c for c in self.configs.candidates if self.configs.fits(*c, named)]
+        return fitting
+
+    def runner(self, meta, num_warps, num_stages):
+        """fn() launching this pass with one config, as Configs does with its pick."""
+        from fastformer.kernels._runtime import ensure_allocator, launch
+
+        grid = self.grid(meta) if callable(self.grid) else self.grid
+        kernel = launch(self.configs.kernel)
+        if self.kwargs.get("TMA"):
+            ensure_allocator()
+
+        def run():
+            kernel[grid](*self.args, **self.kwargs, **meta, num_warps=num_warps, num_stages=num_stages)
+
+        return run
+
+
+def _qkv(B, H, L, D, dtype, layout, device):
+    import torch
+
+    if layout == "self":  # views of one fused (B, L, 3, H, D) projection, as the model's layers pass them
+        q, k, v = torch.randn(B, L, 3, H, D, dtype=dtype, device=device).unbind(2)
+        return [t.transpose(1, 2) for t in (q, k, v)]
+    return [torch.randn(B, H, L, D, dtype=dtype, device=device) for _ in range(3)]
+
+
+def attention_launches(family, shape, variant, device):
+    """The three passes of one attention family in one variant: [forward, dQ, dK/dV] Launches."""
+    import importlib
+
+    import torch
+
+    from fastformer import kernels
+
+    attention = importlib.import_module("fastformer.kernels.attention")
+    B, H, L, D = shape["B"], shape["H"], shape["L"], shape["D"]
+    q, k, v = _qkv(B, H, L, D, torch.bfloat16, shape["layout"], device)
+    pad = causal = None
+    if "pad" in shape["mask"]:
+        lengths = torch.linspace(max(1, L // 4), L, B, device=device).long()  # spread: padding at each row's end
+        pad = torch.arange(L, device=device)[None, :] >= lengths[:, None]
+    causal = "causal" in shape["mask"]
+    p = shape["dropout"]
+    seed = torch.tensor([7], dtype=torch.int64, device=device) if p else None
+    with kernels.tma_loads(variant == "tma"):
+        masking = attention._masking(q, pad, None, causal, p, D**-0.5)
+        o, lse = attention._forward_outputs(q)
+        fwd = attention._forward_launch(q, k, v, o, lse, seed, masking)
+        do = torch.randn_like(o)
+        dq, dk, dv, delta = attention._backward_outputs(q, k, v, lse)
+        dq_launch, dkdv_launch = attention._backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking)
+    products = 2 * B * H * L * L * D * (0.5 if causal else 1.0)
+    made = []
+    for (grid, args, kwargs), configs, name in zip(
+        (fwd, dq_launch, dkdv_launch),
+        (attention._attn_fwd, attention._attn_bwd_dq, attention._attn_bwd_dkdv),
+        ATTENTION_PRODUCTS,
+    ):
+        flops = ATTENTION_PRODUCTS[name] * products
+        made.append(Launch(family.name, name, variant, configs, grid, args, kwargs, flops))
+    made[1].before = [made[0]]  # the backward reads the forward's o and lse
+    made[2].before = [made[0], made[1]]  # and dK/dV the delta dQ writes
+    return made
+
+
+def gemm_launches(family, shape, variant, device):
+    """The FFN's first GEMM with its GELU, storing the pre-activation (a training forward)."""
+    import importlib
+
+    import torch
+
+    from fastformer import kernels
+
+    linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")
+    M, K, N = shape["M"], shape["K"], shape["N"]
+    x = torch.randn(M, K, dtype=torch.bfloat16, device=device)
+    w = torch.randn(N, K, 1, dtype=torch.bfloat16, device=device)[..., 0]  # a Conv1d weight's view
+    b = torch.randn(N, dtype=torch.bfloat16, device=device)
+    y, pre = linear_gelu._forward_outputs(x, N, True)
+    with kernels.tma_loads(variant == "tma"):
+        grid, args, kwargs = linear_gelu._forward_launch(x, w, b, y, pre, "gelu", True)
+    return [Launch(family.name, "forward", variant, linear_gelu._linear_gelu_fwd, grid, args, kwargs, 2.0 * M * N * K)]
+
+
+def launches(family, quick, device):
+    """Every Launch of a family, both variants; a variant the device cannot run (TMA before sm_90)
+    gives none: `launch.kwargs["TMA"]` says which variant a Launch really is."""
+    shape = family.quick if quick else family.shape
+    build = attention_launches if family.kind == "attention" else gemm_launches
+    made = []
+    for variant in VARIANTS:
+        for launch in build(family, shape, variant, device):
+            if bool(launch.kwargs.get("TMA")) == (variant == "tma"):
+                made.append(launch)
+    return made
+
+
+@dataclass
+class Record:
+    family: str
+    pass_name: str
+    variant: str
+    config: str
+    rule_pick: bool
+    status: str  # "timed", "compiled" (a dry run), "not timed" (the budget spent, or interrupted), "error"
+    median_ms: float | None = None
+    p20_ms: float | None = None
+    p80_ms: float | None = None
+    reps: int = 0
+    tflops: float | None = None
+    error: str | None = None
+
+
+def config_name(meta, num_warps, num_stages):
+    return " ".join(f"{k}={v}" for k, v in sorted(meta.items())) + f" w{num_warps} s{num_stages}"
+
+
+def _rule_pick(launch):
+    """The (meta, warps, stages) the kernel's rule picks for this launch."""
+    return launch.configs.pick(launch.args, launch.kwargs)
+
+
+def compile_all(items, workers):
+    """Compile every (launch, config) in parallel, launching nothing (kernels.compile_only under a
+    triton.AsyncCompileMode); the returned errors by item index are the compiles that failed."""
+    import triton
+
+    from fastformer import kernels
+    from fastformer.train.warmup import CompileThreads
+
+    errors = {}
+    with CompileThreads(workers) as pool, triton.AsyncCompileMode(pool), kernels.compile_only():
+        for i, (launch, config) in enumerate(items):
+            try:
+                launch.runner(*config)()
+            except Exception as error:  # noqa: BLE001  (a config that does not compile is a result)
+                errors[i] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    return errors
+
+
+def sweep(quick=False, dry_run=False, budget=480.0, reps=20, families=None, workers=None, progress=print):
+    """Run the sweep; returns the report (SCHEMA)."""
+    import torch
+
+    start = time.monotonic()
+    device = torch.device("cpu" if dry_run else "cuda")
+    chosen = [f for f in FAMILIES if families is None or any(s in f.name for s in families)]
+    items = []  # (launch, config, is the rule's pick)
+    for family in chosen:
+        for launch in launches(family, quick, device):
+            pick_variant = "tma" if _prefers_tma(launch) else "pointer"
+            pick = _rule_pick(launch)
+            for config in launch.kept():
+                items.append((launch, config, launch.variant == pick_variant and config == pick))
+    records = [
+        Record(launch.family, launch.pass_name, launch.variant, config_name(*config), is_pick, "not timed")
+        for launch, config, is_pick in items
+    ]
+    interrupted = False
+    try:
+        progress(f"sweep: {len(items)} launches in {len(chosen)} families; compiling")
+        errors = compile_all([(launch, config) for launch, config, _ in items], workers or os.cpu_count())
+        progress(f"sweep: compiled in {time.monotonic() - start:.0f} s, {len(errors)} failed")
+        _time_each(items, records, errors, device, dry_run, reps, lambda: time.monotonic() - start > budget)
+    except KeyboardInterrupt:  # tools/gpu_run.sh's limit: the records so far, the rest "not timed"
+        interrupted = True
+        progress("sweep: interrupted; writing what was timed")
+    return {
+        "schema": SCHEMA,
+        "env": _env(dry_run),
+        "quick": quick,
+        "dry_run": dry_run,
+        "budget_seconds": budget,
+        "seconds": round(time.monotonic() - start, 1),
+        "interrupted": interrupted,
+        "reps": reps,
+        "families": [f.name for f in chosen],
+        "records": [vars(r) for r in records],
+        "best": best_per_pass(records),
+    }
+
+
+def _time_each(items, records, errors, device, dry_run, reps, spent):
+    """Time each compiled (launch, config) into its record, in order, until spent() (the budget);
+    in a dry run, launch each once (its host path; the driver launches nothing) and time none."""
+    from tools.benchmarks.timing import Timing, device_times
+
+    ran_before = set()
+    for i, ((launch, config, _), record) in enumerate(zip(items, records)):
+        if i in errors:
+            record.status, record.error = "error", errors[i]
+            continue
+        if not dry_run and spent():
+            continue
+        try:
+            for before in launch.before:  # a backward pass's inputs: once per family and variant
+                if id(before) not in ran_before:
+                    before.runner(*_rule_pick(before))()
+                    ran_before.add(id(before))
+            run = launch.runner(*config)
+            if dry_run:
+                run()
+                record.status = "compiled"
+                continue
+            timing = Timing.of(device_times(run, device, warmup=2, rep=reps))
+        except Exception as error:  # noqa: BLE001  (recorded; the sweep goes on)
+            record.status, record.error = "error", f"{type(error).__name__}: {error}"[:300]
+            continue
+        record.status = "timed"
+        record.median_ms, record.p20_ms, record.p80_ms, record.reps = timing.median, timing.p20, timing.p80, timing.reps
+        record.tflops = launch.flops / (timing.median * 1e-3) / 1e12
+
+
+def _prefers_tma(launch):
+    """The kernel's rule for its variant: its module's PREFERS_TMA."""
+    return bool(sys.modules[launch.configs.kernel.fn.__module__].PREFERS_TMA)
+
+
+def best_per_pass(records):
+    """Per (family, pass): the rule's pick and the fastest timed record, and the fastest's speed-up
+    over the pick with its interval ({} for a pass with no timed pick)."""
+    from tools.benchmarks.timing import Ratio, Timing
+
+    rows = []
+    keys = dict.fromkeys((r.family, r.pass_name) for r in records)
+    for family, pass_name in keys:
+        timed = [r for r in records if (r.family, r.pass_name) == (family, pass_name) and r.status == "timed"]
+        pick = next((r for r in records if (r.family, r.pass_name) == (family, pass_name) and r.rule_pick), None)
+        fastest = min(timed, key=lambda r: r.median_ms, default=None)
+        row = {"family": family, "pass": pass_name, "pick": vars(pick) if pick else None}
+        row["fastest"] = vars(fastest) if fastest else None
+        row["speedup"] = row["low"] = row["high"] = None
+        if pick is not None and pick.status == "timed" and fastest is not None:
+            ratio = Ratio.of(*(Timing(r.median_ms, r.p20_ms, r.p80_ms, r.reps) for r in (pick, fastest)))
+            row["speedup"], row["low"], row["high"] = ratio.median, ratio.low, ratio.high
+        rows.append(row)
+    return rows
+
+
+def _env(dry_run):
+    import torch
+    import triton
+
+    gpu = "dry-run sm_90a (no GPU)" if dry_run else torch.cuda.get_device_name()
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit or None,
+    }
+
+
+def _figure(r):
+    if r is None:
+        return "-"
+    if r["status"] != "timed":
+        return f"{r['variant']} {r['config']}: {r['status']}"
+    return (
+        f"{r['variant']} {r['config']}: {r['median_ms']:.4f} ms [{r['p20_ms']:.4f}, {r['p80_ms']:.4f}], "
+        f"{r['tflops']:.1f} TFLOP/s"
+    )
+
+
+def table(report):
+    """The report as markdown: the best per pass beside the rule's pick, then every record."""
+    env = report["env"]
+    lines = [
+        "# Kernel sweep",
+        "",
+        f"`python -m tools.sweep{' --dry-run' if report['dry_run'] else ''}{' --quick' if report['quick'] else ''}` "
+        f"on {env['gpu']}, {env['date']}: torch {env['torch']}, Triton {env['triton']}, commit {env['commit']}; "
+        f"{report['seconds']} s of a {report['budget_seconds']:.0f} s budget, {report['reps']} timed calls each "
+        "(device time, L2 flushed; median [p20, p80]).",
+        "",
+    ]
+    if report["dry_run"]:
+        lines += ["A dry run: compiled for sm_90a on a CPU, nothing timed.", ""]
+    lines += ["| family | pass | rule's pick | fastest | speed-up [interval] |", "|---|---|---|---|---|"]
+    for row in report["best"]:
+        speedup = "-" if row["speedup"] is None else f"{row['speedup']:.3f}x [{row['low']:.3f}, {row['high']:.3f}]"
+        lines.append(
+            f"| {row['family']} | {row['pass']} | {_figure(row['pick'])} | {_figure(row['fastest'])} | {speedup} |"
+        )
+    lines += [
+        "",
+        "| family | pass | variant | config | pick | status | ms [p20, p80] | TFLOP/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["records"]:
+        ms = "-" if r["median_ms"] is None else f"{r['median_ms']:.4f} [{r['p20_ms']:.4f}, {r['p80_ms']:.4f}]"
+        tflops = "-" if r["tflops"] is None else f"{r['tflops']:.1f}"
+        status = r["status"] + (f": {r['error']}" if r["error"] else "")
+        lines.append(
+            f"| {r['family']} | {r['pass_name']} | {r['variant']} | {r['config']} | {'yes' if r['rule_pick'] else ''} "
+            f"| {status} | {ms} | {tflops} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "tools" / "results", help="folder for sweep.json and sweep.md"
+    )
+    parser.add_argument("--quick", action="store_true", help="the families' small shapes")
+    parser.add_argument("--dry-run", action="store_true", help="on a CPU: compile for sm_90a, time nothing")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds, compiles included (default 480)")
+    parser.add_argument("--reps", type=int, default=20, help="timed calls per launch (default 20)")
+    parser.add_argument("--family", action="append", help="only families whose name contains this (repeatable)")
+    parser.add_argument("--workers", type=int, help="compile threads (default: a CPU each)")
+    args = parser.parse_args(argv)
+    if refuses_interpreter("sweep", "the sweep compiles the kernels for a GPU"):
+        return 2
+    if args.reps < 1 or args.budget <= 0:
+        parser.error("--reps and --budget must be positive")
+    if args.dry_run:
+        from tools import sm90
+
+        with sm90.dry_run(time_configs=False):
+            report = sweep(args.quick, True, args.budget, args.reps, args.family, args.workers)
+    else:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("no CUDA device: the sweep times kernels on a GPU (--dry-run compiles them on a CPU)")
+        report = sweep(args.quick, False, args.budget, args.reps, args.family, args.workers)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
+    markdown = table(report)
+    (args.out / "sweep.md").write_text(markdown)
+    print(markdown)
+    print(f"wrote {args.out / 'sweep.json'} and {args.out / 'sweep.md'}")
+    errors = [r for r in report["records"] if r["status"] == "error"]
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
