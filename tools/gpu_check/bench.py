@@ -151,7 +151,16 @@ def _smoke_cases(device):
     ffn = dict(M=24, d=16, d_ff=32, dtype="fp32")
     return [
         *attention(both, "causal", ("fastformer", "fastformer_tma", *SDPA)),
-        *_model_call(both, ("fastformer", *SDPA, "flex", "reference"), device, (13,), B=2, H=2, D=16, dtype="fp32"),
+        *_model_call(
+            both,
+            ("fastformer", "fastformer_tma", *SDPA, "flex", "reference"),
+            device,
+            (13,),
+            B=2,
+            H=2,
+            D=16,
+            dtype="fp32",
+        ),
         *attention(both, "padding_causal", ("fastformer", "flex", *SDPA)),
         *attention(("fwd",), "none", ("fastformer", "sdpa", "reference", "compile")),
         *attention(("fwd",), "causal", ("fastformer", "sdpa"), D=128),
