@@ -20,7 +20,10 @@ if not HAS_CUDA:
 from tools.benchmarks.common import Skip, peak_memory_mb, synchronize  # noqa: E402
 
 DEVICE = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
-NO_GPU = "the benchmarks need a CUDA GPU and this machine has none (CPU check: python -m bench.report --smoke)"
+NO_GPU = (
+    "the benchmarks need a CUDA GPU and this machine has none (the CPU check of their code, through Triton's "
+    "interpreter: python -m bench.report --smoke)"
+)
 NOT_ASKED = "a benchmark: run the benchmarks with `pytest bench --benchmark-only`"
 
 

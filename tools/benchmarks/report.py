@@ -27,6 +27,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import traceback
 from collections import Counter
 
@@ -349,11 +350,16 @@ def splice_readme(table, readme=README):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Run fastformer's benchmarks and write bench/results/.")
+    parser = argparse.ArgumentParser(
+        description="Run fastformer's benchmarks and write bench/results/.", allow_abbrev=False
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, runs on a CPU (checks the code paths)")
     parser.add_argument("--filter", default="", help="only cases whose id contains this string")
     parser.add_argument("--targets", action="store_true", help="only the cases the targets are judged on (a short run)")
-    parser.add_argument("--out", default=RESULTS)
+    parser.add_argument(
+        "--out",
+        help="where the files go (default: bench/results/; with --smoke, a new temporary directory)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rep", type=int, default=25, help="timed repetitions per case (default 25)")
     parser.add_argument("--update-readme", action="store_true", help="splice the table into README.md")
@@ -379,7 +385,7 @@ def main(argv=None):
             return 2
         # the README names the folder of the first file read: a GPU check's, with its summary.md
         source = os.path.relpath(os.path.dirname(os.path.abspath(args.sources[0])), os.path.dirname(README))
-        for path in write(merged, args.out, update_readme=args.update_readme, source=source):
+        for path in write(merged, args.out or RESULTS, update_readme=args.update_readme, source=source):
             print(f"wrote {path}")
         return 0
     if torch.device(args.device).type != "cuda" and not args.smoke:
@@ -389,6 +395,22 @@ def main(argv=None):
             file=sys.stderr,
         )
         return 2
+    if torch.device(args.device).type == "cpu":
+        from fastformer.kernels import _runtime
+
+        if not _runtime.INTERPRET:
+            print(
+                "bench.report: --smoke on a CPU runs the Triton kernels through Triton's interpreter, and "
+                "TRITON_INTERPRET is off; run `python -m bench.report --smoke`, which sets it, or unset it",
+                file=sys.stderr,
+            )
+            return 2
+        print(
+            "bench.report: smoke run on the CPU, the Triton kernels through Triton's interpreter "
+            "(TRITON_INTERPRET=1): tiny shapes, checking the code paths; the times mean nothing"
+        )
+    if args.out is None:  # a smoke run's files are not results: they go to a new temporary directory
+        args.out = tempfile.mkdtemp(prefix="fastformer-smoke-") if args.smoke else RESULTS
     cases = suite.smoke_suite(args.device) if args.smoke else suite.full_suite(args.device)
     cases = [c for c in cases if args.filter in c.id and (not args.targets or judged(c))]
     report = run(cases, args.device, warmup=1 if args.smoke else 3, rep=2 if args.smoke else args.rep)
