@@ -21,9 +21,12 @@ setup(
     package_dir={"fastformer.kernels": "kernels"},
     package_data={"fastformer.data": ["*.tsv"]},
     python_requires=">=3.10",
+    # The versions CI tests: the oldest lane's torch 2.11 + Triton 3.6 to the newest's torch 2.13 +
+    # Triton 3.9 (.ci/run; tests/test_install.py holds these bounds, .ci/run and the README to one
+    # another). Unbounded, pip would resolve a torch release that no test has run on.
     install_requires=[
-        "torch",
-        "triton; platform_system == 'Linux'",
+        "torch>=2.11,<2.14",
+        "triton>=3.6,<3.10; platform_system == 'Linux'",
         "sentencepiece",
         "numpy",
         "tqdm",

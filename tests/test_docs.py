@@ -1,21 +1,14 @@
-"""The manual cannot rot: docs/ builds as a site with no broken link, and the examples of README.md
-and docs/ run.
+"""The manual cannot rot: docs/ builds as a site with no broken link, and the commands the pages
+show exist.
 
 - `mkdocs build --strict` builds docs/ into a temporary folder (skipped, with the reason, where
   mkdocs is not installed: `pip install -e '.[docs]'`).
-- The ```python blocks of each page run in order in one fresh Python process per page, so a block
-  may use what an earlier block of its page defined. They run in a temporary folder holding the
-  files the examples read (`example_dir` below): what a new user has after the Quick start. A
-  block with `<!-- docs-test: skip REASON -->` on the last non-blank line above its fence is not
-  run (one that needs a GPU, say); the reason is required.
 - In ```bash blocks, every `fastformer ...` command (also after `torchrun ... -m`) is parsed by the
-  command's own parser, and the `--help` ones run, so an option that no longer exists fails here;
-  `evaluate` and `predict` on `--run last` run on the Quick start's run. Other shell lines are not
-  run.
+  command's own parser, the blocks that tests/test_doc_examples.py does not run included, so an
+  option that no longer exists fails here. tests/test_doc_examples.py runs the examples.
 - The README's relative links point at files that exist (the site build checks docs/'s own).
 """
 
-import json
 import os
 import re
 import shlex
@@ -25,24 +18,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-import torch
 
 from fastformer.cli import build_parser, main
-from tests import aladdinpersson
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# The mark above a block that tests/test_doc_examples.py must not run, with the reason.
 SKIP_MARK = re.compile(r"<!--\s*docs-test:\s*skip\b(.*?)-->")
 FENCE = re.compile(r"^(`{3,})\s*([\w-]*)\s*$")
-
-# Runs one page's blocks in order in one namespace; the code is compiled at its line in the page,
-# so a traceback names the page and the line of the example that failed.
-RUNNER = """
-import json, sys
-namespace = {"__name__": "__main__"}
-for block in json.load(open(sys.argv[1], encoding="utf-8")):
-    exec(compile("\\n" * (block["line"] - 1) + block["code"], block["page"], "exec"), namespace)
-"""
 
 
 class Block(NamedTuple):
@@ -74,65 +57,6 @@ def read_blocks(page):
 
 def page_id(page):
     return str(page.relative_to(ROOT))
-
-
-PYTHON_PAGES = [page for page in PAGES if any(b.lang == "python" for b in read_blocks(page))]
-
-
-@pytest.fixture(scope="module")
-def example_dir(tmp_path_factory):
-    """What the examples read, as a new user has it after the Quick start: runs/, made by the Quick
-    start's `fastformer train` (stopped after its first step: the files are those of a whole run,
-    runs/latest linking to it); and seq2seq_checkpoint.pt, saved by the transcription of Aladdin
-    Persson's Transformer with the sizes of docs/seq2seq.md's example."""
-    folder = tmp_path_factory.mktemp("examples")
-    result = _python(["-m", "fastformer", "train", "--max-steps", "1"], folder)
-    assert result.returncode == 0, f"the Quick start's train failed:\n{result.stderr[-4000:]}"
-    assert (folder / "runs" / "latest" / "model.pt").is_file()
-    torch.manual_seed(0)
-    seq2seq = aladdinpersson.Transformer(1000, 1000, 0, 0, embed_size=64, num_layers=2, heads=4)
-    torch.save(seq2seq.state_dict(), folder / "seq2seq_checkpoint.pt")
-    return folder
-
-
-def test_every_page_has_its_python_examples_tested():
-    """README.md has a Python example, and every skip mark gives its reason."""
-    assert ROOT / "README.md" in PYTHON_PAGES
-    for page in PAGES:
-        for block in read_blocks(page):
-            assert block.skip != "", f"{page_id(page)}:{block.line}: a docs-test skip mark needs a reason"
-
-
-def _environment():
-    return {key: value for key, value in os.environ.items() if key not in ("FASTFORMER_BACKEND", "PYTHONPATH")}
-
-
-def _python(args, cwd):
-    """`python ARGS` in a fresh process in `cwd`, this checkout first on its path; its output kept."""
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**_environment(), "PYTHONPATH": str(ROOT)},
-    )
-
-
-@pytest.mark.parametrize("page", PYTHON_PAGES, ids=page_id)
-def test_python_examples_run(page, example_dir, tmp_path):
-    blocks = [b for b in read_blocks(page) if b.lang == "python" and b.skip is None]
-    to_run = [{"page": str(page), "line": b.line, "code": b.code} for b in blocks]
-    if not to_run:
-        pytest.skip(f"every example of {page_id(page)} is marked docs-test: skip")
-    work = tmp_path / "work"
-    work.mkdir()
-    for fixture in example_dir.iterdir():
-        (work / fixture.name).symlink_to(fixture)
-    (tmp_path / "blocks.json").write_text(json.dumps(to_run), encoding="utf-8")
-    result = _python(["-c", RUNNER, str(tmp_path / "blocks.json")], work)
-    assert result.returncode == 0, f"an example of {page_id(page)} failed:\n{result.stderr[-4000:]}"
 
 
 def _fastformer_commands(block):
@@ -177,26 +101,9 @@ def test_fastformer_commands_parse(page, line, args, capsys):
         pytest.fail(f"{where}\n{capsys.readouterr().err}")
 
 
-READ_LAST = [
-    (page, line, args)
-    for page, line, args in COMMANDS
-    if args[:1] in (["evaluate"], ["predict"]) and "--run" in args and args[args.index("--run") + 1 :][:1] == ["last"]
-]
-
-
-@pytest.mark.parametrize("page, line, args", READ_LAST, ids=[f"{page_id(p)}:{line}" for p, line, _ in READ_LAST])
-def test_commands_that_read_the_last_run_run_on_the_quick_starts(page, line, args, example_dir, monkeypatch, capsys):
-    """The docs' `evaluate --run last` and `predict --run last` commands run as written on the run a
-    new user has after the Quick start."""
-    monkeypatch.chdir(example_dir)
-    status = main(args)
-    assert status == 0, f"{page_id(page)}:{line}: fastformer {' '.join(args)}\n{capsys.readouterr().err}"
-
-
 def test_the_docs_show_fastformer_commands():
     pages = {page for page, _, _ in COMMANDS}
     assert ROOT / "README.md" in pages and ROOT / "docs" / "training.md" in pages
-    assert {args[0] for _, _, args in READ_LAST} == {"evaluate", "predict"}
 
 
 def test_readme_links_point_at_files():

@@ -2,11 +2,19 @@
 `kernels`, which is another project's name on PyPI (the kernel-hub client used with Hugging Face
 transformers). Installed side by side in one environment, each keeps its own files.
 
-The install test needs the package index (pip downloads `kernels`, its dependencies and
-setuptools), so it is marked `network` and deselected by default: `pytest -m network`.
+setup.py bounds torch and Triton to the versions CI tests, and the install line documented for a
+machine without a GPU takes torch's CPU build.
+
+The install tests need the package indexes (pip downloads `kernels`, its dependencies and
+setuptools, and reads PyTorch's CPU index), so they are marked `network` and deselected by default:
+`pytest -m network`.
 """
 
+import ast
+import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,6 +22,9 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 import fastformer
 
@@ -156,6 +167,57 @@ def test_setup_declares_the_licence():
     assert '"License :: OSI Approved :: BSD License"' in setup
 
 
+def _install_requires():
+    """setup.py's install_requires, read from its source."""
+    tree = ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))
+    setup = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "setup")
+    requires = next(keyword.value for keyword in setup.keywords if keyword.arg == "install_requires")
+    return {r.name: r for r in map(Requirement, ast.literal_eval(requires))}
+
+
+# "torch 2.11 to 2.13, Triton 3.6 to 3.9", as the README, the install page and the testing page say it
+SUPPORTED = re.compile(r"torch\s+(\d+\.\d+)\s+to\s+(\d+\.\d+),?\s+(?:and\s+)?Triton\s+(\d+\.\d+)\s+to\s+(\d+\.\d+)")
+
+
+def _up_to(newest):
+    """The bound below the minor version after `newest`: "2.13" -> "<2.14"."""
+    major, minor = newest.split(".")
+    return f"<{major}.{int(minor) + 1}"
+
+
+def test_the_install_bounds_are_the_versions_ci_tests():
+    """setup.py asks for torch and Triton from the oldest version CI tests to the newest: the
+    oldest lane's pins and the newest lane's torch in .ci/run, the range the docs state."""
+    stated = {
+        page: SUPPORTED.findall((REPO / page).read_text(encoding="utf-8"))
+        for page in ("README.md", "docs/install.md", "docs/testing.md")
+    }
+    ranges = {found for each in stated.values() for found in each}
+    assert all(stated.values()) and len(ranges) == 1, stated
+    ((torch_oldest, torch_newest, triton_oldest, triton_newest),) = ranges
+
+    requires = _install_requires()
+    assert requires["torch"].specifier == SpecifierSet(f">={torch_oldest},{_up_to(torch_newest)}")
+    assert requires["triton"].specifier == SpecifierSet(f">={triton_oldest},{_up_to(triton_newest)}")
+    assert str(requires["triton"].marker) == 'platform_system == "Linux"'
+
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    torch_pins = sorted(map(Version, re.findall(r"\btorch==([\d.]+)", ci)))
+    triton_pins = sorted(map(Version, re.findall(r"\btriton==([\d.]+)", ci)))
+    assert torch_pins == [Version(torch_oldest), Version(torch_newest)], torch_pins  # the two lanes
+    assert triton_pins == [Version(triton_oldest)], triton_pins  # the newest lane takes setup.py's newest
+    assert all(requires["torch"].specifier.contains(pin) for pin in torch_pins)
+
+
+def _documented_cpu_install():
+    """The install line docs/install.md gives for a machine without a GPU, as arguments to pip."""
+    block = (REPO / "docs" / "install.md").read_text(encoding="utf-8").split("```bash", 1)[1].split("```", 1)[0]
+    (line,) = [line for line in block.splitlines() if "--extra-index-url" in line]
+    words = shlex.split(line, comments=True)
+    assert words[:2] == ["pip", "install"], line
+    return words[2:]
+
+
 def _run(python, *args, cwd):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of the checkout on the path
     result = subprocess.run([str(python), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
@@ -166,9 +228,10 @@ def _run(python, *args, cwd):
 @pytest.mark.network
 def test_installs_beside_the_pypi_kernels_project(tmp_path):
     """A fresh venv (reusing this one's torch and Triton through a .pth) with fastformer installed
-    from this checkout (not editable) and `pip install kernels`: `import kernels` is the other
-    project, fastformer.kernels is ours, and fastformer's tests pass there, run from a copy of
-    tests/ so that the checkout is not on the path."""
+    from this checkout (not editable) as the install line for a machine without a GPU installs it,
+    its dependencies resolved within setup.py's bounds, and `pip install kernels`: `import kernels`
+    is the other project, fastformer.kernels is ours, and fastformer's tests pass there, run from a
+    copy of tests/ so that the checkout is not on the path."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -177,7 +240,9 @@ def test_installs_beside_the_pypi_kernels_project(tmp_path):
     # installed from a copy: building writes build/ and an egg-info next to setup.py
     source = tmp_path / "source"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "runs", "__pycache__"))
-    _run(python, "-m", "pip", "install", "-q", "--no-deps", str(source), cwd=tmp_path)
+    # the documented line's options, with the copy in place of `-e .`
+    options = [word for word in _documented_cpu_install() if word not in ("-e", ".")]
+    _run(python, "-m", "pip", "install", "-q", str(source), *options, cwd=tmp_path)
     _run(python, "-m", "pip", "install", "-q", "kernels", cwd=tmp_path)
 
     check = (
@@ -209,3 +274,24 @@ def test_installs_beside_the_pypi_kernels_project(tmp_path):
     )
     assert " passed" in out and "failed" not in out
     assert fastformer.__version__ in _run(python, "-m", "pip", "show", "fastformer", cwd=tmp_path)
+
+
+@pytest.mark.network
+def test_the_install_line_without_a_gpu_takes_torchs_cpu_build(tmp_path):
+    """The install line docs/install.md and the README give for a machine without a GPU, run as
+    written from a copy of the checkout in a bare venv, resolved by pip without installing
+    (`--dry-run --report`): torch is the CPU build (a `+cpu` local version) within setup.py's
+    bounds, and no CUDA library (an `nvidia-*` package) comes with it."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "runs", "__pycache__"))
+    report = tmp_path / "report.json"
+    install = ["-m", "pip", "install", *_documented_cpu_install()]
+    _run(venv / "bin" / "python", *install, "-q", "--dry-run", "--ignore-installed", "--report", report, cwd=source)
+
+    items = json.loads(report.read_text())["install"]
+    resolved = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in items}
+    torch = Version(resolved["torch"])
+    assert torch.local == "cpu" and _install_requires()["torch"].specifier.contains(torch), resolved["torch"]
+    assert not [name for name in resolved if name.startswith("nvidia-")], sorted(resolved)
