@@ -14,6 +14,8 @@ the better fp32 engine; for the kernels, run the model under
 kernel has no matrix product and takes fp32 as it is.
 "triton" always runs the kernels: on a CPU that needs TRITON_INTERPRET=1 set before `fastformer.kernels` is
 imported (Triton's interpreter; this is how the tests check the kernels without a GPU).
+Under either, a model in a dtype the kernels do not take (float64: they take fp16, bf16 and fp32) runs
+the reference, with a one-time warning naming the dtype, as attention does for a head dim over 128.
 Modules reach attention, the FFN and add + LayerNorm only through the functions below; a planned
 Encoder or Decoder forward (fastformer.plan) through `ops`, which picks the same functions once for
 all its layers.
@@ -30,6 +32,7 @@ from fastformer.environment import BACKEND_ENV, BACKENDS
 from fastformer.kernels._runtime import EnvSetting, warn_once
 
 ENV_VAR = BACKEND_ENV
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the Triton kernels take
 
 _backend = None  # None: read ENV_VAR, default "auto"
 
@@ -71,7 +74,8 @@ def uses_triton(tensor, matmul=True):
     """Whether an op on `tensor` runs the Triton kernels under the current backend; `matmul` says
     the op is built on matrix products (attention, the feed-forward), which "auto" keeps off fp32.
     Under a torch.func transform (vmap, grad, jacrev...) the reference runs, with a one-time
-    warning: the kernels' ops have no batching rules."""
+    warning: the kernels' ops have no batching rules. So does a floating dtype the kernels do not
+    take (float64), with a one-time warning naming it."""
     if not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None:
         warn_once(
             ("backend", "functorch"),
@@ -80,9 +84,18 @@ def uses_triton(tensor, matmul=True):
         )
         return False
     backend = get_backend()
-    if backend == "auto":
-        return kernels.HAS_TRITON and tensor.is_cuda and (not matmul or in_half_precision(tensor))
-    return backend == "triton"
+    if backend == "reference" or (backend == "auto" and not (kernels.HAS_TRITON and tensor.is_cuda)):
+        return False
+    if tensor.is_floating_point() and tensor.dtype not in KERNEL_DTYPES:
+        if not torch.compiler.is_compiling():  # a warning would break the graph
+            dtype = str(tensor.dtype).replace("torch.", "")
+            warn_once(
+                ("backend", "dtype", tensor.dtype),
+                f"fastformer: the Triton kernels take fp16, bf16 and fp32; this model is {dtype}, so it runs the "
+                "PyTorch reference: use model.float() for the kernels, or fastformer.set_backend('reference')",
+            )
+        return False
+    return backend == "triton" or not matmul or in_half_precision(tensor)
 
 
 def in_half_precision(tensor):
@@ -103,11 +116,12 @@ def _matmul_uses_triton(tensor):
     off the kernels (see the module docstring); not while compiling, where a warning breaks the graph."""
     if uses_triton(tensor):
         return True
-    if get_backend() == "auto" and kernels.HAS_TRITON and tensor.is_cuda and not torch.compiler.is_compiling():
+    fp32 = tensor.dtype == torch.float32  # other dtypes: uses_triton has said why
+    if fp32 and get_backend() == "auto" and kernels.HAS_TRITON and tensor.is_cuda and not torch.compiler.is_compiling():
         warn_once(
             ("backend", "fp32"),
-            f"fastformer: {str(tensor.dtype).replace('torch.', '')} attention and feed-forward run the PyTorch "
-            'reference on CUDA; the Triton kernels take fp16/bf16: use torch.autocast("cuda", dtype=torch.bfloat16)',
+            "fastformer: float32 attention and feed-forward run the PyTorch reference on CUDA; the Triton kernels "
+            'take fp16/bf16: use torch.autocast("cuda", dtype=torch.bfloat16)',
         )
     return False
 

@@ -40,6 +40,7 @@ SIZES = (
 )
 # Keys read when present: fastformer's two (see Config) and the device the tutorial's scripts store.
 OPTIONAL = {"output_attentions": (None, True, False), "ffn_activation": ("gelu", "relu"), "device": None}
+MAX_SIZE = 2**63 - 1  # torch's sizes are int64: no tensor dimension is larger
 
 _warned_keys = set()  # unknown keys already warned about in this process
 
@@ -108,34 +109,63 @@ def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _is_finite(value):
+    """Whether a real number is finite as a float: an integer too large for one (10**400) is not."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _shown(value):
+    """repr(value) for a message, an integer of more than 30 digits by its count of digits (str()
+    of one over 4,300 digits raises ValueError)."""
+    if not _is_int(value) or abs(value) < 10**30:
+        return repr(value)
+    magnitude = abs(int(value))
+    digits = int(math.log10(magnitude)) + 1
+    digits += magnitude >= 10**digits  # log10 rounds near a power of ten
+    digits -= magnitude < 10 ** (digits - 1)
+    return f"{'a negative' if value < 0 else 'an'} integer of {digits} digits"
+
+
+def check_size(name, value):
+    """Raise ValueError naming `name` (config.d_hidn, or the option it came from) unless value is
+    an integer in 1..MAX_SIZE, a size torch can make a tensor of."""
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {_shown(value)}")
+    if value > MAX_SIZE:
+        raise ValueError(f"{name} must be at most 2**63 - 1 (torch's largest size), got {_shown(value)}")
+
+
 def check_config(config, classifier=False):
     """Raise ValueError naming the first key of `config` (any mapping) that the model cannot be
     built from; warn once per process about each key it does not read, naming the closest known key.
     n_output is required only for a classifier (MovieClassification); the Transformer does not read it.
 
-    Every size is a positive integer; n_head * d_head is the attention width the tutorial projects
-    d_hidn to and back from, so it need not equal d_hidn (the tutorial's ELECTRA uses d_hidn 128 with
-    4 heads of 64); i_pad is a token id of both vocabs; dropout is in [0, 1); layer_norm_epsilon is
-    a finite number > 0.
+    Every size is an integer in 1..2**63 - 1 (check_size); n_head * d_head is the attention width the
+    tutorial projects d_hidn to and back from, so it need not equal d_hidn (the tutorial's ELECTRA uses
+    d_hidn 128 with 4 heads of 64); i_pad is a token id of both vocabs; dropout is in [0, 1);
+    layer_norm_epsilon is a finite number > 0.
     """
     missing = [key for key in TUTORIAL if key not in config and (classifier or key != "n_output")]
     if missing:
         raise ValueError(f"config is missing {', '.join(missing)}")
     for key in SIZES:
-        if key in config and (not _is_int(config[key]) or config[key] < 1):
-            raise ValueError(f"config.{key} must be a positive integer, got {config[key]!r}")
+        if key in config:
+            check_size(f"config.{key}", config[key])
     i_pad, n_vocab = config["i_pad"], min(config["n_enc_vocab"], config["n_dec_vocab"])
     if not _is_int(i_pad) or not 0 <= i_pad < n_vocab:
-        raise ValueError(f"config.i_pad must be a token id in 0..{n_vocab - 1} (the vocab sizes), got {i_pad!r}")
+        raise ValueError(f"config.i_pad must be a token id in 0..{n_vocab - 1} (the vocab sizes), got {_shown(i_pad)}")
     dropout = config["dropout"]
     if not isinstance(dropout, numbers.Real) or isinstance(dropout, bool) or not 0 <= dropout < 1:
-        raise ValueError(f"config.dropout is a probability in [0, 1), got {dropout!r}")
+        raise ValueError(f"config.dropout is a probability in [0, 1), got {_shown(dropout)}")
     eps = config["layer_norm_epsilon"]
-    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not (math.isfinite(eps) and eps > 0):
-        raise ValueError(f"config.layer_norm_epsilon must be a finite number > 0, got {eps!r}")
+    if not isinstance(eps, numbers.Real) or isinstance(eps, bool) or not (_is_finite(eps) and eps > 0):
+        raise ValueError(f"config.layer_norm_epsilon must be a finite number > 0, got {_shown(eps)}")
     for key, allowed in OPTIONAL.items():
         if allowed is not None and key in config and config[key] not in allowed:
-            raise ValueError(f"config.{key} must be one of {', '.join(map(repr, allowed))}, got {config[key]!r}")
+            raise ValueError(f"config.{key} must be one of {', '.join(map(repr, allowed))}, got {_shown(config[key])}")
     known = [*TUTORIAL, *OPTIONAL]
     for key in config:
         if key not in known and key not in _warned_keys:
@@ -185,7 +215,12 @@ def check_fits(config, memory, where, per_parameter, names=None):
     `per_parameter` bytes each (BYTES_TO_BUILD, BYTES_TO_TRAIN) take more than `memory` bytes
     (`where`: "this machine's memory"; `memory` None: unknown, nothing is checked). The message names the
     size out of scale (the one whose tutorial value would save the most memory, then the one that costs
-    the most): as config.<key>, or as names[key] (the option it came from)."""
+    the most): as config.<key>, or as names[key] (the option it came from). A size no tensor can have
+    (check_size) raises its ValueError first, so a size set by an option that check_config has not
+    seen is named too."""
+    for key in SIZES:
+        if key in config:
+            check_size((names or {}).get(key, f"config.{key}"), config[key])
     needed = parameter_count(config) * per_parameter
     if memory is None or needed <= memory:
         return

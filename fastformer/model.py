@@ -44,23 +44,16 @@ def wants_probs(config, kernels):
 
 
 def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"):
-    """Raise ValueError unless ids is a (bs, n_seq) integer tensor no longer than max_len whose ids
-    lie in [0, vocab_size). Out-of-range ids would otherwise fail inside the embedding: an
-    IndexError on a CPU, a device-side assert on CUDA that ends the process's CUDA context.
+    """Raise ValueError unless ids is a (bs, n_seq) integer tensor (check_ids_shape) whose ids lie
+    in [0, vocab_size). Out-of-range ids would otherwise fail inside the embedding: an IndexError on
+    a CPU, a device-side assert on CUDA that ends the process's CUDA context.
 
     The range check is one kernel (a min/max reduction into one two-number buffer) and, for CUDA
     ids, one host sync of the buffer per call. It is skipped while torch.compile traces and while a
     CUDA graph is captured, where a sync is not allowed: compiled and graphed steps trust their ids;
     and under a torch.func transform (vmap), whose batched ids it cannot read."""
-    if not isinstance(ids, torch.Tensor):
-        raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got a {type(ids).__name__}")
-    if ids.dim() != 2:
-        raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got shape {tuple(ids.shape)}")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer token ids (torch.long), got {ids.dtype}")
-    if ids.size(1) > max_len:
-        raise ValueError(f"{name} has length {ids.size(1)}, longer than {limit} {max_len}")
-    if ids.numel() == 0 or torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+    check_ids_shape(name, ids, max_len, limit)
+    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
         return  # tracing; or a torch.func transform (vmap has no batching rule for the min/max)
     if ids.is_cuda and torch.cuda.is_current_stream_capturing():
         return
@@ -72,26 +65,40 @@ def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"
         raise ValueError(f"{name} holds token id {bad}, outside [0, {vocab_size}) for a vocabulary of {vocab_size}")
 
 
+def check_ids_shape(name, ids, max_len, limit="the config's maximum"):
+    """Raise ValueError unless ids is a (bs, n_seq) integer tensor of at least one sequence
+    (bs >= 1) of at least one token (1 <= n_seq <= max_len), checked on its shape and dtype alone
+    (no kernel, no sync). An empty batch or sequence would otherwise fail inside the attention on
+    either backend; the tutorial's own model cannot run one either."""
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got a {type(ids).__name__}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got shape {tuple(ids.shape)}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer token ids (torch.long), got {ids.dtype}")
+    if ids.size(0) == 0:
+        raise ValueError(f"{name} is an empty batch, shape {tuple(ids.shape)}: the model needs at least one sequence")
+    if ids.size(1) == 0:
+        raise ValueError(
+            f"{name} holds sequences of no tokens, shape {tuple(ids.shape)}: each needs at least one (an empty "
+            "one can be a single padding id)"
+        )
+    if ids.size(1) > max_len:
+        raise ValueError(f"{name} has length {ids.size(1)}, longer than {limit} {max_len}")
+
+
 def check_same_batch(enc_inputs, dec_inputs, enc_outputs=None):
     """Raise ValueError unless the decoder's inputs are of the encoder's reviews: enc_inputs and
-    dec_inputs of one batch size (bs, *), and enc_outputs, when given (the Decoder's own check),
-    (bs, n_enc_seq, d_hidn) for enc_inputs (bs, n_enc_seq). Attention would otherwise name its own
-    q, k and v. What is not a tensor is left to check_token_ids."""
-    if (
-        isinstance(enc_inputs, torch.Tensor)
-        and isinstance(dec_inputs, torch.Tensor)
-        and enc_inputs.dim() >= 1
-        and (dec_inputs.dim() >= 1 and enc_inputs.size(0) != dec_inputs.size(0))
-    ):
+    dec_inputs (checked by check_ids_shape) of one batch size, and enc_outputs, when given (the
+    Decoder's own check), (bs, n_enc_seq, d_hidn) for enc_inputs (bs, n_enc_seq). Attention would
+    otherwise name its own q, k and v."""
+    if enc_inputs.size(0) != dec_inputs.size(0):
         raise ValueError(
             f"enc_inputs and dec_inputs must hold the same reviews, one per row: got enc_inputs "
             f"{tuple(enc_inputs.shape)} and dec_inputs {tuple(dec_inputs.shape)}"
         )
     if enc_outputs is None:
         return
-    if not isinstance(enc_inputs, torch.Tensor) or enc_inputs.dim() != 2:
-        shape = tuple(enc_inputs.shape) if isinstance(enc_inputs, torch.Tensor) else type(enc_inputs).__name__
-        raise ValueError(f"enc_inputs must be a (bs, n_enc_seq) tensor of token ids, got {shape}")
     if not isinstance(enc_outputs, torch.Tensor) or enc_outputs.dim() != 3 or enc_outputs.shape[:2] != enc_inputs.shape:
         shape = tuple(enc_outputs.shape) if isinstance(enc_outputs, torch.Tensor) else type(enc_outputs).__name__
         raise ValueError(
@@ -514,6 +521,7 @@ class Decoder(nn.Module):
         (bs, n_enc_seq, d_hidn). Returns (bs, n_dec_seq, d_hidn) and lists of each layer's self- and
         cross-attention probabilities (or None)."""
         check_token_ids("dec_inputs", dec_inputs, self.config.n_dec_seq, self.config.n_dec_vocab)
+        check_ids_shape("enc_inputs", enc_inputs, self.config.n_enc_seq)  # read for its padding alone
         check_same_batch(enc_inputs, dec_inputs, enc_outputs)
         # (bs, n_dec_seq)
         dec_pad = dec_inputs.eq(self.config.i_pad)
@@ -554,6 +562,8 @@ class Transformer(nn.Module):
     def forward(self, enc_inputs, dec_inputs):
         """Returns dec_outputs (bs, n_dec_seq, d_hidn) and the encoder self-, decoder self- and
         decoder-encoder attention probabilities, one list entry per layer (or None)."""
+        check_ids_shape("enc_inputs", enc_inputs, self.config.n_enc_seq)
+        check_ids_shape("dec_inputs", dec_inputs, self.config.n_dec_seq)
         check_same_batch(enc_inputs, dec_inputs)
         enc_outputs, enc_self_attn_probs = self.encoder(enc_inputs, ids_name="enc_inputs")
         dec_outputs, dec_self_attn_probs, dec_enc_attn_probs = self.decoder(dec_inputs, enc_inputs, enc_outputs)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from fastformer import backend
 from fastformer.masks import AttentionMask
-from fastformer.model import check_token_ids
+from fastformer.model import check_ids_shape, check_token_ids
 
 
 def attention_mask(mask, n, heads, q_len, k_len, name="mask"):
@@ -179,8 +179,8 @@ class Encoder(nn.Module):
 
     def forward(self, x, mask):
         """x: (N, src_len) ids; mask: (N, 1, 1, src_len), nonzero = keep. Returns (N, src_len, embed_size)."""
-        n, seq_length = x.shape
         out, heads = _embed(self, x)
+        n, seq_length = x.shape
         mask = attention_mask(mask, n, heads, seq_length, seq_length)
         for layer in self.layers:
             out = layer(out, out, out, mask)
@@ -236,8 +236,8 @@ class Decoder(nn.Module):
     def forward(self, x, enc_out, src_mask, trg_mask):
         """x: (N, trg_len) ids; enc_out: (N, src_len, embed_size); src_mask (N, 1, 1, src_len) and
         trg_mask (N, 1, trg_len, trg_len), nonzero = keep. Returns logits (N, trg_len, trg_vocab_size)."""
-        n, seq_length = x.shape
         x, heads = _embed(self, x)
+        n, seq_length = x.shape[:2]  # (N, trg_len, embed_size)
         src_mask = attention_mask(src_mask, n, heads, seq_length, enc_out.shape[1], "src_mask")
         trg_mask = attention_mask(trg_mask, n, heads, seq_length, seq_length, "trg_mask")
         for layer in self.layers:
@@ -305,6 +305,12 @@ class Transformer(nn.Module):
         The masks are make_src_mask's and make_trg_mask's, handed to the layers in their compact
         form (a key-padding vector; a causal flag)."""
         _check_ids("src", src, self.encoder)
+        check_ids_shape("trg", trg, self.decoder.position_embedding.num_embeddings, limit="max_length")
+        if src.shape[0] != trg.shape[0]:
+            raise ValueError(
+                f"src and trg must hold the same sentences, one per row: got src {tuple(src.shape)} and trg "
+                f"{tuple(trg.shape)}"
+            )
         src_mask = AttentionMask(key_padding_mask=src.eq(self.src_pad_idx))
         enc_src = self.encoder(src, src_mask)
         return self.decoder(trg, enc_src, src_mask, AttentionMask(causal=True))
