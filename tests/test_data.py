@@ -87,7 +87,7 @@ def test_read_nsmc_skips_empty_documents_and_keeps_quotes(tmp_path):
             "id\ttext\tlabel\n1\tgood\t1\n",
             "expected a TSV header with columns id, document, label, got id, text, label",
         ),
-        ("", "expected a TSV header"),
+        ("", "is empty"),
         ("id\tdocument\tlabel\n1\tgood\n", "line 2: expected 3 tab-separated fields, got 2"),
         ("id\tdocument\tlabel\n1\tgood\tyes\n", "line 2: label must be an integer, got 'yes'"),
         ("id\tdocument\tlabel\n1\t\t1\n", "has no reviews"),  # only empty documents: an empty corpus

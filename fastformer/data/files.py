@@ -7,8 +7,9 @@ Two file formats are read, as UTF-8 (a byte-order mark is skipped), lines of any
 
 A label is a class number 0, 1, ...: an integer, which may be written with a zero fraction (`1.0`,
 as spreadsheets and pandas write integers); `0.9`, `1.5`, `yes`, `true` and an empty label are
-refused, never rounded. Every error is a ValueError or OSError of one line naming the file and,
-where there is one, the line and the value.
+refused, never rounded, and so is an integer of MAX_LABEL_DIGITS digits or more (`2**63`, `1e30`),
+in either format. Every error is a ValueError or OSError of one line naming the file and, where
+there is one, the line and the value; an empty file is said to be one.
 
 A file is read as a stream, CHUNK bytes at a time, in one pass that also hashes it (its sha256,
 which a run pins), with a progress bar in bytes where the reading takes more than a few seconds.
@@ -19,19 +20,22 @@ take ten times that; a `Review` is made when one is asked for.
 
 import collections.abc
 import decimal
+import errno
 import hashlib
 import itertools
 import json
 import math
 import os
+import stat
 from array import array
 from typing import NamedTuple
 
-from tqdm.auto import tqdm
+from fastformer.progress import progress_bar
 
 TSV_COLUMNS = ("id", "document", "label")
 JSON_LINES = 'JSON Lines: one {"id", "doc", "label"} object per line'
 MAX_LABEL_DIGITS = 18  # a class number has fewer; a longer one is refused before it becomes a huge int
+LABEL_LIMIT = 10 ** (MAX_LABEL_DIGITS - 1)  # the least integer of MAX_LABEL_DIGITS digits (an int64 holds it)
 CHUNK = 1 << 20  # bytes read at a time
 PROGRESS_DELAY = 2.0  # seconds a step runs before its progress bar shows
 
@@ -44,13 +48,22 @@ class Review(NamedTuple):
 
 
 def check_file(path, what):
-    """Raise FileNotFoundError or ValueError unless `path` is a regular file; `what` names it in the
-    message ("train file", "config file")."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{what} not found: {path}")
-    if os.path.isdir(path):
+    """Raise FileNotFoundError, OSError or ValueError unless `path` is a regular file; `what` names
+    it in the message ("train file", "config file"). A symlink that leads nowhere is said to be one
+    (a loop, or a link to a missing file), not "not found"."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise OSError(f"{what} {path} is a symlink loop: following its links comes back to a link") from None
+        if error.errno == errno.ENOENT and os.path.islink(path):
+            raise FileNotFoundError(f"{what} {path} is a symlink to {os.readlink(path)}, which is not there") from None
+        if error.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise FileNotFoundError(f"{what} not found: {path}") from None
+        raise OSError(f"{what} {path}: {error.strerror or error}") from None
+    if stat.S_ISDIR(mode):
         raise ValueError(f"{what} {path} is a directory, not a file")
-    if not os.path.isfile(path):
+    if not stat.S_ISREG(mode):
         raise ValueError(f"{what} {path} is not a regular file")
 
 
@@ -72,14 +85,8 @@ def _chunks(path, what, progress=False):
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             desc = f"Reading {os.path.basename(path)}"
-            with tqdm(
-                total=size,
-                unit="B",
-                unit_scale=True,
-                desc=desc,
-                disable=not progress,
-                delay=PROGRESS_DELAY,
-                leave=False,
+            with progress_bar(
+                size, unit="B", unit_scale=True, desc=desc, disable=not progress, delay=PROGRESS_DELAY
             ) as bar:
                 while chunk := f.read(CHUNK):
                     bar.update(len(chunk))
@@ -109,14 +116,19 @@ def shown(value, limit=40):
 def parse_label(value):
     """The class number a label holds, or None when it is not an integer: an int (not a bool), a
     float with no fraction, or text that reads as one (`1`, `-1`, `1.0`; exactly, so that
-    `1.0000000000000001` is not 1). Text of an integer with MAX_LABEL_DIGITS digits or more raises
-    _HugeLabel before it becomes a huge int."""
+    `1.0000000000000001` is not 1). An integer of MAX_LABEL_DIGITS digits or more, in any of these
+    forms (`2**63`, `1e30`, "1e30"), raises _HugeLabel: a text one before it becomes a huge int,
+    and none reaches the int64 array the labels are kept in."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
     if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value.is_integer() else None
+        if not math.isfinite(value) or not value.is_integer():
+            return None
+        value = int(value)
+    if isinstance(value, int):
+        if abs(value) >= LABEL_LIMIT:
+            raise _HugeLabel
+        return value
     if not isinstance(value, str) or "_" in value:
         return None
     try:
@@ -125,7 +137,7 @@ def parse_label(value):
         return None
     if not number.is_finite() or number != number.to_integral_value():
         return None
-    if number.adjusted() >= MAX_LABEL_DIGITS:
+    if number.adjusted() >= MAX_LABEL_DIGITS - 1:
         raise _HugeLabel
     return int(number)
 
@@ -150,7 +162,8 @@ def _label(value, path, line_no):
 
 
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark, skipped at a file's start (utf-8-sig)
-# how JSON's text is kept as UTF-8 bytes: a lone surrogate ("\ud800" is JSON) goes and comes back as it was
+# how a JSON id is kept as UTF-8 bytes: a lone surrogate ("\ud800" is JSON) goes and comes back as it
+# was (a piece holding one is refused: no vocab holds it)
 SURROGATES = "surrogatepass"
 
 
@@ -169,17 +182,19 @@ class _Lines:
     """The lines of a file as it is read (_chunks), each (its number from 1, its bytes without the
     break, the break): for a TSV a line ends at \r\n, \r or \n (as bytes.splitlines splits, and
     as the csv module's rules end one), for JSONL at \n alone; a byte-order mark at the start is
-    skipped. Once every line is read, `sha256` is the hex digest of the file's bytes."""
+    skipped. Once every line is read, `sha256` is the hex digest of the file's bytes and `size`
+    their number."""
 
     def __init__(self, path, what, jsonl, progress):
         self.path, self.what, self.jsonl, self.progress = path, what, jsonl, progress
-        self.sha256 = None
+        self.sha256, self.size = None, 0
 
     def __iter__(self):
         digest, line_no, start = hashlib.sha256(), 0, True
         pending = []  # the bytes read of a line not ended yet, kept in pieces: a long line is joined once
         for chunk in _chunks(self.path, self.what, self.progress):
             digest.update(chunk)
+            self.size += len(chunk)
             if start and sum(map(len, pending)) + len(chunk) < len(BOM):
                 pending.append(chunk)  # too short yet to tell a byte-order mark
                 continue
@@ -237,7 +252,13 @@ class _Store:
         self.id_ends.append(len(self.ids))
         if self.pieces:
             for piece in doc:
-                self.docs += piece.encode("utf-8", SURROGATES)
+                try:
+                    self.docs += piece.encode("utf-8")
+                except UnicodeEncodeError as error:  # JSON's "\ud800": SentencePiece cannot take it
+                    raise ValueError(
+                        f"{self.path} line {line_no}: piece {shown(piece)} holds a lone surrogate "
+                        f"(U+{ord(piece[error.start]):04X}), which is not text a vocab holds"
+                    ) from None
                 self.piece_ends.append(len(self.docs))
             self.doc_ends.append(len(self.piece_ends))
         else:
@@ -252,7 +273,7 @@ class _Store:
         if not self.pieces:
             return self.docs[start:end].decode("utf-8")
         bounds = [self.piece_ends[start - 1] if start else 0, *self.piece_ends[start:end]]
-        return [self.docs[a:b].decode("utf-8", SURROGATES) for a, b in itertools.pairwise(bounds)]
+        return [self.docs[a:b].decode("utf-8") for a, b in itertools.pairwise(bounds)]
 
     def review(self, k):
         id_ = self.ids[self.id_ends[k - 1] if k else 0 : self.id_ends[k]].decode("utf-8", SURROGATES)
@@ -334,19 +355,20 @@ def _read(path, what, jsonl, progress):
 
 def _add_nsmc(lines, store, path):
     """Parse an NSMC TSV's lines into `store`."""
-    lines = iter(lines)
+    rows = iter(lines)
     header = None
-    for line_no, raw, _ in lines:
+    for line_no, raw, _ in rows:
         text = _decode(raw, path, line_no)
         if text.strip():
             header = text
             break
-    if header is None or tuple(h.strip() for h in header.split("\t")) != TSV_COLUMNS:
-        got = None if header is None else ", ".join(header.split("\t"))
-        got = got if got is None else cut(got, 80)
+    if header is None:
+        raise ValueError(f"{lines.what} {path} is empty{' (only white space)' if lines.size else ''}")
+    if tuple(h.strip() for h in header.split("\t")) != TSV_COLUMNS:
+        got = cut(", ".join(header.split("\t")), 80)
         raise ValueError(f"{path}: expected a TSV header with columns {', '.join(TSV_COLUMNS)}, got {got}")
     before = b"\n"  # the break before the line
-    for line_no, raw, end in lines:
+    for line_no, raw, end in rows:
         text = _decode(raw, path, line_no)
         if text.strip():
             if "\0" in text:
@@ -463,14 +485,21 @@ def infer_classes(reviews, source):
         raise ValueError(
             f"{_where(review, source)}: review {cut(review.id)} has label {review.label}; classes are 0, 1, ..."
         )
-    present = set(labels)
-    n_classes = max(present) + 1
-    if len(present) < n_classes:
-        absent = list(itertools.islice((c for c in range(n_classes) if c not in present), 3))
-        more = n_classes - len(present) - len(absent)
+    n_classes = max(labels) + 1
+    absent = absent_classes(labels, n_classes)
+    if absent:
         raise ValueError(
-            f"{source}: labels go up to {n_classes - 1} but no review has label {', '.join(map(str, absent))}"
-            f"{f' or {more} more' if more else ''}; to infer the classes, the labels must be 0..K-1 with "
-            "every class present"
+            f"{source}: labels go up to {n_classes - 1} but no review has label {absent}; to infer the classes, "
+            "the labels must be 0..K-1 with every class present"
         )
     return n_classes
+
+
+def absent_classes(labels, n_classes, shown=3):
+    """The classes 0..n_classes-1 that none of `labels` (an iterable of int) is, for a message ("1",
+    "1, 2, 4 or 5 more"), or "" when each is one. It looks at no more classes than there are labels
+    and `shown`."""
+    present = {label for label in set(labels) if 0 <= label < n_classes}
+    first = list(itertools.islice((c for c in range(n_classes) if c not in present), shown))
+    more = n_classes - len(present) - len(first)
+    return ", ".join(map(str, first)) + (f" or {more} more" if more else "")

@@ -9,14 +9,15 @@ import os
 from array import array
 
 import torch
-from tqdm.auto import tqdm
 
 from fastformer.data.files import PROGRESS_DELAY, cut, read_reviews
 from fastformer.data.vocab import BOS, UNK
+from fastformer.progress import progress_bar
 
 # The share of a JSONL file's pieces that may be missing from the vocab: its own text's pieces are
 # all there (SentencePiece made them), so far more than none means another vocab made them
 MAX_UNKNOWN = 0.2
+OTHER_VOCAB = "Give the one they were tokenized with (--vocab)"  # MovieDataSet's advice for them, train's
 
 
 class MovieDataSet(torch.utils.data.Dataset):
@@ -27,10 +28,11 @@ class MovieDataSet(torch.utils.data.Dataset):
     longer than `max_len` (the model's n_enc_seq) are truncated. The ids are kept end to end in one
     int32 array with the offset where each review's end (4 bytes a token, where a list of Python
     ints takes 8 to 36). Pieces of which more than MAX_UNKNOWN are not in the vocab raise
-    ValueError: they were made with another vocab, and the model would read [UNK] for them.
+    ValueError: they were made with another vocab, and the model would read [UNK] for them; `advice`
+    ends its message, saying what to do (the caller's options: `train`'s --vocab, `evaluate`'s --test).
     """
 
-    def __init__(self, vocab, source, max_len=None, progress=True, name=None):
+    def __init__(self, vocab, source, max_len=None, progress=True, name=None, advice=OTHER_VOCAB):
         self.vocab = vocab
         is_file = isinstance(source, (str, os.PathLike))
         reviews = read_reviews(source, progress=progress) if is_file else source
@@ -38,15 +40,15 @@ class MovieDataSet(torch.utils.data.Dataset):
         desc = f"Encoding {os.path.basename(source)}" if is_file else "Encoding"
         self.labels, self.ids, self.ends = array("q"), array("i"), array("q")
         n_pieces, unknown = 0, []  # pieces given (JSONL), and those the vocab does not hold
-        bar = tqdm(
-            total=len(reviews), desc=desc, unit=" reviews", disable=not progress, leave=False, delay=PROGRESS_DELAY
-        )
+        bar = progress_bar(total=len(reviews), desc=desc, unit=" reviews", disable=not progress, delay=PROGRESS_DELAY)
         with bar:
             for batch in _batches(reviews, ENCODE_BATCH):
                 texts = [review.doc for review in batch if isinstance(review.doc, str)]
                 encoded = iter(vocab.encode(texts, out_type=int) if texts else ())
                 for review in batch:
-                    if not isinstance(review.label, numbers.Integral) or isinstance(review.label, bool):
+                    # a negative label is no class (and -100 would be cross_entropy's ignore_index, left
+                    # out of the loss without a word); one past int64 does not fit the labels' array
+                    if not _is_class_number(review.label):
                         raise ValueError(
                             f"review {review.id}: label must be an integer class number 0, 1, ..., got {review.label!r}"
                         )
@@ -67,7 +69,7 @@ class MovieDataSet(torch.utils.data.Dataset):
             raise ValueError(
                 f"{name}: {len(unknown) / n_pieces:.0%} of the SentencePiece pieces ({len(unknown):,} of "
                 f"{n_pieces:,}: {cut(examples, 60)}) are not in the vocab, and the model would read them as "
-                "[UNK]: were they made with another vocab? Give the one they were tokenized with (--vocab)"
+                f"[UNK]: were they made with another vocab? {advice}"
             )
 
     def __len__(self):
@@ -86,6 +88,11 @@ class MovieDataSet(torch.utils.data.Dataset):
 
 
 ENCODE_BATCH = 4096  # reviews encoded by one call of the vocab
+
+
+def _is_class_number(label):
+    """Whether a label is a class number 0, 1, ... that an int64 holds (not a bool)."""
+    return isinstance(label, numbers.Integral) and not isinstance(label, bool) and 0 <= label < 2**63
 
 
 def _batches(reviews, size):

@@ -2,13 +2,13 @@
 
 import io
 import itertools
+import os
 import re
 import threading
 import time
 
-from tqdm.auto import tqdm
-
 from fastformer.data.files import PROGRESS_DELAY, check_file
+from fastformer.progress import progress_bar
 
 # (id, piece) of the four control symbols, as the tutorial trains them; then three user symbols.
 PAD, UNK, BOS, EOS = (0, "[PAD]"), (1, "[UNK]"), (2, "[BOS]"), (3, "[EOS]")
@@ -86,11 +86,12 @@ def train_vocab(texts, model_file, n_pieces=8000, progress=False):
 
 class _Progress:
     """train_vocab's progress bar: the texts SentencePiece has read, then, while it trains (it lets
-    go of the GIL), the time the training has taken, refreshed every second by a thread. Shown
-    after PROGRESS_DELAY seconds, gone when the training ends."""
+    go of the GIL), the time the training has taken, refreshed every second by a thread (in a log,
+    fastformer.progress writes a line of it now and then). Shown after PROGRESS_DELAY seconds, gone
+    when the training ends."""
 
     def __init__(self, enabled):
-        self.bar = tqdm(desc="Vocab: reading", unit=" texts", disable=not enabled, leave=False, delay=PROGRESS_DELAY)
+        self.bar = progress_bar(desc="Vocab: reading", unit=" texts", disable=not enabled, delay=PROGRESS_DELAY)
         self.done = threading.Event()
         self.ticker = None
 
@@ -124,8 +125,22 @@ class _Progress:
         self.bar.close()
 
 
+def check_utf8_path(path, what):
+    """Raise ValueError unless `path` is UTF-8 text: SentencePiece takes the path of a vocab as
+    UTF-8, and a name with bytes that are not (os.fsdecode's surrogate escapes on Linux) cannot
+    reach it. `what` names the path ("vocab file", "run directory")."""
+    try:
+        os.fsdecode(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"the {what} path {os.fsencode(path)!r} is not UTF-8: SentencePiece reads a vocab by a UTF-8 path, "
+            f"so the path of a {what} must be UTF-8; rename it"
+        ) from None
+
+
 def load_vocab(model_file):
     """Load a SentencePiece model and check it has the tutorial's special symbols at their ids."""
+    check_utf8_path(model_file, "vocab file")
     check_file(model_file, "vocab file")
     vocab = _spm().SentencePieceProcessor()
     try:

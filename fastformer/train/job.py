@@ -30,6 +30,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
@@ -71,6 +72,7 @@ from fastformer.train.run import (
 from fastformer.train.rundir import (
     LOCK,
     RUNS,
+    check_run_json,
     create_run_dir,
     last_checkpoint_message,
     load_run,
@@ -80,7 +82,9 @@ from fastformer.train.rundir import (
     publish,
     resolve_run,
     save_checkpoint,
+    shell_word,
     still_training,
+    unfinished,
     write_file,
     write_json,
 )
@@ -245,7 +249,7 @@ def _train(run):
         f"test accuracy {metrics['test_accuracy']:.4f} on {len(data.test)} reviews{stopped}; run saved in {run.run_dir}"
     )
     if stopped:
-        run.log(f"`fastformer train --resume {run.run_dir}` continues it")
+        run.log(f"`fastformer train --resume {shell_word(run.run_dir)}` continues it")
     return metrics
 
 
@@ -515,8 +519,10 @@ def _train_epochs(trainer, run):
     except OSError as error:
         raise OSError(f"{error}; {last_checkpoint_message(last)}") from None
     except KeyboardInterrupt:
+        if run.launch.rank != 0:  # rank 0 alone saves, so it alone knows the last checkpoint, and says it
+            raise KeyboardInterrupt() from None
         raise KeyboardInterrupt(
-            f"{last_checkpoint_message(last)}; `fastformer train --resume {run.run_dir}` continues"
+            f"{last_checkpoint_message(last)}; `fastformer train --resume {shell_word(run.run_dir)}` continues"
         ) from None
     return trainer.history
 
@@ -666,12 +672,20 @@ def evaluate_run(
     with backend.use_backend(backend_name):
         config, vocab, model, info = load_run(run, device)
         _say_if_training(run, log)
-        test = test or info.get("test")
+        if test is None:
+            check_run_json(os.path.join(run, "run.json"), info, required=("test",))
+            test = info["test"]
         if test is None:
             raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
         reviews = read_reviews(test, "test", progress=True)
         check_labels(reviews, config.n_output, f"test file {test}")
-        dataset = MovieDataSet(vocab, reviews, max_len=config.n_enc_seq, name=f"test file {test}")
+        dataset = MovieDataSet(
+            vocab,
+            reviews,
+            max_len=config.n_enc_seq,
+            name=f"test file {test}",
+            advice="evaluate reads them with the run's vocab.model: give --test a file of texts, or of its pieces",
+        )
         bucket = config.n_enc_seq if replay else None  # a graph a bucket length, not a review length
         loader = torch.utils.data.DataLoader(
             dataset,
@@ -720,10 +734,11 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
 
 def _run_dir(run, log):
     """The run directory `run` names (run_dir.resolve_run: "last" is the run runs/latest points at),
-    said when it is not `run` itself."""
+    said when it is not `run` itself, with why it is not a finished run where it is not one."""
     found = resolve_run(run)
     if found != run:
-        log(f"run {found} ({RUNS}/latest)")
+        note = unfinished(found)
+        log(f"run {found} ({RUNS}/latest){f': {note}' if note else ''}")
     return found
 
 
@@ -731,6 +746,31 @@ def _say_if_training(run, log):
     note = still_training(run)
     if note is not None:
         log(f"note: {note}; its model.pt is that checkpoint's")
+
+
+@contextlib.contextmanager
+def _still_running(what, log, enabled, every=15.0):
+    """While the block runs (when `enabled`), a line every `every` seconds saying that `what` still
+    runs and for how long, then one with the time it took: the progress of a pass that takes
+    minutes, as one through Triton's interpreter does."""
+    if not enabled:
+        yield
+        return
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def tick():
+        while not done.wait(every):
+            log(f"  ...      {what} still running, {time.perf_counter() - start:.0f} s")
+
+    ticker = threading.Thread(target=tick, name=f"fastformer-{what}-progress", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+    log(f"  ...      {what} done in {time.perf_counter() - start:.1f} s")
 
 
 def demo(*, device=None, backend_name="auto", amp="auto", batch_size=8, seq_len=64, seed=0, log=print):
@@ -772,12 +812,19 @@ def demo(*, device=None, backend_name="auto", amp="auto", batch_size=8, seq_len=
             f"padded to {seq_len}"
         )
 
+        interpreted = uses_triton and kernels.INTERPRET
+        if interpreted:
+            log(
+                "  note     the Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1): minutes on a "
+                "CPU at this size (--batch-size 2 --seq-len 16 is quicker); each pass says how long it has run"
+            )
         model.train()
         start = time.perf_counter()
-        with autocast(device, amp):
+        with _still_running("forward", log, interpreted), autocast(device, amp):
             logits = model(enc_inputs, dec_inputs)[0]
             loss = torch.nn.functional.cross_entropy(logits, labels)
-        loss.backward()
+        with _still_running("backward", log, interpreted):
+            loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start

@@ -7,7 +7,8 @@
   lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
 - `sequence_cross_entropy`: cross-entropy over sequence outputs that ignores padding positions.
 - `train_epoch` / `evaluate`: the tutorial's train_epoch and eval_epoch for MovieClassification,
-  with tqdm bars showing loss, accuracy and tokens/s, and optional autocast. `train_epoch` raises
+  with progress bars showing loss, accuracy and tokens/s (fastformer.progress: tqdm's on a
+  terminal, a line now and then in a log), and optional autocast. `train_epoch` raises
   NonFiniteLossError when a loss is NaN or infinite. In a torchrun job their figures are summed
   over the processes and only rank 0 shows bars. Given `graphs` (a fastformer.train.graphs.GraphedSteps),
   both replay CUDA graphs of their steps instead of running them eagerly.
@@ -20,10 +21,10 @@ import time
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from fastformer.data.reviews import movie_collate_fn
 from fastformer.data.vocab import BOS
+from fastformer.progress import progress_bar
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -213,7 +214,7 @@ def train_epoch(
     window = []  # the losses since the last refresh, read back only when one is not finite
     n_steps = len(loader) if max_steps is None else min(len(loader), max_steps)
     start = time.perf_counter()
-    with tqdm(total=n_steps, desc=desc, unit=" batch", leave=False, disable=not _is_main_process()) as bar:
+    with progress_bar(total=n_steps, desc=desc, unit=" batch", disable=not _is_main_process()) as bar:
         for labels, enc_inputs, dec_inputs in loader:
             if steps == n_steps:
                 break
@@ -277,7 +278,7 @@ def evaluate(model, loader, *, device, amp="off", desc="Valid", graphs=None):
     total_loss = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     seen = 0
-    with tqdm(total=len(loader), desc=desc, unit=" batch", leave=False, disable=not _is_main_process()) as bar:
+    with progress_bar(total=len(loader), desc=desc, unit=" batch", disable=not _is_main_process()) as bar:
         for labels, enc_inputs, dec_inputs in loader:
             labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
             if graphs is None:

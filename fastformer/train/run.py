@@ -25,16 +25,18 @@ import argparse
 import collections.abc
 import contextlib
 import dataclasses
+import itertools
 import numbers
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from fastformer.config import BYTES_TO_BUILD, BYTES_TO_TRAIN, TUTORIAL, Config, check_fits, host_memory, size_text
 from fastformer.data import demo, rotten_tomatoes
-from fastformer.data.files import check_labels, infer_classes, read_reviews
+from fastformer.data.files import absent_classes, check_labels, cut, infer_classes, read_reviews
 from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
 from fastformer.environment import BACKEND_ENV, BACKENDS, triton_available, under_torchrun
 from fastformer.train.checks import (
@@ -61,6 +63,7 @@ from fastformer.train.rundir import (
     load_config,
     load_run_files,
     load_run_json,
+    shell_word,
     writing,
 )
 
@@ -432,7 +435,22 @@ def check_texts(texts):
             raise ValueError(
                 f"text {i + 1} of {len(texts)} ({text!r}) is empty or only whitespace: nothing to classify"
             )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"text {i + 1} of {len(texts)} ({cut(text)!r}) is not UTF-8: {_not_text(text[error.start])} at "
+                f"character {error.start + 1}; give the text in UTF-8"
+            ) from None
     return texts
+
+
+def _not_text(char):
+    """What a surrogate in a str stands for: a byte that was not UTF-8 (how Python reads such a byte
+    of a command line, os.fsdecode's surrogateescape), or a lone surrogate."""
+    if "\udc80" <= char <= "\udcff":
+        return f"byte 0x{ord(char) - 0xDC00:02x}"
+    return f"a lone surrogate U+{ord(char):04X}"
 
 
 def check_demo_options(device, backend_name, amp, batch_size, seq_len, seed):
@@ -485,7 +503,7 @@ def check_world_size(resume, previous, launch):
         how = f"torchrun --nproc_per_node {trained_on} -m fastformer train" if trained_on > 1 else "fastformer train"
         raise ValueError(
             f"--resume {resume}: the run trained on {trained_on} process(es), this job has {launch.world_size}; "
-            f"continue it with `{how} --resume {resume}`"
+            f"continue it with `{how} --resume {shell_word(resume)}`"
         )
 
 
@@ -570,6 +588,8 @@ def check_inputs(options):
     if inputs.vocab is None:
         _check_vocab_to_train(inputs.run_options, inputs.config, data.train)
     _check_fits_host(options, inputs.config, inputs.vocab, data.n_classes)
+    if not resuming:
+        _check_every_class(inputs.run_options, inputs.config, data)
     # the classes the data settled are the run's n_output
     run_options = dataclasses.replace(inputs.run_options, n_output=data.n_classes)
     return inputs._replace(run_options=run_options, data=data, digests=digests, modes=modes, started=started)
@@ -612,6 +632,11 @@ def _new_run(options, writes):
     # batch size, whose default depends on the device (settle)
     given = {name: getattr(options, name) for name in RUN_OPTIONS}
     using_demo = given["train"] is None
+    if using_demo and given["test"] is not None:
+        raise ValueError(
+            f"--test {given['test']} needs --train: without --train the run trains and tests on the embedded "
+            "demo set; pass --train FILE too"
+        )
     if using_demo:
         given.update(train=demo.TRAIN_FILE, test=demo.TEST_FILE)
     run_options = {name: DEFAULTS.get(name) if value is None else value for name, value in given.items()}
@@ -623,6 +648,8 @@ def _new_run(options, writes):
     if config is not None:
         check_decoder_vocab(config, f"--config {options.config}")
     vocab = load_vocab(options.vocab) if options.vocab is not None else None
+    if vocab is not None:
+        check_vocab_size_given(options.vocab_size, vocab, options.vocab)
     if vocab is not None and config is not None:
         check_vocab_matches(vocab, config, "--vocab")
     run_dir = options.out or default_out()
@@ -641,6 +668,17 @@ def _new_run(options, writes):
         previous=None,
         using_demo=using_demo,
     )
+
+
+def check_vocab_size_given(vocab_size, vocab, vocab_file):
+    """--vocab-size is the size of a vocab to train: beside --vocab, whose pieces are its own, it
+    must be that vocab's (its pieces besides the N_SPECIAL special ones), or it would be dropped."""
+    has = vocab.get_piece_size() - N_SPECIAL
+    if vocab_size is not None and vocab_size != has:
+        raise ValueError(
+            f"--vocab-size {vocab_size} and --vocab {vocab_file}: --vocab-size is the size of a vocab to train, and "
+            f"the vocab given has {has:,} pieces besides the {N_SPECIAL} special ones; leave --vocab-size out"
+        )
 
 
 def check_decoder_vocab(config, what):
@@ -712,22 +750,35 @@ def _check_same_data(resume, previous, run_options, digests):
 def read_data(options, config, resuming):
     """The run's reviews from its `options` (RunOptions), their labels checked against the classes:
     the config's (always under --resume), inferred with n_output "auto", else n_output or the
-    tutorial's 2. Without a test file, 10% of the train reviews are held out. Sets n_output in
-    `config` (None: the default config, built later). Returns the Data and the sha256 of each data
-    file ({"train": ..., "test": ... or None}), from the pass that read it."""
+    tutorial's 2. Without a test file, 10% of the train reviews are held out. A new run's test file
+    must not be its train file (by a link, or a copy of its bytes), and its classes must be two or
+    more (that its train reviews hold each, _check_every_class checks once the model is known to
+    fit). Sets n_output in `config` (None: the default config, built later). Returns the Data and
+    the sha256 of each data file ({"train": ..., "test": ... or None}), from the pass that read it."""
     train, test = options.train, options.test
-    if test is not None and not resuming and test == train:
-        raise ValueError("--test is the same file as --train")
+    if test is not None and not resuming:
+        _check_not_train_file(train, test)
     train_reviews = read_reviews(train, "train", progress=True)
     test_reviews = read_reviews(test, "test", progress=True) if test is not None else None
     # the files' sha256, from the same pass as their reviews
     digests = {"train": train_reviews.sha256, "test": test_reviews and test_reviews.sha256}
+    if test is not None and not resuming and digests["test"] == digests["train"]:
+        raise ValueError(
+            f"--test {test} holds the same bytes as --train {train} (sha256 {digests['train'][:12]}...): its "
+            "accuracy would be the training accuracy; pass a file of other reviews, or leave --test out to hold "
+            "out 10% of --train"
+        )
     if config is not None and (resuming or options.n_output is None):
         n_classes = config.n_output
     elif options.n_output == "auto":
         n_classes = infer_classes(train_reviews, f"train file {train}")
     else:
         n_classes = options.n_output or TUTORIAL["n_output"]
+    if n_classes < 2 and not resuming:
+        raise ValueError(
+            f"train file {train}: {_classes_from(options, config, n_classes)} gives {n_classes} class; a classifier "
+            "needs 2 or more (with one, every answer is right and the accuracy is 1.0 whatever the model learns)"
+        )
     hint = "" if resuming else "; pass --n-output with the number of classes, or --n-output auto"
     for reviews, source in ((train_reviews, f"train file {train}"), (test_reviews, f"test file {test}")):
         if reviews is None:  # no test file: the test reviews are held out of the train reviews
@@ -741,6 +792,48 @@ def read_data(options, config, resuming):
     if config is not None:
         config.n_output = n_classes
     return Data(train_reviews, test_reviews, n_classes), digests
+
+
+def _classes_from(options, config, n_classes):
+    """What set a new run's number of classes, for messages."""
+    if config is not None and options.n_output is None:
+        return f"config.n_output of --config {options.config}"
+    if options.n_output == "auto":
+        return "--n-output auto, from its labels,"
+    return f"--n-output {n_classes}" if options.n_output else f"the default n_output, {n_classes}"
+
+
+def _check_every_class(options, config, data):
+    """A new run's train reviews must hold every class (a resumed run's were checked when it
+    started): a class no review has is never learnt, and its test accuracy says nothing of it. So
+    must the train reviews left once the test split is held out of them (no --test)."""
+    n_classes, train_labels = data.n_classes, data.train.labels
+    split = options.test is None
+    absent = absent_classes(itertools.chain(train_labels, data.test.labels) if split else train_labels, n_classes)
+    if absent:
+        raise ValueError(
+            f"train file {options.train} has no review of label {absent}, of the {n_classes} classes "
+            f"0..{n_classes - 1} ({_classes_from(options, config, n_classes)}): the model would never learn it; add "
+            "reviews of that label, or pass --n-output with the number of classes the file has"
+        )
+    absent = absent_classes(train_labels, n_classes) if split else ""
+    if absent:
+        raise ValueError(
+            f"holding out 10% of train file {options.train} as the test split left no review of label {absent} to "
+            "train on; pass --test FILE, or add reviews of that label"
+        )
+
+
+def _check_not_train_file(train, test):
+    """--test must not be --train by another name: a symlink, a hard link or the same path (a copy
+    of its bytes is refused once both are read). A path that is not there is the readers' to report."""
+    with contextlib.suppress(OSError):
+        if os.path.samefile(train, test):
+            how = "" if os.path.abspath(train) == os.path.abspath(test) else " by another name (a link)"
+            raise ValueError(
+                f"--test {test} is the same file as --train {train}{how}: its accuracy would be the training "
+                "accuracy; pass a file of other reviews, or leave --test out to hold out 10% of --train"
+            )
 
 
 def _split(reviews, fraction, seed):
@@ -848,6 +941,7 @@ def settle(inputs, log):
         run_options = dataclasses.replace(run_options, batch_size=DEFAULT_BATCH_SIZE[device.type])
     amp = runtime.resolve_amp(options.amp, device)
     modes, eager = settle_steps(modes, device, amp, launch.distributed)
+    _warn_without_kernels(options, device, amp)
     return Run(
         inputs,
         run_options,
@@ -859,6 +953,29 @@ def settle(inputs, log):
         log=log if launch.rank == 0 else runtime.quiet,
         checkpoint=checkpoint,
         epochs=inputs.epochs,
+    )
+
+
+def _warn_without_kernels(options, device, amp):
+    """--autotune and --precompile act on the Triton kernels compiled for a GPU: a warning where they
+    would do nothing, the model running the PyTorch reference, or the kernels in Triton's
+    interpreter (which compiles nothing ahead and tries one config)."""
+    from fastformer import kernels
+    from fastformer.train.runtime import kernels_in_use
+
+    given = [name for name, on in (("--autotune", options.autotune), ("--precompile", options.precompile)) if on]
+    if not given:
+        return
+    if kernels_in_use(device, amp) != "triton":
+        where = "the model runs the PyTorch reference"
+    elif kernels.INTERPRET:
+        where = "the kernels run in Triton's interpreter"
+    else:
+        return
+    warnings.warn(
+        f"{' and '.join(given)} {'do' if len(given) > 1 else 'does'} nothing here: on {device} with --backend "
+        f"{options.backend_name} and amp {amp} {where}, with nothing to compile ahead or tune",
+        stacklevel=3,
     )
 
 

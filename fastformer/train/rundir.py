@@ -6,7 +6,8 @@ A run directory holds everything needed to use or continue the model:
     vocab.model     the SentencePiece vocab
     run.json        data files, options, device, backend and amp, and those of each --resume; the
                     sha256 of the data files, of vocab.model and of config.json, which evaluate,
-                    predict and --resume check (check_pinned)
+                    predict and --resume check (check_pinned); each of them checks the whole file
+                    against RUN_JSON first (load_run_json)
     checkpoint-N/   the checkpoint after epoch N: model.pt and trainer.pt (optimizer, schedule, scaler,
                     step, metrics so far, RNG states), written together as one directory
     checkpoint-N-step-K/  the same, taken inside epoch N after K of its steps (a run stopped by
@@ -33,7 +34,9 @@ that is a run is never taken for one (checkpoints). Every file is written throug
 and synced (write_file), and read with one-line errors naming the file.
 
 A run made in runs/ (the default place) is linked from runs/latest when its job starts or resumes
-it (mark_latest), and `--run last` names the run that link points at (resolve_run).
+it (mark_latest), and `--run last` names the run that link points at (resolve_run), saying so
+when that run did not finish (unfinished). A run directory's path must be UTF-8 (SentencePiece
+reads its vocab.model by path), and a symlink loop is named as one, not as a path not found.
 
 torch is imported only by the functions that read or write tensors, so that `fastformer train`
 checks the run directory before it imports torch.
@@ -41,18 +44,33 @@ checks the run directory before it imports torch.
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import time
+from typing import NamedTuple
 
 from fastformer.config import Config, check_config, read_json_object
 from fastformer.data.files import check_file, file_sha256
-from fastformer.data.vocab import check_vocab_matches, load_vocab
-from fastformer.train.checks import DEVICE_NAME, check_values
+from fastformer.data.vocab import check_utf8_path, check_vocab_matches, load_vocab
+from fastformer.train.checks import (
+    COUNT,
+    DEVICE_NAME,
+    LR,
+    N_OUTPUT,
+    PATH,
+    SEED,
+    VOCAB_SIZE,
+    WARMUP,
+    WEIGHT_DECAY,
+    Check,
+    check_values,
+)
 
 RUN_FILES = ("config.json", "vocab.model", "run.json")  # a run directory has these from its start
 CHECKPOINT = re.compile(r"checkpoint-(\d+)(?:-step-(\d+))?")
@@ -77,6 +95,52 @@ def _reason(error):
 def _remove(path):
     with contextlib.suppress(FileNotFoundError):
         os.remove(path)
+
+
+def symlink_loop(path):
+    """Whether following `path`'s symbolic links comes back to a link (os.stat fails with ELOOP,
+    and os.path.exists says False, as it does of a path with nothing there)."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        return error.errno == errno.ELOOP
+    return False
+
+
+def check_link(path, what):
+    """Raise OSError when `path` is a symlink loop, FileNotFoundError when it is a symbolic link to
+    nothing, `what` naming it: not "not found", which is what os.path.exists alone would say."""
+    if symlink_loop(path):
+        raise OSError(f"{what} is a symlink loop: following its links comes back to a link")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise FileNotFoundError(f"{what} is a symlink to {os.readlink(path)}, which is not there")
+
+
+_C_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}  # as $'...' writes them
+
+
+def shell_word(path):
+    """`path` as one word that a shell reads back as `path`, on one line, for a command the job
+    says to run: shlex.quote's form, or where the path has a character that does not print (a
+    newline, which would also cut a one-line message) bash's $'...' form, which zsh and ksh read
+    too. A byte that is not UTF-8 (os.fsdecode's surrogate escape) is written as that byte."""
+    path = os.fspath(path)
+    if path.isprintable():
+        return shlex.quote(path)
+
+    def escaped(c):
+        if c in "\\'":
+            return "\\" + c
+        if c.isprintable():
+            return c
+        if c in _C_ESCAPES:
+            return _C_ESCAPES[c]
+        code = ord(c)
+        if 0xDC80 <= code <= 0xDCFF:
+            return f"\\x{code - 0xDC00:02x}"
+        return f"\\x{code:02x}" if code < 0x80 else f"\\U{code:08x}"
+
+    return "$'" + "".join(escaped(c) for c in path) + "'"
 
 
 def write_file(path, write, binary=True):
@@ -226,17 +290,45 @@ def mark_latest(run_dir):
 def resolve_run(run):
     """The run directory `run` names: itself, or for "last" (where nothing of that name is in the
     working directory) the run runs/latest points at, the one `fastformer train` started or resumed
-    last under runs/ (mark_latest). FileNotFoundError when there is no runs/latest."""
+    last under runs/ (mark_latest). FileNotFoundError when there is no runs/latest, or it links to
+    nothing; OSError when it is a symlink loop."""
     if run != LAST or os.path.lexists(run):
         return run
     link = os.path.join(RUNS, LATEST)
     if os.path.islink(link):
+        check_link(link, f"--run {LAST}: {link}")
         return os.path.join(RUNS, os.readlink(link))
     if os.path.isdir(link):  # a run named `latest`
         return link
     raise FileNotFoundError(
         f"--run last: no {link} in {os.getcwd()} (`fastformer train` links it to the run it starts under "
         f"{RUNS}/, as it does by default); name the run directory"
+    )
+
+
+def unfinished(run_dir):
+    """Why the run in `run_dir` is not a finished one, in words: it is still being trained, or it
+    stopped before its epochs were done (Ctrl-C, a kill, --max-steps), and the checkpoint it stopped
+    at, which its model.pt is. None when it finished, and when its files cannot tell (what is
+    wrong with them is the readers' checks' to say). A run is finished when its latest checkpoint
+    is checkpoint-N with N the epochs run.json says it has in total (each --resume sets them)."""
+    try:
+        epochs, found = load_run_json(run_dir).get("epochs"), checkpoints(run_dir)
+    except (OSError, ValueError):
+        return None
+    holder = writer(run_dir)
+    if holder is not None:
+        newest = os.path.basename(found[-1][1]) if found else "none yet"
+        return f"this run is still training ({holder}); its newest checkpoint is used ({newest})"
+    if not found or epochs is None:
+        return None
+    (done, step), path = found[-1]
+    if step == 0 and done >= epochs:
+        return None
+    where = f"step {step} of epoch {done + 1}" if step else f"epoch {done}"
+    return (
+        f"this run did not finish (stopped after {where} of {epochs}; its last checkpoint, "
+        f"{os.path.basename(path)}, is used)"
     )
 
 
@@ -340,43 +432,101 @@ def load_checkpoint(path):
 
 
 def load_run_json(run_dir, required=()):
-    """The run.json of a run directory, after checking that it is one and that the file has the
-    `required` keys."""
+    """The run.json of a run directory, after checking that it is one, that its path is UTF-8, and
+    that the file is what RUN_JSON says, with the `required` keys."""
+    check_utf8_path(run_dir, "run directory")
+    check_link(run_dir, f"run directory {run_dir}")
     if not os.path.isdir(run_dir):
         if os.path.exists(run_dir):
             raise ValueError(f"{run_dir} is a file, not a run directory")
         raise FileNotFoundError(f"run directory not found: {run_dir}")
+    for name in RUN_FILES:
+        check_link(os.path.join(run_dir, name), os.path.join(run_dir, name))
     missing = [f for f in RUN_FILES if not os.path.isfile(os.path.join(run_dir, f))]
     if missing:
         raise ValueError(f"{run_dir} is not a fastformer run directory (missing {', '.join(missing)})")
     path = os.path.join(run_dir, "run.json")
     run_info = read_json_object(path, "run file")
-    missing = [key for key in required if key not in run_info]
-    if missing:
-        raise ValueError(f"{path} lacks {', '.join(missing)}")
-    check_run_json_types(path, run_info)
+    check_run_json(path, run_info, required)
     return run_info
 
 
+# run.json, checked as a whole by load_run_json before --resume, evaluate or predict reads a key of
+# it: a value of a JSON type or a range the job cannot use is one line naming its key (nested:
+# `data_sha256.train`, `resumed[0].epochs`), never a check skipped or a Python error further on.
+# A key absent is not refused here (a run.json written before the key was lacks it): each reader
+# names the keys it cannot do without (load_run_json's `required`). A key RUN_JSON does not name is
+# allowed and left alone, so that a run written by a newer fastformer, with keys this one does not
+# know, stays readable.
+
 _INTEGER, _NUMBER, _TEXT, _FLAG, _NULL = "an integer", "a number", "a string", "true or false", "null"
-# The JSON types of the run.json keys the job reads, as the job writes them (a key absent is not checked)
-RUN_JSON_TYPES = {
-    "epochs": (_INTEGER,),
-    "demo_data": (_FLAG,),
-    "world_size": (_INTEGER,),
-    "dataset": (_TEXT, _NULL),
-    "train": (_TEXT, _NULL),
-    "test": (_TEXT, _NULL),
-    "vocab": (_TEXT, _NULL),
-    "config": (_TEXT, _NULL),
-    "vocab_size": (_INTEGER, _NULL),
-    "n_output": (_INTEGER, _TEXT, _NULL),
-    "batch_size": (_INTEGER,),
-    "lr": (_NUMBER,),
-    "warmup": (_NUMBER,),
-    "weight_decay": (_NUMBER,),
-    "seed": (_INTEGER,),
-    "bucket": (_FLAG,),
+_LIST, _OBJECT = "a list", "an object"
+
+
+class Value(NamedTuple):
+    """A run.json value that is not a list or an object: the JSON types it may have (an integer is
+    a number too) and the Check (fastformer.train.checks) whose rules a value other than null must
+    pass, or None."""
+
+    types: tuple
+    check: Check | None = None
+
+
+class ListOf(NamedTuple):
+    """A run.json list, each of whose items is `item` (a Value, or an object's {key: spec}); `what`
+    says what it is in words."""
+
+    item: object
+    what: str
+
+
+SHA256 = Check(None, (lambda value: re.fullmatch("[0-9a-f]{64}", value), "must be a sha256 (64 hex digits), got {!r}"))
+STEPS = Check(int, (lambda value: value >= 0, "must be 0 or more, got {}"))
+TEXT, FLAG = Value((_TEXT,)), Value((_FLAG,))
+FILE, FILE_OR_NULL = Value((_TEXT,), PATH), Value((_TEXT, _NULL), PATH)
+# what each session of a run (its start, and each --resume) records: fastformer.train.job._session
+SESSION = {
+    "fastformer": TEXT,
+    "epochs": Value((_INTEGER,), COUNT),
+    "max_steps": Value((_INTEGER, _NULL), COUNT),
+    "device": TEXT,
+    "backend": TEXT,
+    "kernels": TEXT,
+    "amp": TEXT,
+    "cuda_graphs": FLAG,
+    "compile": FLAG,
+    "pad_to_buckets": FLAG,
+    "precompile": FLAG,
+    "eager_because": Value((_TEXT, _NULL)),
+    "autotune": FLAG,
+    "world_size": Value((_INTEGER,), COUNT),
+}
+RUN_JSON = {
+    # the options that make the run what it is (fastformer.train.run.RunOptions), checked as the
+    # options are (fastformer.train.checks)
+    "train": FILE,
+    "test": FILE_OR_NULL,
+    "vocab": FILE_OR_NULL,
+    "vocab_size": Value((_INTEGER, _NULL), VOCAB_SIZE),
+    "config": FILE_OR_NULL,
+    "n_output": Value((_INTEGER, _TEXT), N_OUTPUT),
+    "batch_size": Value((_INTEGER,), COUNT),
+    "lr": Value((_NUMBER,), LR),
+    "warmup": Value((_NUMBER,), WARMUP),
+    "weight_decay": Value((_NUMBER,), WEIGHT_DECAY),
+    "bucket": FLAG,
+    "seed": Value((_INTEGER,), SEED),
+    # the session that started the run; its epochs are the run's in total, set again by each --resume
+    **SESSION,
+    "demo_data": FLAG,
+    "dataset": Value((_TEXT, _NULL)),
+    "label_names": ListOf(TEXT, "a list of strings"),  # one a class: load_run counts them
+    "data_sha256": {"train": Value((_TEXT,), SHA256), "test": Value((_TEXT, _NULL), SHA256)},
+    "resumed": ListOf(
+        {"from_epoch": Value((_INTEGER,), STEPS), "from_step": Value((_INTEGER,), STEPS), **SESSION},
+        "a list of objects (a --resume each)",
+    ),
+    **{key: Value((_TEXT,), SHA256) for key in PINNED.values()},
 }
 
 
@@ -392,21 +542,53 @@ def _json_type(value):
         return _NUMBER
     if isinstance(value, str):
         return _TEXT
-    return "a list" if isinstance(value, list) else "an object"
+    return _LIST if isinstance(value, list) else _OBJECT
 
 
-def check_run_json_types(path, run_info):
-    """Raise ValueError naming the first key of a run.json (RUN_JSON_TYPES) whose value is of a JSON
-    type the job cannot use (`"epochs": "2"`), with the type it has and the ones it may have; an
-    integer is a number too."""
-    for key, allowed in RUN_JSON_TYPES.items():
-        if key not in run_info:
-            continue
-        kind = _json_type(run_info[key])
-        if kind not in allowed and not (kind == _INTEGER and _NUMBER in allowed):
-            raise ValueError(
-                f"{path}: {key!r} must be {' or '.join(allowed)}, got {json.dumps(run_info[key])[:40]} ({kind})"
-            )
+def _expected(spec):
+    """What a value of `spec` (a Value, a ListOf or an object's {key: spec}) must be, in words."""
+    if isinstance(spec, Value):
+        return " or ".join(spec.types)
+    return spec.what if isinstance(spec, ListOf) else _OBJECT
+
+
+def check_run_json(path, run_info, required=()):
+    """Raise ValueError naming the first key of the run.json `run_info` (read from `path`) that is
+    not what RUN_JSON says, with what it must be, or the `required` keys it lacks."""
+    missing = [key for key in required if key not in run_info]
+    if missing:
+        lacks = ", ".join(f"{key!r} ({_expected(RUN_JSON[key])})" if key in RUN_JSON else repr(key) for key in missing)
+        raise ValueError(f"{path} lacks {lacks}, which `fastformer train` writes in every run.json")
+    _check_object(path, "", run_info, RUN_JSON)
+
+
+def _check_object(path, prefix, obj, table):
+    for key, spec in table.items():
+        if key in obj:
+            _check_value(path, f"{prefix}{key}", obj[key], spec)
+
+
+def _check_value(path, name, value, spec):
+    kind = _json_type(value)
+    if isinstance(spec, Value):
+        fits = kind in spec.types or (kind == _INTEGER and _NUMBER in spec.types)
+    else:
+        fits = kind == (_LIST if isinstance(spec, ListOf) else _OBJECT)
+    if not fits:
+        raise ValueError(f"{path}: {name!r} must be {_expected(spec)}, got {json.dumps(value)[:40]} ({kind})")
+    if isinstance(spec, ListOf):
+        for i, item in enumerate(value):
+            _check_value(path, f"{name}[{i}]", item, spec.item)
+    elif isinstance(spec, dict):
+        _check_object(path, f"{name}.", value, spec)
+    elif spec.check is not None and value is not None:
+        for valid, must in spec.check.rules:
+            try:
+                fits = valid(value)
+            except OverflowError:  # an integer too large for a float, where a number is asked for
+                fits = False
+            if not fits:
+                raise ValueError(f"{path}: {name!r} {must.format(value)}")
 
 
 def load_run_files(run_dir):
@@ -437,7 +619,11 @@ def check_out(run_dir):
     that stopped before its first checkpoint (which the new run replaces), and not inside another
     run directory (whose checkpoints it could be taken for, or hold). A symbolic link is followed:
     the run is written into its target, which must exist. Whether another job is writing it is
-    check_not_written's to say, and writing's to settle."""
+    check_not_written's to say, and writing's to settle. Its path must be UTF-8 (check_utf8_path):
+    readers load the run's vocab.model through it."""
+    check_utf8_path(run_dir, "run directory")
+    if symlink_loop(run_dir):
+        raise ValueError(f"--out {run_dir} is a symlink loop: following its links comes back to a link")
     if os.path.islink(run_dir) and not os.path.exists(run_dir):
         raise ValueError(f"--out {run_dir} is a symbolic link to {os.readlink(run_dir)}, which does not exist")
     real = os.path.realpath(run_dir)
@@ -619,6 +805,7 @@ def check_run_dir(run_dir):
     """The run.json of a run directory that holds a model to use, checked without torch: it has a
     model.pt (a run still training has none before its first checkpoint)."""
     info = load_run_json(run_dir)
+    check_link(os.path.join(run_dir, "model.pt"), os.path.join(run_dir, "model.pt"))
     if not os.path.isfile(os.path.join(run_dir, "model.pt")):
         holder = writer(run_dir)
         if holder is not None:
@@ -644,6 +831,12 @@ def load_run(run_dir, device=None):
     vocab = load_vocab(os.path.join(run_dir, "vocab.model"))
     check_vocab_matches(vocab, config)
     check_pinned(run_dir, info)
+    names = info.get("label_names")
+    if names is not None and len(names) != config.n_output:
+        raise ValueError(
+            f"{os.path.join(run_dir, 'run.json')}: 'label_names' has {len(names)} names, but the model has "
+            f"{config.n_output} classes (config.json's n_output): a name a class"
+        )
     model = MovieClassification(config)
     load_state_dict(model, _load_torch(model_file), model_file)
     return config, vocab, model.to(device).eval(), info

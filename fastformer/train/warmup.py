@@ -33,10 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from fastformer import kernels
 from fastformer.data.reviews import bucket_length
+from fastformer.progress import progress_bar
 from fastformer.train.loop import autocast
 from fastformer.train.runtime import kernels_in_use
 
@@ -70,7 +70,9 @@ def warm_up(model, shapes, *, device, amp="off", dec_len=1, train=True, evaluate
     start = time.perf_counter()
     workers = workers or len(os.sched_getaffinity(0))
     autotuning = kernels.autotune_enabled()
-    bar = tqdm(total=len(shapes) * (2 if autotuning else 1), unit="shape", disable=not progress, leave=False)
+    bar = progress_bar(
+        total=len(shapes) * (2 if autotuning else 1), desc="compiling kernels", unit="shape", disable=not progress
+    )
     with _model_kept(model, device):
         with CompileThreads(workers) as pool, triton.AsyncCompileMode(pool), kernels.compile_only():
             for i, shape in enumerate(shapes):
