@@ -6,8 +6,10 @@ command checks its options and files first, without torch (fastformer.train.run 
 that a mistake is reported in a fraction of a second; torch and Triton load after. Errors are one
 line on stderr: exit 2 for bad input (nothing is written), 1 when training stops on a NaN or
 infinite loss, 130 on Ctrl-C, and 128 + the signal's number when SIGTERM, SIGHUP, SIGQUIT or SIGUSR1
-stops it as Ctrl-C does (`train` names its last checkpoint). A reader that closes the pipe early
-(`fastformer predict ... | head -1`) ends the command quietly, with SIGPIPE's status, 141.
+stops it as Ctrl-C does (`train` names its last checkpoint). Options are spelt in full: `--epoch 1`
+is refused, not read as --epochs, and the one line names the nearest option (or command) and the
+help of the command that was given the typo. A reader that closes the pipe early (`fastformer
+predict ... | head -1`) ends the command quietly, with SIGPIPE's status, 141.
 `python -m fastformer` runs the same command, which is how torchrun starts it: `torchrun
 --nproc_per_node N -m fastformer train ...`.
 """
@@ -15,6 +17,7 @@ stops it as Ctrl-C does (`train` names its last checkpoint). A reader that close
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import os
 import re
 import signal
@@ -27,18 +30,61 @@ from fastformer.version import __version__
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line, like the command's other errors, and that
     reads `--lr -1e-3` as a value: argparse's own rule (Python 3.11's) takes only `-1` and `-.5` for
-    negative numbers, and anything else that starts with "-" for an option."""
+    negative numbers, and anything else that starts with "-" for an option. It takes no
+    abbreviation of an option, `--epoch 1` or `--epoch=1` for `--epochs 1`, and neither do the
+    subcommands' parsers, which add_subparsers makes of this class. A misspelt option or choice is
+    answered with the nearest one (difflib's), and an argument that a subcommand's options do not
+    take is reported by that subcommand, with its help and its options."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+        self._commands = None  # add_subparsers' action
+        self._near = None  # for error()'s hint: the option or choice nearest to one given wrong
+
+    def add_subparsers(self, **kwargs):
+        self._commands = super().add_subparsers(**kwargs)
+        return self._commands
 
     def parse_known_args(self, args=None, namespace=None):
         self._given = list(sys.argv[1:] if args is None else args)  # for error()'s hint
+        self._near = None
         return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:  # the subcommand's parser left them: it names its own help and options
+            command = getattr(parsed, self._commands.dest, None) if self._commands else None
+            (self._commands.choices[command] if command else self)._unrecognized(extras)
+        return parsed
+
+    def _unrecognized(self, extras):
+        """error() for the arguments `extras` that no option of this parser takes, naming the
+        option nearest to the first --option among them that is near one (the names compared
+        without their dashes, which every option shares)."""
+        names = {option.lstrip("-"): option for action in self._actions for option in action.option_strings}
+        for arg in extras:
+            given = arg.partition("=")[0].lstrip("-") if arg.startswith("--") else ""
+            near = difflib.get_close_matches(given, names, n=1) if given else []
+            if near:
+                self._near = names[near[0]]
+                break
+        self.error(f"unrecognized arguments: {' '.join(extras)}")
+
+    def _check_value(self, action, value):
+        # argparse's message quotes the choices or not, and suggests one or not, by Python version:
+        # this one is the same on each, and error() suggests the nearest choice
+        if action.choices is not None and value not in action.choices:
+            choices = [str(choice) for choice in action.choices]
+            near = difflib.get_close_matches(str(value), choices, n=1)
+            self._near = near[0] if near else None
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (choose from {', '.join(choices)})")
 
     def error(self, message):
         hint = f"see {self.prog} --help"
+        if self._near is not None:
+            hint = f"did you mean {self._near}? {hint}"
         dashed = [arg for arg in getattr(self, "_given", ()) if _LEADING_DASH.match(arg) and arg != "-h"]
         if dashed:  # a text that starts with "-" reads as an option (fastformer's options are --long)
             hint = f"a text that starts with '-', such as {dashed[0]!r}, goes after `--`; {hint}"
@@ -100,8 +146,10 @@ def _data(args):
     if cache == os.path.abspath(rotten_tomatoes.default_cache()):
         print("Train on it: fastformer train --dataset rotten-tomatoes")
     else:
+        from fastformer.train.rundir import shell_word
+
         files = rotten_tomatoes.split_files(cache)
-        print(f"Train on it: fastformer train --train {files['train']} --test {files['test']}")
+        print(f"Train on it: fastformer train --train {shell_word(files['train'])} --test {shell_word(files['test'])}")
     return 0
 
 
@@ -139,12 +187,14 @@ def _predict(args):
 
 
 def _run_dir(run):
-    """--run's directory: `last` resolved (fastformer.train.rundir.resolve_run), and said on stderr."""
-    from fastformer.train.rundir import resolve_run
+    """--run's directory: `last` resolved (fastformer.train.rundir.resolve_run), and said on stderr,
+    with why it is not a finished run where it is not one (rundir.unfinished)."""
+    from fastformer.train.rundir import resolve_run, unfinished
 
     found = resolve_run(run)
     if found != run:
-        print(f"--run {run}: {found}", file=sys.stderr)
+        note = unfinished(found)
+        print(f"--run {run}: {found}{f': {note}' if note else ''}", file=sys.stderr)
     return found
 
 
@@ -175,7 +225,9 @@ def build_parser():
         "with Triton kernels on CUDA.",
     )
     parser.add_argument("--version", action="version", version=f"fastformer {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", help="what to do; `fastformer COMMAND --help` says more of each"
+    )
 
     demo = commands.add_parser(
         "demo",
@@ -225,11 +277,17 @@ def build_parser():
         help="convert this vaderSentiment-3.3.2.tar.gz (or its hutto_ICWSM_2014.tar.gz) instead of downloading",
     )
 
-    evaluate = commands.add_parser("evaluate", help="accuracy of a trained run on a test file")
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="accuracy of a trained run on a test file",
+        description="Load the model of a run directory that `fastformer train` wrote and print its accuracy and "
+        "loss on labelled reviews: the test file the run was trained with, or --test's (a run trained on a "
+        "held-out split of its --train needs --test). Nothing is written.",
+    )
     evaluate.set_defaults(run_command=_evaluate)
     evaluate.add_argument("--run", metavar="DIR", required=True, help=_RUN_HELP)
     evaluate.add_argument("--test", metavar="FILE", help="test reviews (default: the run's test file)")
-    evaluate.add_argument("--batch-size", type=int, default=128)
+    evaluate.add_argument("--batch-size", type=int, default=128, help="reviews per batch (default: 128)")
     _add_runtime_options(evaluate)
     evaluate.add_argument(
         "--cuda-graphs",
@@ -238,7 +296,13 @@ def build_parser():
         "bf16 or no autocast)",
     )
 
-    predict = commands.add_parser("predict", help="classify texts with a trained run")
+    predict = commands.add_parser(
+        "predict",
+        help="classify texts with a trained run",
+        description="Load the model of a run directory that `fastformer train` wrote and print, one line per "
+        "TEXT, the label it predicts, its probability and the text. A TEXT that starts with '-' goes after "
+        "`--`. Nothing is written.",
+    )
     predict.set_defaults(run_command=_predict)
     predict.add_argument("--run", metavar="DIR", required=True, help=_RUN_HELP)
     predict.add_argument("texts", nargs="+", metavar="TEXT", help="reviews to classify")
@@ -316,9 +380,24 @@ def main(argv=None):
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as interrupt:
-        how = f"stopped by {signal.Signals(received[0]).name}" if received else "interrupted"
-        print(f"{prog}: {how}{f'; {interrupt}' if str(interrupt) else ''}", file=sys.stderr)
+        if _torchrun_rank() not in (None, 0) and not str(interrupt):
+            pass  # rank 0 says how the job stopped and names its last checkpoint, for every process
+        else:
+            how = f"stopped by {signal.Signals(received[0]).name}" if received else "interrupted"
+            print(f"{prog}: {how}{f'; {interrupt}' if str(interrupt) else ''}", file=sys.stderr)
         return 128 + received[0] if received else 130
+
+
+def _torchrun_rank():
+    """This process's rank in a torchrun job ($RANK), or None outside one."""
+    from fastformer.environment import under_torchrun
+
+    if not under_torchrun():
+        return None
+    try:
+        return int(os.environ["RANK"])
+    except ValueError:
+        return None
 
 
 if __name__ == "__main__":

@@ -130,6 +130,16 @@ def test_converts_to_nsmc_files_with_the_fixed_split(pinned, tmp_path, capsys):
     assert before == {name: (cache / name).read_bytes() for name in ("train.tsv", "test.tsv")}  # deterministic
 
 
+def test_the_command_to_train_on_a_cache_with_a_space_pastes_back(pinned, tmp_path, capsys):
+    import shlex
+
+    cache = tmp_path / "my cache"
+    code, out, err = convert(pinned(sdist()), cache, capsys)
+    assert code == 0, err
+    words = shlex.split(out.splitlines()[-1].removeprefix("Train on it: "))
+    assert words == ["fastformer", "train", "--train", f"{cache}/train.tsv", "--test", f"{cache}/test.tsv"]
+
+
 def test_the_inner_archive_converts_too(pinned, tmp_path, capsys):
     source = pinned(data_archive(), name=rotten_tomatoes.DATA_ARCHIVE, pin="DATA_SHA256")
     code, _, err = convert(source, tmp_path / "cache", capsys)

@@ -21,6 +21,7 @@ values of them.
 
 import contextlib
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -106,13 +107,37 @@ def torchrun_launch():
     return Launch(rank, world_size, local_rank, True)
 
 
+def crowded_cores(launch, device, environ=os.environ):
+    """A warning when a torchrun job on a CPU starts more processes on this machine than it has
+    cores for this process (LOCAL_WORLD_SIZE, which torchrun sets, against the cores of
+    os.sched_getaffinity): they would take turns on the cores and train slower than fewer processes
+    would. None where they fit, on a GPU, or in a plain run."""
+    if not launch.distributed or device.type != "cpu":
+        return None
+    try:
+        processes = int(environ.get("LOCAL_WORLD_SIZE", launch.world_size))
+    except ValueError:
+        processes = launch.world_size
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if processes <= cores:
+        return None
+    return (
+        f"torchrun started {processes} processes on this machine, which has {cores} CPU core(s) for them: "
+        f"they take turns on the cores and train slower than {cores} would (--nproc_per_node {cores})"
+    )
+
+
 @contextlib.contextmanager
 def process_group(launch, device):
     """Join the torchrun job's process group for the block (nccl on CUDA, gloo on a CPU, set up from
-    the environment) and leave it after; a plain run starts none."""
+    the environment) and leave it after; a plain run starts none. Rank 0 warns when the job's
+    processes outnumber the CPU cores (crowded_cores)."""
     if not launch.distributed:
         yield
         return
+    crowded = crowded_cores(launch, device)
+    if crowded and launch.rank == 0:
+        warnings.warn(crowded, stacklevel=2)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
