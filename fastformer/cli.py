@@ -350,6 +350,15 @@ def _quiet_stdout():
         os.dup2(devnull, sys.stdout.fileno())
 
 
+def paths_print_as_given():
+    """Let stdout and stderr print a path whose bytes are not UTF-8 (os.fsdecode's surrogate escapes)
+    as those bytes, as `ls` does, rather than fail with UnicodeEncodeError after the work is done."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # replaced by a test, or closed
+            if stream.encoding.lower().replace("-", "") == "utf8":
+                stream.reconfigure(errors="surrogateescape")
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -357,6 +366,7 @@ def main(argv=None):
         parser.print_help()
         return 0
     prog = f"fastformer {args.command}"
+    paths_print_as_given()
 
     def show_warning(message, category, filename, lineno, file=None, line=None):
         print(f"{prog}: warning: {message}", file=sys.stderr)

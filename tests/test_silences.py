@@ -101,3 +101,14 @@ def test_the_command_stops_quietly_on_the_other_ranks_and_says_so_on_rank_0(monk
         assert capsys.readouterr().err == said
     monkeypatch.delenv("RANK")
     assert main(demo) == 130 and capsys.readouterr().err == "fastformer demo: interrupted\n"
+
+
+def test_a_path_that_is_not_utf8_prints_as_its_bytes():
+    """A --test path with a byte that is not UTF-8 is read, and the line naming it after the
+    evaluation must print too (it raised UnicodeEncodeError once the work was done)."""
+    import subprocess
+    import sys
+
+    code = "from fastformer.cli import paths_print_as_given as p; p(); print('test file \\udcff.tsv')"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, env={"PYTHONIOENCODING": "utf-8"})
+    assert done.returncode == 0 and done.stdout == b"test file \xff.tsv\n", done.stderr
