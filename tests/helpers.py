@@ -1,8 +1,12 @@
 """Helpers shared by the tests: comparisons that print the worst element, a small config and a
-batch of padded token ids for the modules, and the tiny separable review set of the training jobs."""
+batch of padded token ids for the modules, the tiny separable review set of the training jobs, and
+the runner of many bad command lines in one process."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 
 import torch
 
@@ -156,3 +160,45 @@ def train_args(files, out, *extra):
         str(out),
         *extra,
     ]
+
+
+# Runs [(case, argv), ...] read from stdin through fastformer.cli.main in one process, each case's
+# stdout and stderr captured, and prints {case: {"code", "err", "torch"}} as JSON
+_COMMANDS_HARNESS = """
+import contextlib, io, json, sys
+from fastformer.cli import main
+results = {}
+for case, argv in json.load(sys.stdin):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as exit:
+            code = exit.code
+        except Exception as error:  # escaped the command's handling: the case's own failure, not the run's
+            code = f"raised {type(error).__name__}: {error}"
+    results[case] = {"code": code, "err": err.getvalue(), "torch": "torch" in sys.modules}
+print(json.dumps(results))
+"""
+
+
+def run_commands(cases, tmp_path_factory, timeout=600):
+    """Run the command lines `cases`, [(case, argv), ...], in one fresh process with no
+    TRITON_INTERPRET or OMP_NUM_THREADS, in an empty working directory and TMPDIR of their own:
+    ({case: {"code": exit status, or "raised ..." for an exception the command let out, "err":
+    stderr, "torch": whether torch was imported by then}}, what the cases left in the working
+    directory, what they left in TMPDIR). Cheaper than a process a case: the import is paid once."""
+    cwd, tmp = tmp_path_factory.mktemp("cwd"), tmp_path_factory.mktemp("tmp")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OMP_NUM_THREADS")}
+    env.update(TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run(
+        [sys.executable, "-c", _COMMANDS_HARNESS],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout), os.listdir(cwd), os.listdir(tmp)

@@ -13,8 +13,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,7 +23,7 @@ from fastformer.cli import main
 from fastformer.data import read_reviews, train_vocab
 from fastformer.data.files import file_sha256
 from fastformer.masks import AttentionMask
-from tests.helpers import TINY, small_config, token_batch, write_reviews
+from tests.helpers import TINY, run_commands, small_config, token_batch, write_reviews
 
 TRAIN = "train --device cpu --vocab-size 60 --train {train} --test {test} --config {config} --out {out}"
 RESUME = "train --device cpu --resume"
@@ -193,40 +191,10 @@ def paths(tmp_path_factory):
     return paths
 
 
-HARNESS = """
-import contextlib, io, json, sys
-from fastformer.cli import main
-results = {}
-for case, argv in json.load(sys.stdin):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main(argv)
-        except SystemExit as exit:
-            code = exit.code
-    results[case] = {"code": code, "err": err.getvalue(), "torch": "torch" in sys.modules}
-print(json.dumps(results))
-"""
-
-
 @pytest.fixture(scope="module")
 def outcomes(paths, tmp_path_factory):
     """{case: {"code", "err", "torch"}}, with the temporary and working directories they left."""
-    cwd, tmp = tmp_path_factory.mktemp("cwd"), tmp_path_factory.mktemp("tmp")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OMP_NUM_THREADS")}
-    env.update(TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(sys.path))
-    cases = [(case, shlex.split(argv.format(**paths))) for case, argv, _ in CASES]
-    result = subprocess.run(
-        [sys.executable, "-c", HARNESS],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout), os.listdir(cwd), os.listdir(tmp)
+    return run_commands([(case, shlex.split(argv.format(**paths))) for case, argv, _ in CASES], tmp_path_factory)
 
 
 @pytest.mark.parametrize("case, argv, message", CASES, ids=[case for case, _, _ in CASES])

@@ -12,8 +12,6 @@ import json
 import os
 import random
 import shlex
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -22,7 +20,7 @@ from fastformer import kernels
 from fastformer.data import N_SPECIAL, read_nsmc, read_reviews, train_vocab
 from fastformer.data.files import check_file, parse_label
 from fastformer.train.run import TrainOptions, check_inputs, check_texts
-from tests.helpers import TINY, write_reviews
+from tests.helpers import TINY, run_commands, write_reviews
 
 TRAIN = "train --device cpu --vocab-size 60 --train {train} --test {test} --config {config} --out {out}"
 VOCAB = "train --device cpu --vocab {vocab} --test {test} --config {config} --out {out} --train"
@@ -137,45 +135,14 @@ def paths(tmp_path_factory):
     return paths
 
 
-HARNESS = """
-import contextlib, io, json, sys
-from fastformer.cli import main
-results = {}
-for case, argv in json.load(sys.stdin):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            code = main(argv)
-        except SystemExit as exit:
-            code = exit.code
-        except Exception as error:  # escaped the command's handling: the case's own failure, not the run's
-            code = f"raised {type(error).__name__}: {error}"
-    results[case] = {"code": code, "err": err.getvalue(), "torch": "torch" in sys.modules}
-print(json.dumps(results))
-"""
-
-
 @pytest.fixture(scope="module")
 def outcomes(paths, tmp_path_factory):
     """{case: {"code", "err", "torch"}}, with what the cases left in their working and temporary
     directories."""
-    cwd, tmp = tmp_path_factory.mktemp("cwd"), tmp_path_factory.mktemp("tmp")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OMP_NUM_THREADS")}
-    env.update(TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(sys.path))
     # each case its own --out: one that ran on would leave its run there, and the others' checks whole
     cases = [(case, shlex.split(argv.format(**dict(paths, out=_out(paths, case))))) for case, argv, _ in CASES]
     cases.append((PREDICT[0], [arg.format(**paths) for arg in PREDICT[1]]))
-    result = subprocess.run(
-        [sys.executable, "-c", HARNESS],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout), os.listdir(cwd), os.listdir(tmp)
+    return run_commands(cases, tmp_path_factory)
 
 
 @pytest.mark.parametrize(
