@@ -7,7 +7,10 @@ A kernel with several configs runs the one its rule picks; `set_autotune(True)` 
 FASTFORMER_AUTOTUNE=1 autotunes them instead, the results kept on disk per GPU (kernels._configs).
 The attention passes load their tiles through pointers or, on Hopper, through tensor descriptors
 (TMA) as each kernel's rule says; `set_tma(True)` / FASTFORMER_TMA=1 choose TMA wherever it can
-serve, `set_tma(False)` / FASTFORMER_TMA=0 never (kernels._tma).
+serve, `set_tma(False)` / FASTFORMER_TMA=0 never (kernels._tma). The FFN's first product runs
+by the Triton GEMM with its fused epilogue or by cuBLAS and an activation kernel, as linear_gelu's
+rule says; `set_ffn_gemm("cublas")` / FASTFORMER_FFN_GEMM=cublas or "triton" choose
+(kernels._gemm_choice).
 
 This folder is the package `fastformer.kernels`: setup.py installs it under that name (a checkout
 needs `pip install -e .`), so that fastformer never takes the top-level name `kernels`, which belongs
@@ -44,6 +47,7 @@ else:  # fastformer.kernels: the ops
     _check_same_copy()
 
     from ._configs import autotune_enabled, autotuning, set_autotune
+    from ._gemm_choice import ffn_gemm, ffn_gemm_choice, set_ffn_gemm
     from ._runtime import HAS_TRITON, INTERPRET, compile_only
     from ._tma import set_tma, tma_choice, tma_loads
     from .add_layer_norm import (
@@ -76,11 +80,14 @@ else:  # fastformer.kernels: the ops
         "feed_forward",
         "feed_forward_fused",
         "feed_forward_reference",
+        "ffn_gemm",
+        "ffn_gemm_choice",
         "linear_gelu",
         "linear_gelu_reference",
         "self_attention",
         "self_attention_reference",
         "set_autotune",
+        "set_ffn_gemm",
         "set_tma",
         "tma_choice",
         "tma_loads",

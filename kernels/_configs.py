@@ -23,6 +23,7 @@ import contextlib
 
 import torch
 
+from ._gemm_choice import ffn_gemm_choice
 from ._runtime import HAS_TRITON, INTERPRET, EnvSetting, PreparedLaunch, aligned, ensure_allocator, launch, triton
 from ._tma import tma_choice
 
@@ -69,12 +70,14 @@ def autotune_enabled():
 
 def switches(t):
     """What an op's plan depends on besides its arguments (kernels._runtime.signature): autotuning,
-    the choice of tile loads (kernels/_tma.py), TF32 for fp32 products, and the autocast dtype in
-    force for t's device. (autocast_state and allow_tf32 written out: this runs on every planned call.)"""
+    the choice of tile loads (kernels/_tma.py), the choice of the FFN's first GEMM
+    (kernels/_gemm_choice.py), TF32 for fp32 products, and the autocast dtype in force for t's
+    device. (autocast_state and allow_tf32 written out: this runs on every planned call.)"""
     device_type = "cuda" if t.is_cuda else t.device.type
     return (
         _env_autotune() if _autotune is None else _autotune,
         tma_choice(),
+        ffn_gemm_choice(),
         torch._C._get_cublas_allow_tf32(),
         torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None,
     )

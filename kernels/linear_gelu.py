@@ -13,6 +13,12 @@ then dX and dW come from tensor-core GEMMs.
 ReLU serves the models that use it (Aladdin Persson's seq2seq Transformer, the TensorFlow/Keras
 tutorial's) through the same kernels.
 
+The forward has a second way, chosen per call (kernels/_gemm_choice.py; the default is the rule,
+PREFERS_CUBLAS below): the product and its bias by cuBLAS (torch.addmm, its bias added in
+cuBLASLt's epilogue), stored as the pre-activation, then `_activation_fwd_kernel` reads it back and
+writes act(pre), the same bits as the GEMM's epilogue writes from the same pre-activation. The
+backward is the same either way. docs/kernels.md weighs the two ways' memory traffic.
+
 The file, kernel and launcher keep the first name (`_linear_gelu_fwd_kernel`, `_linear_gelu_forward`:
 tools/sm90_cases.py, tests/test_sm90_compile.py and the committed sm_90a table name them), as does
 the registered op `fastformer::linear_gelu_forward`.
@@ -25,6 +31,7 @@ import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, gemm_tile_warps, switches
+from ._gemm_choice import use_cublas
 from ._layout import last_dim_contiguous, rows_view, vector_stride
 from ._reduce import _sum_partials_kernel, sum_partials_launch
 from ._runtime import (
@@ -182,6 +189,38 @@ def _linear_gelu_fwd_kernel(
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y.to(Y.dtype.element_ty), mask=out_mask)
 
 
+@triton.jit(do_not_specialize=["M"])  # M bounds the masks only
+def _activation_fwd_kernel(
+    PRE, H,
+    stride_pre, stride_h,
+    M, N,
+    ACTIVATION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One (BLOCK_M, BLOCK_N) tile of H = act(PRE): the forward's activation where cuBLAS computed
+    the product (kernels/_gemm_choice.py), applied in fp32 to the pre-activation as stored and
+    rounded to H's dtype, as _linear_gelu_fwd_kernel's epilogue applies it (the same bits from the
+    same PRE). H may be PRE itself: each element is read, then written, by the program that owns it.
+    Grid: (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)). Launched by _cublas_forward and LinearGeluPlan.
+
+    Args:
+        PRE: (M, N) the pre-activation x @ W.T + b, fp16, bf16 or fp32, unit column stride.
+        H: (M, N) output in PRE's dtype, unit column stride; PRE itself when the pre-activation is
+            not kept.
+        stride_pre, stride_h: the row strides in elements of PRE and H.
+        M: rows; bounds the masks only, not specialized (it changes with every batch).
+        N: columns.
+        ACTIVATION: "gelu" (exact erf) or "relu" (apply_activation).
+        BLOCK_M, BLOCK_N: the tile.
+    """
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    a = tl.load(PRE + rows[:, None] * stride_pre + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    h = apply_activation(a, ACTIVATION).to(H.dtype.element_ty)
+    tl.store(H + rows[:, None] * stride_h + cols[None, :], h, mask=mask)
+
+
 @triton.jit(do_not_specialize=["M"])  # M bounds the slabs' masks only
 def _activation_grad_kernel(
     DY, PRE, DPRE, DB_PARTIAL, H,
@@ -252,6 +291,17 @@ _linear_gelu_fwd = Configs(
 # (kernels/_tma.py; set_tma or FASTFORMER_TMA choose otherwise): not until a GPU has timed both
 # (python -m tools.sweep), so pointer loads, the kernel the benchmarks have measured.
 PREFERS_TMA = False
+# The activation kernel of the cuBLAS way: one config, a memory-bound pass of 4,096 elements a
+# program (32 a thread) with 16-byte loads and stores of fp16 and bf16 rows.
+_activation_fwd = Configs(
+    _activation_fwd_kernel, "linear_gelu activation", [({"BLOCK_M": 32, "BLOCK_N": 128}, 4, 1)], ["N", "ACTIVATION"],
+    interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16},
+)
+# Whether the forward's product runs by cuBLAS, then the activation kernel, in place of the Triton
+# GEMM and its fused epilogue (kernels/_gemm_choice.py; set_ffn_gemm or FASTFORMER_FFN_GEMM choose
+# otherwise): not until a GPU has timed both (python -m tools.sweep), so the Triton GEMM, which
+# moves M * N elements less with the pre-activation kept and 2 * M * N without (docs/kernels.md).
+PREFERS_CUBLAS = False
 
 
 def _forward_outputs(x2, N, store_pre):
@@ -279,9 +329,42 @@ def _forward_launch(x2, weight, bias, y, pre, activation, store_pre):
     return lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),), args, kwargs
 
 
+def _activation_forward_launch(pre, h, activation):
+    """(grid, args, kwargs) of the activation kernel's launch: h = act(pre) for (M, N) pre and h
+    with unit last strides (h may be pre)."""
+    M, N = pre.shape
+    args = (pre, h, pre.stride(0), h.stride(0), M, N)
+    return lambda meta: (cdiv(M, meta["BLOCK_M"]), cdiv(N, meta["BLOCK_N"])), args, {"ACTIVATION": activation}
+
+
+def _cublas_product(x2, weight, bias, out):
+    """out = x2 @ weight.T + bias by cuBLAS: addmm, whose bias vector cuBLASLt adds in its epilogue.
+    The out= forms are not autocast's: the product stays in the inputs' dtype under autocast, as
+    the Triton GEMM's does."""
+    if bias is None:
+        torch.mm(x2, weight.t(), out=out)
+    else:
+        torch.addmm(bias, x2, weight.t(), out=out)
+
+
+def _cublas_forward(x2, weight, bias, activation, store_pre):
+    """y and pre as _linear_gelu_forward returns them, the product by cuBLAS into pre, then y =
+    act(pre) by the activation kernel; without store_pre the product goes to y and the activation
+    is written over it."""
+    y, pre = _forward_outputs(x2, weight.shape[0], store_pre)
+    product = pre if store_pre else y
+    if not compiling_only():  # a warm-up compiles kernels: cuBLAS has none to compile
+        _cublas_product(x2, weight, bias, product)
+    grid, args, kwargs = _activation_forward_launch(product, y, activation)
+    _activation_fwd[grid](*args, **kwargs)
+    return y, pre
+
+
 def _linear_gelu_forward(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, store_pre: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_cublas(PREFERS_CUBLAS):  # chosen here, in the op: a trace takes the Triton GEMM (use_cublas)
+        return _cublas_forward(x2, weight, bias, activation, store_pre)
     y, pre = _forward_outputs(x2, weight.shape[0], store_pre)
     grid, args, kwargs = _forward_launch(x2, weight, bias, y, pre, activation, store_pre)
     _linear_gelu_fwd[grid](*args, **kwargs)
@@ -377,7 +460,8 @@ _linear_gelu_forward_eager = eager_twin(_linear_gelu_forward, _setup_context, _b
 # ----------------------------------------------------------------------------------------------
 class LinearGeluPlan(Plan):
     """An eager act(x @ weight.T + bias) call's signature made ready: its checks passed (by the
-    public op that made it), the GEMM's launch prepared, and the activation gradient's launches
+    public op that made it), the forward's launch prepared (the GEMM's, or where cuBLAS computes
+    the product, the activation kernel's: `cublas`), and the activation gradient's launches
     prepared per signature of the gradient on the first backward that meets it."""
 
     def __init__(self, x, weight, bias, activation, store_pre):
@@ -385,16 +469,21 @@ class LinearGeluPlan(Plan):
         self.rows = (math.prod(x.shape[:-1]), x.shape[-1])
         self.out_shape = (*x.shape[:-1], N)
         self.activation, self.store_pre = activation, store_pre
+        self.cublas = use_cublas(PREFERS_CUBLAS)
         x2 = x.view(self.rows)
         y, pre = _forward_outputs(x2, N, store_pre)
-        self.forward = _linear_gelu_fwd.prepare(*_forward_launch(x2, weight, bias, y, pre, activation, store_pre))
+        if self.cublas:
+            self.forward = _activation_fwd.prepare(*_activation_forward_launch(pre if store_pre else y, y, activation))
+        else:
+            self.forward = _linear_gelu_fwd.prepare(*_forward_launch(x2, weight, bias, y, pre, activation, store_pre))
         self.backwards = {}
 
     def _made(self):
-        return self.rows, self.out_shape, self.activation, self.store_pre, self.forward
+        return self.rows, self.out_shape, self.activation, self.store_pre, self.cublas, self.forward
 
     def __repr__(self):
-        return f"LinearGeluPlan(rows={self.rows}, {self.activation}, store_pre={self.store_pre}, {self.forward})"
+        how = "cuBLAS + activation" if self.cublas else "GEMM"
+        return f"LinearGeluPlan(rows={self.rows}, {self.activation}, store_pre={self.store_pre}, {how}, {self.forward})"
 
     def __call__(self, x, weight, bias):
         """The op's result: (..., N)."""
@@ -408,7 +497,13 @@ class LinearGeluPlan(Plan):
         pre = None
         if self.store_pre:
             pre = torch.empty(self.rows[0], self.out_shape[-1], dtype=x.dtype, device=x.device)
-        self.forward(x, weight, bias, y, pre)
+        if self.cublas:
+            # the product into pre, or without it into y's rows, where the activation then goes
+            product = pre if pre is not None else y if y.dim() == 2 else y.view(self.rows[0], -1)
+            _cublas_product(x if x.dim() == 2 else x.view(self.rows), weight, bias, product)
+            self.forward(product, y)
+        else:
+            self.forward(x, weight, bias, y, pre)
         return y, pre
 
     def activation_grad(self, dy, pre, bias_grad, write_h=False):

@@ -1,5 +1,5 @@
 """tools.sweep, the GPU sweep of the kernels' variants and configs, rehearsed on a CPU: a dry run
-compiles what the GPU run would time (both variants, every config each rule keeps) and says which
+compiles what the GPU run would time (every variant, every config each rule keeps) and says which
 is each rule's pick; the table's arithmetic on records made up here; an interrupted sweep still
 reports. What the sweep finds needs a GPU (tools/gpu_run.sh --sweep)."""
 
@@ -55,7 +55,11 @@ def test_a_dry_run_compiles_every_variant_and_config_each_rule_keeps(dry_run):
         (DRY_RUN_FAMILIES[2], "forward")
     }
     assert set(passes) == expected
-    assert all(variants == {"pointer", "tma"} for variants in passes.values()), passes
+    # the GEMM's third variant: cuBLAS's product (not run in a dry run), then the activation kernel
+    variants = {key: set(sweep.VARIANTS["gemm" if key[0].startswith("gemm") else "attention"]) for key in passes}
+    assert passes == variants and sweep.VARIANTS["gemm"] == ("pointer", "tma", "cublas"), passes
+    cublas = [r for r in records if r["variant"] == "cublas"]
+    assert len(cublas) == 1 and not cublas[0]["rule_pick"], cublas  # one config; PREFERS_CUBLAS is False
 
 
 def test_each_pass_has_one_rule_pick_in_the_variant_its_kernel_prefers(dry_run):

@@ -6,6 +6,7 @@ the rest of the product (every head dim in both dtypes with every mask, odd leng
 `python -m tools.sm90_report --full`. Tensors are CPU tensors: nothing is launched (see tools.sm90).
 """
 
+import contextlib
 import itertools
 import sys
 
@@ -29,6 +30,7 @@ MASKS = {
 }
 HEAD_DIMS = (16, 32, 64, 72, 80, 128)  # 72 and 80 are padded to a block of 128 inside the kernels
 TUTORIAL = {"B": 8, "H": 4, "L": 256, "D": 64, "d_hidn": 256, "d_ff": 1024}
+TUTORIAL_FFN = (TUTORIAL["d_hidn"], TUTORIAL["d_ff"], 8 * 256)  # d, d_ff and the rows M of ffn_case
 LARGE = {"d_hidn": 1024, "d_ff": 4096, "M": 8192}
 
 
@@ -90,27 +92,35 @@ def _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk,
         attention._attn_probs(q, k, lse, seed, masking)
 
 
-def ffn_case(dtype, activation, train, d, d_ff, M, tma=False, autotune=True):
+def ffn_case(dtype, activation, train, d, d_ff, M, tma=False, autotune=True, cublas=False):
     """The model's FFN: Conv1d weights (out, in, 1) read as (out, in) views; training stores the
     pre-activation and runs the activation-gradient kernel as the FFN's backward does (the
     activation written again for the second product's weight gradient) and as linear_gelu's does
-    (not); inference also runs the fused FFN. `tma`: the GEMM's tiles through tensor descriptors
-    (kernels/_tma.py); `autotune` as Case's."""
+    (not); inference also runs the fused FFN. The first product by the Triton GEMM, or (`cublas`)
+    by cuBLAS and the activation kernel (kernels/_gemm_choice.py), that forward alone (the
+    backward and the fused FFN are the other cases'), under kernels.compile_only: cuBLAS has no
+    kernel to compile, and no record needs its product, which would run on these CPU tensors.
+    `tma`: the GEMM's tiles through tensor descriptors (kernels/_tma.py); `autotune` as Case's."""
     linear_gelu = _module("fastformer.kernels.linear_gelu")
     feed_forward = _module("fastformer.kernels.feed_forward")
     name = f"ffn/{dtype}/{activation}/{'train' if train else 'inference'}/d{d}x{d_ff}/M{M}" + ("/tma" if tma else "")
+    name += "/cublas" if cublas else ""
 
     def run():
-        _module("fastformer.kernels").set_tma(True if tma else None)
+        kernels = _module("fastformer.kernels")
+        kernels.set_tma(True if tma else None)
+        kernels.set_ffn_gemm("cublas" if cublas else "triton")
         try:
-            _ffn_launches(linear_gelu, feed_forward, dtype, activation, train, d, d_ff, M)
+            with kernels.compile_only() if cublas else contextlib.nullcontext():
+                _ffn_launches(linear_gelu, feed_forward, dtype, activation, train, d, d_ff, M, cublas)
         finally:
-            _module("fastformer.kernels").set_tma(None)
+            kernels.set_tma(None)
+            kernels.set_ffn_gemm(None)
 
     return Case(name, run, _name(dtype), autotune=autotune)
 
 
-def _ffn_launches(linear_gelu, feed_forward, dtype, activation, train, d, d_ff, M):
+def _ffn_launches(linear_gelu, feed_forward, dtype, activation, train, d, d_ff, M, cublas):
     """ffn_case's launches."""
     t = DTYPES[dtype]
     x = torch.zeros(M, d, dtype=t)
@@ -118,6 +128,8 @@ def _ffn_launches(linear_gelu, feed_forward, dtype, activation, train, d, d_ff, 
     w2 = torch.zeros(d, d_ff, 1, dtype=t).squeeze(-1)
     b1, b2 = torch.zeros(d_ff, dtype=t), torch.zeros(d, dtype=t)
     _, pre = linear_gelu._linear_gelu_forward(x, w1, b1, activation, train)
+    if cublas:
+        return
     if train:
         for write_h in (True, False):
             linear_gelu._activation_backward_op(torch.zeros_like(pre), pre, activation, True, write_h)
@@ -265,6 +277,10 @@ def ci_cases():
     for (d, d_ff, M), train in itertools.product(((256, 1024, 8 * 256), (1024, 4096, 8192)), (True, False)):
         cases.append(ffn_case("fp16", "gelu", train, d, d_ff, M, tma=True, autotune=False))
     cases.append(model_case(tma=True))
+    # the first product by cuBLAS, then the activation kernel (its one config): both activations in
+    # fp16, GELU in bf16, training (the activation beside the pre-activation) and inference (over it)
+    for dtype, activation, train in (("fp16", "gelu", True), ("fp16", "relu", False), ("bf16", "gelu", True)):
+        cases.append(ffn_case(dtype, activation, train, *TUTORIAL_FFN, cublas=True, autotune=False))
     return cases
 
 
@@ -284,5 +300,8 @@ def full_cases():
     for dtype, train in itertools.product(DOT_DTYPES, (True, False)):
         cases.append(ffn_case(dtype, "gelu", train, TUTORIAL["d_hidn"], TUTORIAL["d_ff"], 8 * 256, tma=True))
         cases.append(ffn_case(dtype, "gelu", train, LARGE["d_hidn"], LARGE["d_ff"], LARGE["M"], tma=True))
+    for dtype, activation, train in itertools.product(DOT_DTYPES, ("gelu", "relu"), (True, False)):
+        cases.append(ffn_case(dtype, activation, train, *TUTORIAL_FFN, cublas=True))
+        cases.append(ffn_case(dtype, activation, train, LARGE["d_hidn"], LARGE["d_ff"], LARGE["M"], cublas=True))
     cases.append(model_case(tma=True))
     return cases

@@ -9,8 +9,10 @@ causal and padding + causal at B4 H16 L4096 D64, and the model's own call (B128 
 QKV projection, key padding, dropout 0.1) at L 64, 128 and 256; and the FFN's first GEMM with its
 GELU (d 256 -> d_ff 1024, M 32768 and 8192). Each in both variants, its tiles loaded through
 pointers and through tensor descriptors (kernels/_tma.py), with every config its kernel's rule
-keeps for the launch (kernels._configs.Configs' `fits`). add + LayerNorm has one config and no
-descriptors, so nothing to sweep.
+keeps for the launch (kernels._configs.Configs' `fits`); the GEMM also in a third, "cublas": the
+product and its bias by cuBLAS (torch.addmm), then the activation kernel reading it back
+(kernels/_gemm_choice.py), timed together, whose one config is the activation kernel's. add +
+LayerNorm has one config and no descriptors, so nothing to sweep.
 
 How: every (launch, variant, config) is compiled first, in parallel (triton.AsyncCompileMode over a
 thread per CPU, under kernels.compile_only); then each is timed alone by device time: `reps` calls
@@ -20,20 +22,23 @@ before, and dK/dV the delta of a dQ pass. Families are timed in FAMILIES' order,
 first, until --budget seconds have passed; a launch not timed by then is listed as such.
 
 The table: per family and pass, the fastest (variant, config) beside the rule's pick (the config
-its rule picks, in the variant PREFERS_TMA picks), each with its interval, the fastest's speed-up
+its rule picks, in the variant PREFERS_CUBLAS and PREFERS_TMA pick), each with its interval, the fastest's speed-up
 over the pick with the interval the spreads allow (tools.benchmarks.timing.Ratio), and TFLOP/s:
 the products each pass computes, 2 * B * H * Lq * Lk * D FLOPs each (half under a causal mask):
 the forward 2 (QK^T, PV), dQ 3 (QK^T, dO V^T, dS K), dK/dV 4 (K Q^T, V dO^T, P^T dO, dS^T Q); the
 GEMM 2 * M * N * K. A rule changes (kernels/_configs.py's candidates and their order, the fits
-functions, PREFERS_TMA) only where a committed table's interval says so (tools/results/).
+functions, PREFERS_TMA, PREFERS_CUBLAS) only where a committed table's interval says so (tools/results/).
 
 With --dry-run, on a CPU: tools.sm90's dry-run driver compiles every launch for sm_90a and launches
 nothing; the records say "compiled" or the error, which rehearses the GPU run end to end (CI runs
-it with --quick). The kernels must be imported without TRITON_INTERPRET.
+it with --quick). The cuBLAS variant's product is not run there (its tensors are the CPU's, and
+cuBLAS has nothing to compile): its activation kernel is. The kernels must be imported without
+TRITON_INTERPRET.
 """
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -47,7 +52,9 @@ from tools import refuses_interpreter
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = "fastformer.sweep/1"
-VARIANTS = ("pointer", "tma")
+# each kind's variants: tiles loaded through pointers or through tensor descriptors, and for the
+# GEMM, cuBLAS's product then the activation kernel
+VARIANTS = {"attention": ("pointer", "tma"), "gemm": ("pointer", "tma", "cublas")}
 # passes of attention and the products each computes (see the docstring)
 ATTENTION_PRODUCTS = {"forward": 2, "dQ": 3, "dK/dV": 4}
 
@@ -83,7 +90,8 @@ FAMILIES = (
 class Launch:
     """One pass of one family in one variant: its Configs, its (grid, args, kwargs) as its launcher
     makes them, what runs before it (`before`: the forward for the backward, the dQ pass for
-    dK/dV), its FLOPs, and the configs its rule keeps."""
+    dK/dV), its FLOPs, the configs its rule keeps, and `product`: fn() run before each launch and
+    timed with it (the cuBLAS variant's product, which its kernel reads; None in a dry run)."""
 
     family: str
     pass_name: str
@@ -94,6 +102,7 @@ class Launch:
     kwargs: dict
     flops: float
     before: list = field(default_factory=list)
+    product: object = None
 
     def kept(self):
         """The candidates its rule keeps for this launch, the rule's pick first."""
@@ -102,8 +111,9 @@ class Launch:
         return fitting
 
     def runner(self, meta, num_warps, num_stages):
-        """fn() launching this pass with one config, as Configs does with its pick."""
-        from fastformer.kernels._runtime import ensure_allocator, launch
+        """fn() launching this pass with one config, as Configs does with its pick, after its
+        product (not while only compiling: kernels.compile_only)."""
+        from fastformer.kernels._runtime import compiling_only, ensure_allocator, launch
 
         grid = self.grid(meta) if callable(self.grid) else self.grid
         kernel = launch(self.configs.kernel)
@@ -111,6 +121,8 @@ class Launch:
             ensure_allocator()
 
         def run():
+            if self.product is not None and not compiling_only():
+                self.product()
             kernel[grid](*self.args, **self.kwargs, **meta, num_warps=num_warps, num_stages=num_stages)
 
         return run
@@ -165,7 +177,9 @@ def attention_launches(family, shape, variant, device):
 
 
 def gemm_launches(family, shape, variant, device):
-    """The FFN's first GEMM with its GELU, storing the pre-activation (a training forward)."""
+    """The FFN's first GEMM with its GELU, storing the pre-activation (a training forward): the
+    Triton GEMM, or (variant "cublas") cuBLAS's product into the pre-activation, run on a GPU only,
+    then the activation kernel."""
     import importlib
 
     import torch
@@ -178,18 +192,23 @@ def gemm_launches(family, shape, variant, device):
     w = torch.randn(N, K, 1, dtype=torch.bfloat16, device=device)[..., 0]  # a Conv1d weight's view
     b = torch.randn(N, dtype=torch.bfloat16, device=device)
     y, pre = linear_gelu._forward_outputs(x, N, True)
+    if variant == "cublas":
+        grid, args, kwargs = linear_gelu._activation_forward_launch(pre, y, "gelu")
+        product = None if device.type != "cuda" else functools.partial(linear_gelu._cublas_product, x, w, b, pre)
+        configs = linear_gelu._activation_fwd
+        return [Launch(family.name, "forward", variant, configs, grid, args, kwargs, 2.0 * M * N * K, product=product)]
     with kernels.tma_loads(variant == "tma"):
         grid, args, kwargs = linear_gelu._forward_launch(x, w, b, y, pre, "gelu", True)
     return [Launch(family.name, "forward", variant, linear_gelu._linear_gelu_fwd, grid, args, kwargs, 2.0 * M * N * K)]
 
 
 def launches(family, quick, device):
-    """Every Launch of a family, both variants; a variant the device cannot run (TMA before sm_90)
-    gives none: `launch.kwargs["TMA"]` says which variant a Launch really is."""
+    """Every Launch of a family, each variant of its kind; a variant the device cannot run (TMA
+    before sm_90) gives none: `launch.kwargs["TMA"]` says which variant a Launch really is."""
     shape = family.quick if quick else family.shape
     build = attention_launches if family.kind == "attention" else gemm_launches
     made = []
-    for variant in VARIANTS:
+    for variant in VARIANTS[family.kind]:
         for launch in build(family, shape, variant, device):
             if bool(launch.kwargs.get("TMA")) == (variant == "tma"):
                 made.append(launch)
@@ -249,7 +268,7 @@ def sweep(quick=False, dry_run=False, budget=480.0, reps=20, families=None, work
     items = []  # (launch, config, is the rule's pick)
     for family in chosen:
         for launch in launches(family, quick, device):
-            pick_variant = "tma" if _prefers_tma(launch) else "pointer"
+            pick_variant = _rule_variant(launch)
             pick = _rule_pick(launch)
             for config in launch.kept():
                 items.append((launch, config, launch.variant == pick_variant and config == pick))
@@ -312,9 +331,13 @@ def _time_each(items, records, errors, device, dry_run, reps, spent):
         record.tflops = launch.flops / (timing.median * 1e-3) / 1e12
 
 
-def _prefers_tma(launch):
-    """The kernel's rule for its variant: its module's PREFERS_TMA."""
-    return bool(sys.modules[launch.configs.kernel.fn.__module__].PREFERS_TMA)
+def _rule_variant(launch):
+    """The variant its kernel's rule picks: "cublas" where its module's PREFERS_CUBLAS says so (the
+    GEMM's, kernels/linear_gelu.py), else "tma" or "pointer" as its PREFERS_TMA says."""
+    module = sys.modules[launch.configs.kernel.fn.__module__]
+    if getattr(module, "PREFERS_CUBLAS", False):
+        return "cublas"
+    return "tma" if module.PREFERS_TMA else "pointer"
 
 
 def best_per_pass(records):

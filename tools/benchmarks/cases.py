@@ -12,7 +12,8 @@ benchmark. The benches and their providers (the peers a user would pick instead 
       projection with key padding and dropout 0.1: fastformer, fastformer_tma, reference, the SDPA
       providers, flex
   ffn_fwd, ffn_fwd_bwd               the feed-forward (or linear + GELU): fastformer, fastformer_tma,
-      eager, compile, compile_max_autotune; on ffn_fwd also fastformer_fused (the inference-only FFN)
+      fastformer_cublas (the first product by cuBLAS, then the activation kernel), eager, compile,
+      compile_max_autotune; on ffn_fwd also fastformer_fused (the inference-only FFN)
   add_layer_norm                     bias + residual + LayerNorm: fastformer, eager, compile,
       liger (Liger-Kernel's LayerNorm after an eager add, where it is installed)
   model_train, model_infer           MovieClassification's step, each provider a Way (MODEL_WAYS)
@@ -59,7 +60,10 @@ MODEL_CALL_PROVIDERS = ("fastformer", "fastformer_tma", "reference", "sdpa", *SD
 MASKS = ("none", "causal", "padding", "padding_causal")
 # the FFN's and add + LayerNorm's compiled peers: torch.compile of the eager code, by mode
 COMPILE_MODES = {"compile": None, "compile_max_autotune": "max-autotune-no-cudagraphs"}
-FFN_PROVIDERS = ("fastformer", "fastformer_tma", "eager", *COMPILE_MODES)
+# fastformer_cublas: fastformer with the FFN's first product by cuBLAS and the activation kernel
+# (kernels.ffn_gemm("cublas")) in place of the Triton GEMM with its fused epilogue, whatever
+# linear_gelu's rule says (tools.sweep times the two ways' forwards alone)
+FFN_PROVIDERS = ("fastformer", "fastformer_tma", "fastformer_cublas", "eager", *COMPILE_MODES)
 ADD_LAYER_NORM_PROVIDERS = ("fastformer", "eager", "compile", "liger")
 # the aten op each SDPA backend dispatches to, as torch.profiler records it
 SDPA_OPS = {
@@ -404,6 +408,13 @@ def ffn_case(mode, op, M, d, d_ff, provider, device, dtype="bf16"):
 
             def fn(*args):
                 with kernels.tma_loads(True):
+                    return op_fn(*args)
+
+        if provider == "fastformer_cublas":  # the first product by cuBLAS, then the activation kernel
+            op_fn = getattr(kernels, op)
+
+            def fn(*args):
+                with kernels.ffn_gemm("cublas"):
                     return op_fn(*args)
 
         if provider == "fastformer_fused":  # the inference-only fully fused FFN, timed against the two-kernel one
