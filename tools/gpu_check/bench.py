@@ -121,6 +121,8 @@ def _quick_cases(device):
         *_attention(both, "causal", ("fastformer_tma",), device),
         *_model_call(("fwd_bwd",), ("fastformer_tma",), device),
         suite.ffn_case("fwd_bwd", "feed_forward", **ffn, provider="fastformer_tma", device=device),
+        # and the product by cuBLAS, the activation by its own kernel (kernels.set_ffn_gemm)
+        suite.ffn_case("fwd_bwd", "feed_forward", **ffn, provider="fastformer_cublas", device=device),
         *[suite.add_layer_norm_case("fwd_bwd", 32768, 256, p, device) for p in ("fastformer", "liger", "eager")],
         *_attention(both, "padding_causal", ("fastformer", "flex", *SDPA), device),
         *_attention(both, "none", ("fastformer", *SDPA, "flex"), device),
