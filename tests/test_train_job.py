@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,6 +269,32 @@ def test_evaluate_and_predict_commands(run_dir, files, capsys):
     )
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split()[0] == "positive" and lines[1].split()[0] == "negative"
+
+
+def test_evaluate_on_the_runs_own_train_file_warns_that_it_is_no_test(run_dir, files, tmp_path, capsys):
+    """The run's train file, or a copy of its bytes, given as --test: one warning line, naming it."""
+    copy = tmp_path / "copy.txt"
+    copy.write_bytes(Path(files["train"]).read_bytes())
+    capsys.readouterr()
+    for test in (files["train"], copy):
+        assert main(["evaluate", "--run", str(run_dir), "--device", "cpu", "--test", str(test)]) == 0
+        (line,) = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+        assert line.startswith("fastformer evaluate: warning: --test ") and "the file the run trained on" in line
+    assert main(["evaluate", "--run", str(run_dir), "--device", "cpu", "--test", str(files["test"])]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_evaluate_reads_its_test_file_before_it_loads_the_model(run_dir, tmp_path, monkeypatch, capsys):
+    from fastformer.train import job
+
+    def not_yet(*args):
+        raise AssertionError("the model loaded before --test was read")
+
+    monkeypatch.setattr(job, "load_run", not_yet)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert main(["evaluate", "--run", str(run_dir), "--device", "cpu", "--test", str(empty)]) == 2
+    assert capsys.readouterr().err == f"fastformer evaluate: error: test file {empty} is empty\n"
 
 
 def test_runs_latest_links_the_run_train_started_last_and_run_last_reads_it(

@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -670,6 +671,8 @@ def evaluate_run(
         raise ValueError(f"--cuda-graphs cannot run here: {why}")
     replay = why is None if cuda_graphs is None else cuda_graphs
     with backend.use_backend(backend_name):
+        # a --test that cannot be read is reported before the model loads
+        reviews = read_reviews(test, "test", progress=True) if test is not None else None
         config, vocab, model, info = load_run(run, device)
         _say_if_training(run, log)
         if test is None:
@@ -677,8 +680,15 @@ def evaluate_run(
             test = info["test"]
         if test is None:
             raise ValueError(f"{run} was trained with a held-out split of --train; pass --test FILE")
-        reviews = read_reviews(test, "test", progress=True)
+        if reviews is None:
+            reviews = read_reviews(test, "test", progress=True)
         check_labels(reviews, config.n_output, f"test file {test}")
+        if reviews.sha256 == (info.get("data_sha256") or {}).get("train"):
+            warnings.warn(
+                f"--test {test} holds the bytes of the file the run trained on (the same sha256): this accuracy is "
+                "on reviews the model learnt, not a test of it",
+                stacklevel=2,
+            )
         dataset = MovieDataSet(
             vocab,
             reviews,
