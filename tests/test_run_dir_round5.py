@@ -179,6 +179,18 @@ def test_label_names_that_are_not_one_a_class_are_refused(run_dir, tmp_path, cap
     )
 
 
+def test_a_run_json_whose_classes_are_not_the_configs_is_refused(run_dir, tmp_path, capsys):
+    copy = copy_of(run_dir, tmp_path)
+    info = json.loads((copy / "run.json").read_text())
+    info["n_output"] = 3
+    (copy / "run.json").write_text(json.dumps(info))
+    err = one_line_error(capsys, readers(copy)["evaluate"])
+    assert err == (
+        f"{copy / 'run.json'}: 'n_output' is 3, but config.json's n_output is 2: one of the two was changed "
+        "after training"
+    )
+
+
 def test_a_key_the_table_does_not_know_is_read_past(run_dir, tmp_path, capsys):
     """A run.json of a newer fastformer, with a key this one does not know, is still read."""
     copy = copy_of(run_dir, tmp_path)

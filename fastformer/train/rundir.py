@@ -831,6 +831,11 @@ def load_run(run_dir, device=None):
     vocab = load_vocab(os.path.join(run_dir, "vocab.model"))
     check_vocab_matches(vocab, config)
     check_pinned(run_dir, info)
+    if isinstance(info.get("n_output"), int) and info["n_output"] != config.n_output:  # the settled count
+        raise ValueError(
+            f"{os.path.join(run_dir, 'run.json')}: 'n_output' is {info['n_output']}, but config.json's n_output is "
+            f"{config.n_output}: one of the two was changed after training"
+        )
     names = info.get("label_names")
     if names is not None and len(names) != config.n_output:
         raise ValueError(
