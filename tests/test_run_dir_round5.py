@@ -39,6 +39,22 @@ def copy_of(run_dir, tmp_path, name="copy"):
     return copy
 
 
+_GONE = object()
+
+
+def with_run_json(run_dir, tmp_path, changes, name="copy"):
+    """A copy of the run whose run.json has `changes` made to it (a value _GONE: the key removed)."""
+    copy = copy_of(run_dir, tmp_path, name)
+    info = json.loads((copy / "run.json").read_text())
+    for key, value in changes.items():
+        if value is _GONE:
+            del info[key]
+        else:
+            info[key] = value
+    (copy / "run.json").write_text(json.dumps(info))
+    return copy
+
+
 def readers(run):
     """The three commands that read a run directory, by name."""
     return {
@@ -134,10 +150,7 @@ DAMAGED = [
 def test_a_damaged_run_json_value_is_one_line_naming_it(run_dir, tmp_path, capsys, name, key, value):
     """--resume, evaluate and predict each refuse the run in one line: the run.json, the key (with
     where it is inside a list or object) and what it must be, before any of them reads it."""
-    copy = copy_of(run_dir, tmp_path)
-    info = json.loads((copy / "run.json").read_text())
-    info[key] = value
-    (copy / "run.json").write_text(json.dumps(info))
+    copy = with_run_json(run_dir, tmp_path, {key: value})
     for argv in readers(copy).values():
         err = one_line_error(capsys, argv)
         assert err.startswith(f"{copy / 'run.json'}: {name!r} "), err
@@ -146,10 +159,7 @@ def test_a_damaged_run_json_value_is_one_line_naming_it(run_dir, tmp_path, capsy
 
 @pytest.mark.parametrize("key", ["epochs", "demo_data", *RUN_OPTIONS])
 def test_a_key_resume_needs_is_named_when_missing(run_dir, tmp_path, capsys, key):
-    copy = copy_of(run_dir, tmp_path)
-    info = json.loads((copy / "run.json").read_text())
-    del info[key]
-    (copy / "run.json").write_text(json.dumps(info))
+    copy = with_run_json(run_dir, tmp_path, {key: _GONE})
     err = one_line_error(capsys, readers(copy)["resume"])
     assert err.startswith(f"{copy / 'run.json'} lacks {key!r} ("), err
 
@@ -157,10 +167,7 @@ def test_a_key_resume_needs_is_named_when_missing(run_dir, tmp_path, capsys, key
 def test_evaluate_without_test_names_the_test_key_it_lacks(run_dir, tmp_path, capsys):
     """Without --test, evaluate reads the run's test file from run.json: a run.json without the key
     is named, not taken for a run trained on a held-out split."""
-    copy = copy_of(run_dir, tmp_path)
-    info = json.loads((copy / "run.json").read_text())
-    del info["test"]
-    (copy / "run.json").write_text(json.dumps(info))
+    copy = with_run_json(run_dir, tmp_path, {"test": _GONE})
     err = one_line_error(capsys, readers(copy)["evaluate"])
     assert err.startswith(f"{copy / 'run.json'} lacks 'test' (a string or null)"), err
 
@@ -168,10 +175,7 @@ def test_evaluate_without_test_names_the_test_key_it_lacks(run_dir, tmp_path, ca
 @pytest.mark.parametrize("names", [["negative"], ["negative", "positive", "neutral"]])
 def test_label_names_that_are_not_one_a_class_are_refused(run_dir, tmp_path, capsys, names):
     """predict prints label_names[class]: a list of another length would name the wrong classes, or none."""
-    copy = copy_of(run_dir, tmp_path)
-    info = json.loads((copy / "run.json").read_text())
-    info["label_names"] = names
-    (copy / "run.json").write_text(json.dumps(info))
+    copy = with_run_json(run_dir, tmp_path, {"label_names": names})
     err = one_line_error(capsys, readers(copy)["predict"])
     assert err == (
         f"{copy / 'run.json'}: 'label_names' has {len(names)} names, but the model has 2 classes "
@@ -180,10 +184,7 @@ def test_label_names_that_are_not_one_a_class_are_refused(run_dir, tmp_path, cap
 
 
 def test_a_run_json_whose_classes_are_not_the_configs_is_refused(run_dir, tmp_path, capsys):
-    copy = copy_of(run_dir, tmp_path)
-    info = json.loads((copy / "run.json").read_text())
-    info["n_output"] = 3
-    (copy / "run.json").write_text(json.dumps(info))
+    copy = with_run_json(run_dir, tmp_path, {"n_output": 3})
     err = one_line_error(capsys, readers(copy)["evaluate"])
     assert err == (
         f"{copy / 'run.json'}: 'n_output' is 3, but config.json's n_output is 2: one of the two was changed "
@@ -193,10 +194,7 @@ def test_a_run_json_whose_classes_are_not_the_configs_is_refused(run_dir, tmp_pa
 
 def test_a_key_the_table_does_not_know_is_read_past(run_dir, tmp_path, capsys):
     """A run.json of a newer fastformer, with a key this one does not know, is still read."""
-    copy = copy_of(run_dir, tmp_path)
-    info = json.loads((copy / "run.json").read_text())
-    info["written_by_a_newer_fastformer"] = {"anything": [1, "two"]}
-    (copy / "run.json").write_text(json.dumps(info))
+    copy = with_run_json(run_dir, tmp_path, {"written_by_a_newer_fastformer": {"anything": [1, "two"]}})
     assert main(readers(copy)["predict"]) == 0
 
 
@@ -327,10 +325,7 @@ def test_the_resume_hint_of_an_interrupted_run_quotes_its_path(files, tmp_path, 
 
 
 def test_a_world_size_hint_quotes_the_run(run_dir, tmp_path, capsys):
-    copy = copy_of(run_dir, tmp_path, "a run")
-    info = json.loads((copy / "run.json").read_text())
-    info["world_size"] = 2
-    (copy / "run.json").write_text(json.dumps(info))
+    copy = with_run_json(run_dir, tmp_path, {"world_size": 2}, "a run")
     err = one_line_error(capsys, readers(copy)["resume"])
     command = re.search(r"continue it with `(.*)`$", err)
     assert command is not None, err
