@@ -19,38 +19,14 @@ memory) and tiles the launch does not need; the sm_90a compile check holds every
 Under the interpreter there is one config, `interpreter_meta` with 4 warps and 1 stage, either way.
 Where the candidate lists and their order come from: docs/cold-start.md.
 """
-import contextlib
 
 import torch
 
 from ._gemm_choice import ffn_gemm_choice
-from ._runtime import HAS_TRITON, INTERPRET, EnvSetting, PreparedLaunch, aligned, ensure_allocator, launch, triton
+from ._runtime import HAS_TRITON, INTERPRET, Choice, PreparedLaunch, aligned, ensure_allocator, launch, triton
 from ._tma import tma_choice
 
 ENV_VAR = "FASTFORMER_AUTOTUNE"
-_autotune = None  # set_autotune's choice; None: the environment's
-
-
-def set_autotune(enabled):
-    """Autotune kernel configs (True), pick them by each kernel's rule (False), or follow
-    FASTFORMER_AUTOTUNE (None, the default). Takes effect at the next launch."""
-    global _autotune
-    if enabled is not None and not isinstance(enabled, bool):
-        raise TypeError(f"set_autotune takes True, False or None, got {enabled!r}")
-    _autotune = enabled
-
-
-@contextlib.contextmanager
-def autotuning(enabled=True):
-    """set_autotune(enabled) inside the block, and the choice in force before it after the block
-    (how `fastformer train --autotune` scopes its choice to the job)."""
-    global _autotune
-    previous = _autotune
-    set_autotune(enabled)
-    try:
-        yield
-    finally:
-        _autotune = previous
 
 
 def _parse_autotune(value):
@@ -59,13 +35,26 @@ def _parse_autotune(value):
     return value == "1"
 
 
-_env_autotune = EnvSetting(ENV_VAR, _parse_autotune)
+def _check_autotune(enabled):
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_autotune takes True, False or None, got {enabled!r}")
 
 
-def autotune_enabled():
-    """Whether launches autotune: set_autotune's choice, else FASTFORMER_AUTOTUNE ("1": yes;
-    unset, "" or "0": no)."""
-    return _env_autotune() if _autotune is None else _autotune
+# Whether launches autotune: set_autotune's choice, else FASTFORMER_AUTOTUNE ("1": yes; unset, ""
+# or "0": no)
+autotune_enabled = Choice(ENV_VAR, _parse_autotune, _check_autotune)
+
+
+def set_autotune(enabled):
+    """Autotune kernel configs (True), pick them by each kernel's rule (False), or follow
+    FASTFORMER_AUTOTUNE (None, the default). Takes effect at the next launch."""
+    autotune_enabled.set(enabled)
+
+
+def autotuning(enabled=True):
+    """set_autotune(enabled) inside the block, and the choice in force before it after the block
+    (how `fastformer train --autotune` scopes its choice to the job)."""
+    return autotune_enabled.within(enabled)
 
 
 def switches(t):
@@ -75,7 +64,7 @@ def switches(t):
     device. (autocast_state and allow_tf32 written out: this runs on every planned call.)"""
     device_type = "cuda" if t.is_cuda else t.device.type
     return (
-        _env_autotune() if _autotune is None else _autotune,
+        autotune_enabled(),
         tma_choice(),
         ffn_gemm_choice(),
         torch._C._get_cublas_allow_tf32(),

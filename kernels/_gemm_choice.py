@@ -19,13 +19,10 @@ nothing this choice reads, so flipping the choice later would not recompile it, 
 call's plan is keyed on the choice (kernels._configs.switches) and is made again.
 """
 
-import contextlib
-
-from ._runtime import EnvSetting, eager
+from ._runtime import Choice, eager
 
 ENV_VAR = "FASTFORMER_FFN_GEMM"
 CHOICES = ("triton", "cublas", "auto")
-_choice = None  # set_ffn_gemm's choice; None: the environment's, and unset there: "auto"
 
 
 def _parse(value):
@@ -39,7 +36,13 @@ def _parse(value):
     return value
 
 
-_env_choice = EnvSetting(ENV_VAR, _parse)
+def _check(gemm):
+    if gemm not in CHOICES:
+        raise ValueError(f"set_ffn_gemm's gemm must be 'triton', 'cublas', 'auto' or None, got {gemm!r}")
+
+
+# set_ffn_gemm's choice, else FASTFORMER_FFN_GEMM's (unset or "": "auto"): "triton", "cublas" or "auto"
+ffn_gemm_choice = Choice(ENV_VAR, _parse, _check)
 
 
 def set_ffn_gemm(gemm):
@@ -47,33 +50,18 @@ def set_ffn_gemm(gemm):
     kernel ("cublas", where cuBLAS can serve: eager calls), by linear_gelu's rule ("auto"), or as
     FASTFORMER_FFN_GEMM says, else by the rule (None, the default). Takes effect at the next call
     (the ops' plans are kept per choice: kernels._configs.switches)."""
-    global _choice
-    if gemm is not None and gemm not in CHOICES:
-        raise ValueError(f"set_ffn_gemm's gemm must be 'triton', 'cublas', 'auto' or None, got {gemm!r}")
-    _choice = gemm
+    ffn_gemm_choice.set(gemm)
 
 
-@contextlib.contextmanager
 def ffn_gemm(gemm="cublas"):
     """set_ffn_gemm(gemm) inside the block, and the choice in force before it after the block."""
-    global _choice
-    previous = _choice
-    set_ffn_gemm(gemm)
-    try:
-        yield
-    finally:
-        _choice = previous
-
-
-def ffn_gemm_choice():
-    """set_ffn_gemm's choice, else FASTFORMER_FFN_GEMM's (unset or "": "auto"): "triton", "cublas" or "auto"."""
-    return _env_choice() if _choice is None else _choice
+    return ffn_gemm_choice.within(gemm)
 
 
 def use_cublas(rule):
     """Whether a forward runs its product by cuBLAS: the choice (ffn_gemm_choice) or, with "auto",
     the kernel's `rule` (a bool), and then only in eager calls (see the module's docstring)."""
-    choice = _env_choice() if _choice is None else _choice
+    choice = ffn_gemm_choice()
     if not (rule if choice == "auto" else choice == "cublas"):
         return False
     return eager()

@@ -101,6 +101,34 @@ class EnvSetting:
         return self.value
 
 
+class Choice:
+    """A choice the ops read on every call: made in Python (`set`, or `within` for a block), else
+    read from an environment variable (an EnvSetting of `env_var`, `parse` turning its text into
+    the choice), else None, which each reader takes for its default. `check(value)` vets a value
+    given to `set` and raises naming the public setter. Calling it gives the choice in force."""
+
+    def __init__(self, env_var, parse, check):
+        self.env, self.check, self.made = EnvSetting(env_var, parse), check, None
+
+    def set(self, value):
+        if value is not None:
+            self.check(value)
+        self.made = value
+
+    @contextlib.contextmanager
+    def within(self, value):
+        """set(value) inside the block, and the choice made before it after the block."""
+        previous = self.made
+        self.set(value)
+        try:
+            yield
+        finally:
+            self.made = previous
+
+    def __call__(self):
+        return self.env() if self.made is None else self.made
+
+
 def warn_once(key, message):
     """Warn about `key` once per process (fallbacks must be loud but not spam every layer)."""
     if key not in _warned:

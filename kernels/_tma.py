@@ -24,12 +24,9 @@ and dtypes, the switches), so a plan keeps the flag. The last requirement, a bas
 is a fact of each call's addresses: the launch checks it (kernels._configs.Configs' `tma_bases`,
 kernels._runtime.PreparedLaunch) and loads through pointers for a call whose bases are not.
 """
-import contextlib
-
-from ._runtime import INTERPRET, EnvSetting, eager
+from ._runtime import INTERPRET, Choice, eager
 
 ENV_VAR = "FASTFORMER_TMA"
-_choice = None  # set_tma's choice; None: the environment's, and unset there: each kernel's rule
 
 
 def _parse(value):
@@ -40,41 +37,32 @@ def _parse(value):
     return None if value in (None, "") else value == "1"
 
 
-_env_choice = EnvSetting(ENV_VAR, _parse)
+def _check(enabled):
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_tma takes True, False or None, got {enabled!r}")
+
+
+# set_tma's choice, else FASTFORMER_TMA's ("1": True, "0": False), else None (the rules')
+tma_choice = Choice(ENV_VAR, _parse, _check)
 
 
 def set_tma(enabled):
     """Load tiles through tensor descriptors where TMA can serve (True), never (False), or as
     FASTFORMER_TMA says, else as each kernel's rule picks (None, the default). Takes effect at the
     next call (the ops' plans are kept per choice: kernels._configs.switches)."""
-    global _choice
-    if enabled is not None and not isinstance(enabled, bool):
-        raise TypeError(f"set_tma takes True, False or None, got {enabled!r}")
-    _choice = enabled
+    tma_choice.set(enabled)
 
 
-@contextlib.contextmanager
 def tma_loads(enabled=True):
     """set_tma(enabled) inside the block, and the choice in force before it after the block."""
-    global _choice
-    previous = _choice
-    set_tma(enabled)
-    try:
-        yield
-    finally:
-        _choice = previous
-
-
-def tma_choice():
-    """set_tma's choice, else FASTFORMER_TMA's ("1": True, "0": False), else None (the rules')."""
-    return _env_choice() if _choice is None else _choice
+    return tma_choice.within(enabled)
 
 
 def use_tma(rule, *tensors):
     """TMA for a launch streaming the rows of `tensors`: the choice (tma_choice) or, with none
     made, the kernel's `rule` (a bool), and then only where TMA can serve (tma_can_serve). Reads
     no address (see the module's docstring)."""
-    choice = _env_choice() if _choice is None else _choice
+    choice = tma_choice()
     if not (rule if choice is None else choice):
         return False
     return tma_can_serve(*tensors)

@@ -766,6 +766,9 @@ def _attn_bwd_kernel(
         # dQ of one query block, looping over the key blocks it can see. It also writes its rows'
         # delta = rowsum(dO * O) (which holds under dropout too) for the dK/dV pass, launched next.
         offs_m = start_m + tl.arange(0, BLOCK_M)
+        # Each pass makes the sources of its own block's rows first and the streamed ones after its
+        # loads: made once above both passes, the TMA variant's loops came out longer on sm_90a
+        # (tools.sass, 2026-11-29: the model's dQ 141 -> 151 clocks per 1,000 scores).
         q_src = _rows_source(q_bh, Lq, stride_qm, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
         do_src = _rows_source(do_bh, Lq, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
         q = _read_rows(q_src, start_m, stride_qm, Lq, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)

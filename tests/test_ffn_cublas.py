@@ -211,7 +211,7 @@ def test_the_choice_and_the_rule(monkeypatch):
             kernels.set_ffn_gemm(bad)
         with pytest.raises(ValueError, match="set_ffn_gemm's gemm must be"), kernels.ffn_gemm(bad):
             pass
-    assert _gemm_choice._choice is None  # a refused value leaves the choice as it was
+    assert _gemm_choice.ffn_gemm_choice.made is None  # a refused value leaves the choice as it was
 
 
 def test_by_default_the_triton_gemm_runs(device, cublas_used):

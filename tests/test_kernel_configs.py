@@ -190,7 +190,7 @@ def test_autotuning_holds_inside_its_block_only(monkeypatch):
     assert not kernels.autotune_enabled()
     with pytest.raises(KeyError), kernels.autotuning():
         raise KeyError("inside")
-    assert _configs._autotune is None  # back to following the environment
+    assert _configs.autotune_enabled.made is None  # back to following the environment
 
 
 def test_a_launch_runs_the_rules_config_or_the_autotuner(monkeypatch):
