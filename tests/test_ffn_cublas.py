@@ -104,6 +104,25 @@ def test_x_as_a_view_by_cublas(layout, dtype, atol, device, cublas_used):
     assert cublas_used == [True]
 
 
+@pytest.mark.parametrize("layout", ["strided", "padded_rows", "expanded"])
+@pytest.mark.parametrize("argument", ["weight", "bias"])
+@pytest.mark.parametrize("dtype, atol", [FP16])
+def test_weight_and_bias_as_views_by_cublas(argument, layout, dtype, atol, device, cublas_used):
+    """The weight or the bias as a strided, padded or expanded (stride 0) view, which addmm reads
+    as it is: outputs and gradients by the parity rule, in fp16."""
+    inputs = make_inputs((2, 13, 40), [40, 24], device)
+    view = LAYOUTS[layout]
+    which = {"weight": 1, "bias": 2}[argument]
+
+    def viewed(fn):
+        return lambda *args: fn(*(view(a) if i == which else a for i, a in enumerate(args)))
+
+    with kernels.ffn_gemm("cublas"):
+        names = ("y", "dx", "dw", "db")
+        check_parity(viewed(kernels.linear_gelu), viewed(kernels.linear_gelu_reference), inputs, dtype, atol, names)
+    assert cublas_used == [True]
+
+
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 @pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
 @pytest.mark.parametrize("x_shape", [(1, 32), (7, 32), (2, 33, 32)])
