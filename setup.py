@@ -19,7 +19,8 @@ setup(
     license="BSD-3-Clause",
     packages=[*find_packages(include=["fastformer", "fastformer.*"]), "fastformer.kernels"],
     package_dir={"fastformer.kernels": "kernels"},
-    package_data={"fastformer.data": ["*.tsv"]},
+    # kernels/tuned/: the tables a GPU's sweep decided (kernels/_tuned.py), read on that GPU model
+    package_data={"fastformer.data": ["*.tsv"], "fastformer.kernels": ["tuned/*.json"]},
     python_requires=">=3.10",
     # The versions CI tests: the oldest lane's torch 2.11 + Triton 3.6 to the newest's torch 2.13 +
     # Triton 3.9 (.ci/run; tests/test_install.py holds these bounds, .ci/run and the README to one

@@ -10,7 +10,10 @@ The attention passes load their tiles through pointers or, on Hopper, through te
 serve, `set_tma(False)` / FASTFORMER_TMA=0 never (kernels._tma). The FFN's first product runs
 by the Triton GEMM with its fused epilogue or by cuBLAS and an activation kernel, as linear_gelu's
 rule says; `set_ffn_gemm("cublas")` / FASTFORMER_FFN_GEMM=cublas or "triton" choose
-(kernels._gemm_choice).
+(kernels._gemm_choice). Where a GPU's sweep (python -m tools.sweep) found a variant and config
+faster than the rule's, its tuned table, installed for that GPU model, says what runs instead;
+`set_tuned(path)` / FASTFORMER_TUNED=path choose another table, `set_tuned(False)` /
+FASTFORMER_TUNED=0 the written rules alone (kernels._tuned).
 
 This folder is the package `fastformer.kernels`: setup.py installs it under that name (a checkout
 needs `pip install -e .`), so that fastformer never takes the top-level name `kernels`, which belongs
@@ -50,6 +53,7 @@ else:  # fastformer.kernels: the ops
     from ._gemm_choice import ffn_gemm, ffn_gemm_choice, set_ffn_gemm
     from ._runtime import HAS_TRITON, INTERPRET, compile_only
     from ._tma import set_tma, tma_choice, tma_loads
+    from ._tuned import set_tuned, tuned, tuned_choice
     from .add_layer_norm import (
         add_layer_norm,
         add_layer_norm_dropout_mask,
@@ -89,6 +93,9 @@ else:  # fastformer.kernels: the ops
         "set_autotune",
         "set_ffn_gemm",
         "set_tma",
+        "set_tuned",
         "tma_choice",
         "tma_loads",
+        "tuned",
+        "tuned_choice",
     ]

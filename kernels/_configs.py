@@ -16,12 +16,17 @@ memory) and tiles the launch does not need; the sm_90a compile check holds every
   GPU, and the best is kept on disk (Triton's cache folder) for the next process, keyed also by
   the GPU's name (`_Autotuner`).
 
+- Where a GPU's sweep found a variant and config faster than the rule's pick (a tuned table,
+  kernels/_tuned.py), a launch it matches runs those: `tuned` says which entry, `prefers_tma`
+  which variant, and `pick` takes the entry's config before the rule's order.
+
 Under the interpreter there is one config, `interpreter_meta` with 4 warps and 1 stage, either way.
 Where the candidate lists and their order come from: docs/cold-start.md.
 """
 
 import torch
 
+from . import _tuned
 from ._gemm_choice import ffn_gemm_choice
 from ._runtime import HAS_TRITON, INTERPRET, Choice, PreparedLaunch, aligned, ensure_allocator, launch, triton
 from ._tma import tma_choice
@@ -60,13 +65,15 @@ def autotuning(enabled=True):
 def switches(t):
     """What an op's plan depends on besides its arguments (kernels._runtime.signature): autotuning,
     the choice of tile loads (kernels/_tma.py), the choice of the FFN's first GEMM
-    (kernels/_gemm_choice.py), TF32 for fp32 products, and the autocast dtype in force for t's
-    device. (autocast_state and allow_tf32 written out: this runs on every planned call.)"""
+    (kernels/_gemm_choice.py), the tuned table chosen (kernels/_tuned.py; the installed one follows
+    from the device, which the signature holds), TF32 for fp32 products, and the autocast dtype in
+    force for t's device. (autocast_state and allow_tf32 written out: this runs on every planned call.)"""
     device_type = "cuda" if t.is_cuda else t.device.type
     return (
         autotune_enabled(),
         tma_choice(),
         ffn_gemm_choice(),
+        _tuned.tuned_choice(),
         torch._C._get_cublas_allow_tf32(),
         torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None,
     )
@@ -167,24 +174,63 @@ class Configs:
             )
 
     def pick(self, args, kwargs):
-        """The rule's (meta, num_warps, num_stages) for a launch's positional and keyword arguments,
-        kept per value of the key's arguments, the tensors' dtypes and the keywords (flags): the
-        arguments by name are built only for the rule, on a new key."""
+        """The (meta, num_warps, num_stages) for a launch's positional and keyword arguments: the
+        tuned table's entry for it in its variant (`tuned`), else the rule's first fit; kept per
+        value of the key's arguments, the tensors' dtypes, the keywords (flags) and the table in
+        force: the arguments by name are built only on a new key."""
         if INTERPRET:
             return self.interpreter_meta, 4, 1
         n = len(args)
         keyed = tuple(args[i] if i < n else kwargs[name] for name, i in zip(self.key, self.key_index))
         dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
         named = tuple((k, v.dtype if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items())
-        key = (keyed, dtypes, named)
+        table = _tuned.in_force()
+        key = (keyed, dtypes, named, table)
         try:
             return self.picks[key]
         except KeyError:
             pass
-        except TypeError:  # a symbolic size while torch.compile traces: no memo
+        except TypeError:  # a symbolic size while torch.compile traces: no memo, no table
             return self._first_fit({**dict(zip(self.kernel.arg_names, args)), **kwargs})
-        self.picks[key] = self._first_fit({**dict(zip(self.kernel.arg_names, args)), **kwargs})
+        self.picks[key] = self._tuned_or_first_fit(args, kwargs, table)
         return self.picks[key]
+
+    def tuned(self, args, kwargs, table=None):
+        """The tuned table's entry (kernels/_tuned.py) for a launch given its arguments, with or
+        without its TMA flag (the entry's variant sets it), or None: none in force, no entry
+        near the launch's key, or an entry whose config this kernel's rule does not let the launch
+        run in the entry's variant. `table`: the one in force, where the caller has it."""
+        if INTERPRET or autotune_enabled():
+            return None
+        table = table or _tuned.in_force()
+        if table is None:
+            return None
+        named = {**dict(zip(self.kernel.arg_names, args)), **kwargs}
+        key = {name: named[name] for name in self.key if name != "TMA"}
+        if not all(type(v) in (int, bool, str) for v in key.values()):  # symbolic while tracing
+            return None
+        dtype = next((str(a.dtype) for a in args if isinstance(a, torch.Tensor)), None)
+        entry = table.entry(self.name, key, dtype)
+        if entry is None or entry.config is None:
+            return entry
+        meta, num_warps, num_stages = entry.config
+        in_variant = {**named, "TMA": entry.variant == "tma"}
+        if entry.config not in self.candidates or not self.fits(meta, num_warps, num_stages, in_variant):
+            return None
+        return entry
+
+    def prefers_tma(self, args, kwargs, rule):
+        """Whether a launch (its arguments without TMA) would load tiles through descriptors: as
+        its tuned entry's variant says, else as the kernel's `rule` (its module's PREFERS_TMA).
+        kernels._tma.use_tma then says whether TMA can serve."""
+        entry = self.tuned(args, kwargs)
+        return rule if entry is None else entry.variant == "tma"
+
+    def _tuned_or_first_fit(self, args, kwargs, table):
+        entry = self.tuned(args, kwargs, table)
+        if entry is not None and entry.variant == ("tma" if kwargs.get("TMA") else "pointer"):
+            return entry.config
+        return self._first_fit({**dict(zip(self.kernel.arg_names, args)), **kwargs})
 
     def _first_fit(self, launch_args):
         for meta, num_warps, num_stages in self.candidates:

@@ -1084,7 +1084,8 @@ def _forward_launch(q, k, v, o, lse, seed, masking):
         q, k, v, o, lse, seed, pad, *masking.pad_strides, mask, *masking.mask_strides, *_row_strides(q, k, v),
         H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk),
     )
-    kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v), "TMA": use_tma(PREFERS_TMA, q, k, v)}
+    kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v)}
+    kwargs["TMA"] = use_tma(_attn_fwd.prefers_tma(args, kwargs, PREFERS_TMA), q, k, v)
     return lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,), args, kwargs
 
 
@@ -1124,20 +1125,25 @@ def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking):
     masks = (pad, *masking.pad_strides, mask, *masking.mask_strides)
     strides = (*_row_strides(q, k, v, do), _gradient_rows(dq, dk, dv))
     scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
-    kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v, do), "TMA": use_tma(PREFERS_TMA, q, k, v, do)}
+    flags = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v, do)}
     # the pointers only the other pass uses are None: DK and DV in the dQ pass, O and DQ in dK/dV
-    return [
+    passes = [
         (
+            _attn_bwd_dq,
             lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,),
             (q, k, v, o, do, lse, delta, dq, None, None, seed, *masks, *strides, *scalars),
-            {"DQ_PASS": True, **kwargs},
+            {"DQ_PASS": True, **flags},
         ),
         (
+            _attn_bwd_dkdv,
             lambda meta: (cdiv(Lk, meta["BLOCK_N"]) * B * H,),
             (q, k, v, None, do, lse, delta, None, dk, dv, seed, *masks, *strides, *scalars),
-            {"DQ_PASS": False, **kwargs},
+            {"DQ_PASS": False, **flags},
         ),
     ]
+    for configs, _, args, kwargs in passes:  # each pass its own variant: a tuned table may pick them apart
+        kwargs["TMA"] = use_tma(configs.prefers_tma(args, kwargs, PREFERS_TMA), q, k, v, do)
+    return [launch for _, *launch in passes]
 
 
 def _attn_backward(do, q, k, v, o, lse, seed, masking):

@@ -324,9 +324,24 @@ def _forward_launch(x2, weight, bias, y, pre, activation, store_pre):
     )
     kwargs = {
         "HAS_BIAS": bias is not None, "ACTIVATION": activation, "STORE_PRE": store_pre,
-        "DOT_PRECISION": dot_precision(x2.dtype), "TMA": use_tma(PREFERS_TMA, x2, weight),
+        "DOT_PRECISION": dot_precision(x2.dtype),
     }
+    kwargs["TMA"] = use_tma(_linear_gelu_fwd.prefers_tma(args, kwargs, PREFERS_TMA), x2, weight)
     return lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),), args, kwargs
+
+
+def _prefers_cublas(x2, weight, activation, store_pre):
+    """Whether the forward's product would run by cuBLAS: as the tuned table's entry for the
+    GEMM's launch says (kernels/_tuned.py), else as PREFERS_CUBLAS. kernels._gemm_choice.use_cublas
+    then applies the choice made and says whether cuBLAS can serve."""
+    M, K = x2.shape
+    N = weight.shape[0]
+    key = {
+        "M_BUCKET": next_power_of_2(M), "N": N, "K": K, "ACTIVATION": activation, "STORE_PRE": store_pre,
+        "DOT_PRECISION": dot_precision(x2.dtype),
+    }
+    entry = _linear_gelu_fwd.tuned((x2,), key)
+    return PREFERS_CUBLAS if entry is None else entry.variant == "cublas"
 
 
 def _activation_forward_launch(pre, h, activation):
@@ -363,7 +378,7 @@ def _cublas_forward(x2, weight, bias, activation, store_pre):
 def _linear_gelu_forward(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str, store_pre: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if use_cublas(PREFERS_CUBLAS):  # chosen here, in the op: a trace takes the Triton GEMM (use_cublas)
+    if use_cublas(_prefers_cublas(x2, weight, activation, store_pre)):  # a trace takes the Triton GEMM
         return _cublas_forward(x2, weight, bias, activation, store_pre)
     y, pre = _forward_outputs(x2, weight.shape[0], store_pre)
     grid, args, kwargs = _forward_launch(x2, weight, bias, y, pre, activation, store_pre)
@@ -469,8 +484,8 @@ class LinearGeluPlan(Plan):
         self.rows = (math.prod(x.shape[:-1]), x.shape[-1])
         self.out_shape = (*x.shape[:-1], N)
         self.activation, self.store_pre = activation, store_pre
-        self.cublas = use_cublas(PREFERS_CUBLAS)
         x2 = x.view(self.rows)
+        self.cublas = use_cublas(_prefers_cublas(x2, weight, activation, store_pre))
         y, pre = _forward_outputs(x2, N, store_pre)
         if self.cublas:
             self.forward = _activation_fwd.prepare(*_activation_forward_launch(pre if store_pre else y, y, activation))

@@ -92,8 +92,17 @@ def test_the_table_of_a_dry_run_says_it_timed_nothing(dry_run):
     assert all(row["speedup"] is None and row["fastest"] is None for row in report["best"])
 
 
-def _record(pass_name, variant, config, pick, median, p20, p80):
-    return sweep.Record("f", pass_name, variant, config, pick, "timed", median, p20, p80, 20, 1.0)
+KERNELS = {"forward": "attention forward", "dQ": "attention dQ", "dK/dV": "attention dK/dV"}
+KEY = {"HEAD_DIM": 64, "BLOCK_D": 64, "LQ_BUCKET": 4096, "LK_BUCKET": 4096, "IS_CAUSAL": True}
+
+
+def _record(pass_name, variant, config, pick, median, p20, p80, family="f"):
+    """A made-up timed record; `config` a letter (BLOCK_M 128 for "a", 64 for any other)."""
+    meta = {"BLOCK_M": 128 if config == "a" else 64, "BLOCK_N": 64}
+    return sweep.Record(
+        family, pass_name, variant, config, pick, "timed", median, p20, p80, 20, 1.0,
+        kernel=KERNELS[pass_name], key=KEY, dtype="torch.bfloat16", meta=meta, num_warps=8, num_stages=3,
+    )  # fmt: skip
 
 
 def test_the_fastest_is_set_beside_the_rule_pick_with_the_interval_of_their_spreads():
@@ -113,8 +122,10 @@ def test_the_fastest_is_set_beside_the_rule_pick_with_the_interval_of_their_spre
     assert forward["speedup"] == 2.0 and forward["low"] == pytest.approx(0.9 / 0.55)
     assert rows["dQ"]["speedup"] is None and rows["dQ"]["fastest"]["median_ms"] == 2.0  # no timed pick: no ratio
     report = {
+        "schema": sweep.SCHEMA,
         "env": {"gpu": "G", "date": "D", "torch": "t", "triton": "3", "commit": "c"},
         "dry_run": False,
+        "interrupted": False,
         "quick": False,
         "seconds": 1.0,
         "budget_seconds": 480.0,

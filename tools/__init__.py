@@ -1,10 +1,11 @@
 """The project's tools, and the benchmarks' library (tools.benchmarks: the cases, their timing and
 the report, which bench/'s pytest suites and `python -m bench.report` run too):
 
-    python -m tools.gpu_check      everything a GPU can tell in one command: tests, compile, determinism,
-                                   benchmarks, the model's throughput and convergence (docs/benchmarks.md)
-    python -m tools.sweep          on a GPU, each variant x config of the kernels that have a choice, timed
-                                   (docs/kernels.md)
+    python -m tools.gpu_check      everything a GPU can tell in one command of a lease (tools/gpu_run.sh):
+                                   the sweep, benchmarks beside the peers, the model's throughput and
+                                   convergence, tests, compile, determinism (docs/benchmarks.md)
+    python -m tools.sweep          on a GPU, each variant x config of the kernels that have a choice, timed;
+                                   --adopt: the tuned table the kernels read (docs/kernels.md)
     python -m tools.sm90_report    the sm_90a compile check's table: every kernel and config compiled
                                    for Hopper on a CPU (tools/sm90.py's dry-run driver; docs/sm90.md)
     python -m tools.launches       kernels launched per train step and per inference (docs/launches.md)
@@ -21,6 +22,7 @@ bench.
 """
 
 import json
+import signal
 import sys
 
 
@@ -41,3 +43,16 @@ def write_report(path, report, table):
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(table)
     print(f"\nwrote {path}")
+
+
+def interrupt_once():
+    """SIGINT raises KeyboardInterrupt the first time and is ignored after it, in this process: a
+    run stopped at its limit (tools/gpu_run.sh's `timeout` signals the command and then its whole
+    process group, so a process can get it twice, and a parent passes it on to its subprocess) winds
+    down and writes its files without a second interrupt cutting that short."""
+
+    def interrupted(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupted)

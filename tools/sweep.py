@@ -1,7 +1,8 @@
 """The sweep that decides the kernels' variants and configs on a GPU: `python -m tools.sweep`.
 
-    python -m tools.sweep --out DIR           # on a GPU (tools/gpu_run.sh --sweep): DIR/sweep.json, DIR/sweep.md
+    python -m tools.sweep --out DIR           # on a GPU (tools/gpu_run.sh's first part): DIR/sweep.json, DIR/sweep.md
     python -m tools.sweep --dry-run --quick   # on a CPU: small shapes compiled for sm_90a, nothing timed
+    python -m tools.sweep --adopt DIR/sweep.json   # a GPU's report -> kernels/tuned/<gpu>.json, which the rules read
 
 What: every kernel launch that has a choice to make, on the shapes its targets are judged at and on
 the tutorial's (FAMILIES, in bf16): the attention forward and the backward's dQ and dK/dV passes,
@@ -14,20 +15,26 @@ product and its bias by cuBLAS (torch.addmm), then the activation kernel reading
 (kernels/_gemm_choice.py), timed together, whose one config is the activation kernel's. add +
 LayerNorm has one config and no descriptors, so nothing to sweep.
 
-How: every (launch, variant, config) is compiled first, in parallel (triton.AsyncCompileMode over a
-thread per CPU, under kernels.compile_only); then each is timed alone by device time: `reps` calls
-between CUDA events, the L2 flushed before each (tools.benchmarks.timing.device_times), the median
-and its 20th to 80th percentile. The backward passes read the log-sum-exp of a forward run once
-before, and dK/dV the delta of a dQ pass. Families are timed in FAMILIES' order, the targets'
-first, until --budget seconds have passed; a launch not timed by then is listed as such.
+How: a family at a time, in FAMILIES' order (the targets' first) until --budget seconds have
+passed: its (launch, variant, config)s compiled in parallel (triton.AsyncCompileMode over a thread
+per CPU, under kernels.compile_only), then each timed alone by device time: `reps` calls between
+CUDA events, the L2 flushed before each (tools.benchmarks.timing.device_times), the median and its
+20th to 80th percentile. The backward passes read the log-sum-exp of a forward run once before,
+and dK/dV the delta of a dQ pass. sweep.json and sweep.md are rewritten (atomically) as each
+family ends. On SIGINT (tools/gpu_run.sh's limit) the compiles not started are cancelled and both
+files written with what was timed, the rest "not timed", the report marked interrupted (exit 130).
 
 The table: per family and pass, the fastest (variant, config) beside the rule's pick (the config
-its rule picks, in the variant PREFERS_CUBLAS and PREFERS_TMA pick), each with its interval, the fastest's speed-up
-over the pick with the interval the spreads allow (tools.benchmarks.timing.Ratio), and TFLOP/s:
-the products each pass computes, 2 * B * H * Lq * Lk * D FLOPs each (half under a causal mask):
-the forward 2 (QK^T, PV), dQ 3 (QK^T, dO V^T, dS K), dK/dV 4 (K Q^T, V dO^T, P^T dO, dS^T Q); the
-GEMM 2 * M * N * K. A rule changes (kernels/_configs.py's candidates and their order, the fits
-functions, PREFERS_TMA, PREFERS_CUBLAS) only where a committed table's interval says so (tools/results/).
+the written rule picks, in the variant PREFERS_CUBLAS and PREFERS_TMA pick, with no tuned table in
+force), each with its interval, the fastest's speed-up over the pick with the interval the spreads
+allow (tools.benchmarks.timing.Ratio), and TFLOP/s: the products each pass computes, 2 * B * H *
+Lq * Lk * D FLOPs each (half under a causal mask): the forward 2 (QK^T, PV), dQ 3 (QK^T, dO V^T,
+dS K), dK/dV 4 (K Q^T, V dO^T, P^T dO, dS^T Q); the GEMM 2 * M * N * K.
+
+What the rules take from it (`adopt`): a pass whose fastest beat the pick outside the noise runs
+the fastest's variant and config on that GPU model; one within noise keeps the rule's pick. `--adopt`
+writes that table to kernels/tuned/<gpu>.json (kernels/_tuned.py reads it) and the report to
+tools/results/sweep-<gpu>.json, the pair a test holds to each other: no hand edit decides.
 
 With --dry-run, on a CPU: tools.sm90's dry-run driver compiles every launch for sm_90a and launches
 nothing; the records say "compiled" or the error, which rehearses the GPU run end to end (CI runs
@@ -48,7 +55,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import refuses_interpreter
+from tools import interrupt_once, refuses_interpreter
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = "fastformer.sweep/1"
@@ -90,8 +97,11 @@ FAMILIES = (
 class Launch:
     """One pass of one family in one variant: its Configs, its (grid, args, kwargs) as its launcher
     makes them, what runs before it (`before`: the forward for the backward, the dQ pass for
-    dK/dV), its FLOPs, the configs its rule keeps, and `product`: fn() run before each launch and
-    timed with it (the cuBLAS variant's product, which its kernel reads; None in a dry run)."""
+    dK/dV), its FLOPs, the configs its rule keeps, `product`: fn() run before each launch and
+    timed with it (the cuBLAS variant's product, which its kernel reads; None in a dry run), and
+    `match`: (kernel, key, dtype), what a tuned table's entry for the pass holds (kernels/_tuned.py):
+    the name of the kernel whose choice it is (the GEMM's for the cuBLAS variant too), its launch's
+    key arguments but TMA, and its first tensor's dtype."""
 
     family: str
     pass_name: str
@@ -103,6 +113,11 @@ class Launch:
     flops: float
     before: list = field(default_factory=list)
     product: object = None
+    match: tuple = None
+
+    def __post_init__(self):
+        if self.match is None:
+            self.match = launch_match(self.configs, self.args, self.kwargs)
 
     def kept(self):
         """The candidates its rule keeps for this launch, the rule's pick first."""
@@ -126,6 +141,14 @@ class Launch:
             kernel[grid](*self.args, **self.kwargs, **meta, num_warps=num_warps, num_stages=num_stages)
 
         return run
+
+
+def launch_match(configs, args, kwargs):
+    """(kernel, key, dtype) of a launch, as a tuned table's entry names it (Launch.match)."""
+    named = {**dict(zip(configs.kernel.arg_names, args)), **kwargs}
+    key = {name: named[name] for name in configs.key if name != "TMA"}
+    dtype = next(str(a.dtype) for a in args if hasattr(a, "dtype"))
+    return configs.name, key, dtype
 
 
 def _qkv(B, H, L, D, dtype, layout, device):
@@ -192,14 +215,29 @@ def gemm_launches(family, shape, variant, device):
     w = torch.randn(N, K, 1, dtype=torch.bfloat16, device=device)[..., 0]  # a Conv1d weight's view
     b = torch.randn(N, dtype=torch.bfloat16, device=device)
     y, pre = linear_gelu._forward_outputs(x, N, True)
-    if variant == "cublas":
+    with kernels.tma_loads(variant == "tma"):
+        grid, args, kwargs = linear_gelu._forward_launch(x, w, b, y, pre, "gelu", True)
+    gemm = linear_gelu._linear_gelu_fwd
+    if variant == "cublas":  # the GEMM's choice: its launch's key names the entry
+        match = launch_match(gemm, args, kwargs)
         grid, args, kwargs = linear_gelu._activation_forward_launch(pre, y, "gelu")
         product = None if device.type != "cuda" else functools.partial(linear_gelu._cublas_product, x, w, b, pre)
         configs = linear_gelu._activation_fwd
-        return [Launch(family.name, "forward", variant, configs, grid, args, kwargs, 2.0 * M * N * K, product=product)]
-    with kernels.tma_loads(variant == "tma"):
-        grid, args, kwargs = linear_gelu._forward_launch(x, w, b, y, pre, "gelu", True)
-    return [Launch(family.name, "forward", variant, linear_gelu._linear_gelu_fwd, grid, args, kwargs, 2.0 * M * N * K)]
+        return [
+            Launch(
+                family.name,
+                "forward",
+                variant,
+                configs,
+                grid,
+                args,
+                kwargs,
+                2.0 * M * N * K,
+                product=product,
+                match=match,
+            )
+        ]
+    return [Launch(family.name, "forward", variant, gemm, grid, args, kwargs, 2.0 * M * N * K)]
 
 
 def launches(family, quick, device):
@@ -217,6 +255,9 @@ def launches(family, quick, device):
 
 @dataclass
 class Record:
+    """One (launch, config) of the sweep: what it is (its family, pass, variant and config, and
+    its Launch.match: kernel, key, dtype), whether it is the rule's pick, and how it went."""
+
     family: str
     pass_name: str
     variant: str
@@ -229,10 +270,26 @@ class Record:
     reps: int = 0
     tflops: float | None = None
     error: str | None = None
+    kernel: str | None = None
+    key: dict | None = None
+    dtype: str | None = None
+    meta: dict | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
 
 
 def config_name(meta, num_warps, num_stages):
     return " ".join(f"{k}={v}" for k, v in sorted(meta.items())) + f" w{num_warps} s{num_stages}"
+
+
+def record_of(launch, config, is_pick):
+    """The Record of one (launch, config) before it runs: "not timed"."""
+    kernel, key, dtype = launch.match
+    meta, num_warps, num_stages = config
+    return Record(
+        launch.family, launch.pass_name, launch.variant, config_name(*config), is_pick, "not timed",
+        kernel=kernel, key=key, dtype=dtype, meta=dict(meta), num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
 
 
 def _rule_pick(launch):
@@ -242,62 +299,147 @@ def _rule_pick(launch):
 
 def compile_all(items, workers):
     """Compile every (launch, config) in parallel, launching nothing (kernels.compile_only under a
-    triton.AsyncCompileMode); the returned errors by item index are the compiles that failed."""
+    triton.AsyncCompileMode); the returned errors by item index are the compiles that failed. On
+    an interrupt the compiles not yet started are cancelled and those running left to finish in
+    their threads, unwaited for, so that the caller can write what it has at once."""
     import triton
 
     from fastformer import kernels
     from fastformer.train.warmup import CompileThreads
 
     errors = {}
-    with CompileThreads(workers) as pool, triton.AsyncCompileMode(pool), kernels.compile_only():
-        for i, (launch, config) in enumerate(items):
+    pool = CompileThreads(workers)
+    mode = triton.AsyncCompileMode(pool)
+    try:
+        with mode, kernels.compile_only():
             try:
-                launch.runner(*config)()
-            except Exception as error:  # noqa: BLE001  (a config that does not compile is a result)
-                errors[i] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+                for i, (launch, config) in enumerate(items):
+                    try:
+                        launch.runner(*config)()
+                    except Exception as error:  # noqa: BLE001  (a config that does not compile is a result)
+                        errors[i] = _error_line(error)
+            except KeyboardInterrupt:
+                _abandon(pool, mode)
+                raise
+    except KeyboardInterrupt:
+        _abandon(pool, mode)  # also when it came while AsyncCompileMode waited for the compiles
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
     return errors
 
 
-def sweep(quick=False, dry_run=False, budget=480.0, reps=20, families=None, workers=None, progress=print):
-    """Run the sweep; returns the report (SCHEMA)."""
+def _abandon(pool, mode):
+    """Cancel the compiles not started and leave the running ones to their threads: AsyncCompileMode
+    then waits for none on leaving (a compile cannot be stopped midway: ptxas is a process, the MLIR
+    passes C++)."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    mode.raw_futures, mode.future_kernels, mode.ignore_errors = [], {}, True
+
+
+def _error_line(error):
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+
+
+def sweep(
+    quick=False, dry_run=False, budget=480.0, reps=20, families=None, workers=None, progress=print, on_family=None
+):
+    """Run the sweep, a family at a time (compile its launches in parallel, then time each), in
+    FAMILIES' order until the budget is spent; returns the report (SCHEMA). `on_family(report)`
+    is called with the report so far as each family ends (the command writes its files then), and
+    on an interrupt, once more with what was timed (then the report says interrupted).
+
+    The rule's pick is the written rule's, with no tuned table in force (kernels/_tuned.py): what
+    the sweep times, and what tools.sweep.adopt judges a faster config against."""
     import torch
+
+    from fastformer import kernels
 
     start = time.monotonic()
     device = torch.device("cpu" if dry_run else "cuda")
     chosen = [f for f in FAMILIES if families is None or any(s in f.name for s in families)]
-    items = []  # (launch, config, is the rule's pick)
-    for family in chosen:
-        for launch in launches(family, quick, device):
-            pick_variant = _rule_variant(launch)
-            pick = _rule_pick(launch)
-            for config in launch.kept():
-                items.append((launch, config, launch.variant == pick_variant and config == pick))
-    records = [
-        Record(launch.family, launch.pass_name, launch.variant, config_name(*config), is_pick, "not timed")
-        for launch, config, is_pick in items
-    ]
-    interrupted = False
-    try:
-        progress(f"sweep: {len(items)} launches in {len(chosen)} families; compiling")
-        errors = compile_all([(launch, config) for launch, config, _ in items], workers or os.cpu_count())
-        progress(f"sweep: compiled in {time.monotonic() - start:.0f} s, {len(errors)} failed")
-        _time_each(items, records, errors, device, dry_run, reps, lambda: time.monotonic() - start > budget)
-    except KeyboardInterrupt:  # tools/gpu_run.sh's limit: the records so far, the rest "not timed"
-        interrupted = True
-        progress("sweep: interrupted; writing what was timed")
-    return {
+    by_family, records = [], []  # [(family, items, records)], records of all
+    with kernels.tuned(False):
+        for family in chosen:
+            items = []  # (launch, config, is the rule's pick)
+            for launch in launches(family, quick, device):
+                pick_variant = _rule_variant(launch)
+                pick = _rule_pick(launch)
+                for config in launch.kept():
+                    items.append((launch, config, launch.variant == pick_variant and config == pick))
+            made = [record_of(launch, config, is_pick) for launch, config, is_pick in items]
+            by_family.append((family, items, made))
+            records += made
+    report = {
         "schema": SCHEMA,
         "env": _env(dry_run),
         "quick": quick,
         "dry_run": dry_run,
         "budget_seconds": budget,
-        "seconds": round(time.monotonic() - start, 1),
-        "interrupted": interrupted,
+        "seconds": 0.0,
+        "interrupted": False,
         "reps": reps,
         "families": [f.name for f in chosen],
-        "records": [vars(r) for r in records],
-        "best": best_per_pass(records),
+        "records": [],
+        "best": [],
     }
+
+    def spent():
+        return time.monotonic() - start > budget
+
+    def update():
+        report["seconds"] = round(time.monotonic() - start, 1)
+        report["records"] = [vars(r) for r in records]
+        report["best"] = best_per_pass(records)
+        if on_family is not None:
+            on_family(report)
+
+    families_text = f"{len(chosen)} famil{'y' if len(chosen) == 1 else 'ies'}"
+    progress(f"sweep: {len(records)} launches in {families_text}, a budget of {budget:.0f} s")
+    try:
+        with kernels.tuned(False):
+            for family, items, made in by_family:
+                if not dry_run and spent():
+                    progress(f"sweep: {family.name}: not timed, the budget of {budget:.0f} s spent")
+                    continue
+                began = time.monotonic()
+                progress(f"sweep: {family.name}: compiling {len(items)} launches")
+                errors = compile_all([(launch, config) for launch, config, _ in items], workers or os.cpu_count())
+                progress(
+                    f"sweep: {family.name}: compiled in {time.monotonic() - began:.0f} s, {len(errors)} failed; timing"
+                )
+                _time_each(items, made, errors, device, dry_run, reps, spent)
+                update()
+                progress(
+                    f"sweep: {family.name}: done in {time.monotonic() - began:.0f} s; "
+                    + family_line(report, family.name)
+                )
+    except KeyboardInterrupt:  # tools/gpu_run.sh's limit: the records so far, the rest "not timed"
+        report["interrupted"] = True
+        progress("sweep: interrupted; writing what was timed")
+    update()
+    return report
+
+
+def family_line(report, family):
+    """One family's best per pass in a line: "forward tma w8 s3 1.23x [1.10, 1.31]; dQ the rule's pick"."""
+    parts = []
+    for row in report["best"]:
+        if row["family"] != family:
+            continue
+        fastest, pick = row["fastest"], row["pick"]
+        if fastest is None:
+            parts.append(f"{row['pass']} {'compiled' if report['dry_run'] else 'not timed'}")
+        elif row["speedup"] is None:
+            parts.append(f"{row['pass']} {fastest['variant']} {fastest['config']} (the pick not timed)")
+        elif pick is not None and (fastest["variant"], fastest["config"]) == (pick["variant"], pick["config"]):
+            parts.append(f"{row['pass']}: the rule's pick is the fastest")
+        else:
+            parts.append(
+                f"{row['pass']}: {fastest['variant']} {fastest['config']} "
+                f"{row['speedup']:.2f}x [{row['low']:.2f}, {row['high']:.2f}] the pick"
+            )
+    return "; ".join(parts) or "nothing"
 
 
 def _time_each(items, records, errors, device, dry_run, reps, spent):
@@ -361,6 +503,87 @@ def best_per_pass(records):
     return rows
 
 
+def adopt(report, source=None):
+    """The tuned table (kernels/_tuned.py) a GPU sweep's report decides: an entry for each (family,
+    pass) whose fastest (variant, config) beat the rule's pick outside the noise (the speed-up's
+    interval all above 1: the fastest's 80th percentile under the pick's 20th). A winner within
+    noise of the pick, a pass whose pick was not timed, and a pass the pick won keep the rule's
+    pick: no entry. `source`: the report's file, recorded in the table."""
+    from fastformer.kernels import _tuned
+
+    if report.get("schema") != SCHEMA:
+        raise ValueError(f"not a sweep report (its schema must be {SCHEMA!r})")
+    if report["dry_run"]:
+        raise ValueError("a dry run timed nothing: there is nothing to adopt")
+    launches = []
+    for row in report["best"]:
+        if row["speedup"] is None or row["low"] <= 1.0:
+            continue
+        fastest = row["fastest"]
+        cublas = fastest["variant"] == "cublas"  # the product is cuBLAS's: no config of the GEMM's
+        launches.append(
+            {
+                "kernel": fastest["kernel"],
+                "family": row["family"],
+                "pass": row["pass"],
+                "key": fastest["key"],
+                "dtype": fastest["dtype"],
+                "variant": fastest["variant"],
+                "meta": None if cublas else fastest["meta"],
+                "num_warps": None if cublas else fastest["num_warps"],
+                "num_stages": None if cublas else fastest["num_stages"],
+                "speedup": round(row["speedup"], 4),
+                "low": round(row["low"], 4),
+                "high": round(row["high"], 4),
+            }
+        )
+    env = report["env"]
+    return {
+        "schema": _tuned.SCHEMA,
+        "gpu": env["gpu"],
+        "source": {
+            "sweep": source,
+            "date": env["date"],
+            "commit": env["commit"],
+            "torch": env["torch"],
+            "triton": env["triton"],
+            "interrupted": report["interrupted"],
+        },
+        "launches": launches,
+    }
+
+
+def adopted_lines(table):
+    """What a tuned table changes, a line per entry (or one saying the rules stand)."""
+    if not table["launches"]:
+        return [f"tuned table for {table['gpu']}: no winner outside the noise; the written rules stand"]
+    lines = [f"tuned table for {table['gpu']}: {len(table['launches'])} of the sweep's passes take its winner"]
+    for e in table["launches"]:
+        config = (
+            "cuBLAS's product" if e["variant"] == "cublas" else config_name(e["meta"], e["num_warps"], e["num_stages"])
+        )
+        lines.append(
+            f"  {e['family']} {e['pass']}: {e['variant']} {config}, "
+            f"{e['speedup']:.2f}x [{e['low']:.2f}, {e['high']:.2f}] the rule's pick"
+        )
+    return lines
+
+
+def write_atomically(path, text):
+    """path's text replaced at once (a temporary file beside it, then os.replace): a kill leaves
+    the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_report(out, report):
+    """sweep.json and sweep.md in `out`, each atomically."""
+    write_atomically(Path(out) / "sweep.json", json.dumps(report, indent=1) + "\n")
+    write_atomically(Path(out) / "sweep.md", table(report))
+
+
 def _env(dry_run):
     import torch
     import triton
@@ -407,12 +630,17 @@ def table(report):
     ]
     if report["dry_run"]:
         lines += ["A dry run: compiled for sm_90a on a CPU, nothing timed.", ""]
+    if report["interrupted"]:
+        lines += ["**Interrupted**: the launches not reached are marked not timed.", ""]
     lines += ["| family | pass | rule's pick | fastest | speed-up [interval] |", "|---|---|---|---|---|"]
     for row in report["best"]:
         speedup = "-" if row["speedup"] is None else f"{row['speedup']:.3f}x [{row['low']:.3f}, {row['high']:.3f}]"
         lines.append(
             f"| {row['family']} | {row['pass']} | {_figure(row['pick'])} | {_figure(row['fastest'])} | {speedup} |"
         )
+    if not report["dry_run"]:
+        lines += ["", "What the rules take from it (tools.sweep.adopt; `--adopt` writes it to kernels/tuned/):", ""]
+        lines += [f"- {line.strip()}" for line in adopted_lines(adopt(report))]
     lines += [
         "",
         "| family | pass | variant | config | pick | status | ms [p20, p80] | TFLOP/s |",
@@ -429,10 +657,52 @@ def table(report):
     return "\n".join(lines) + "\n"
 
 
+def adopt_command(path, tables, results):
+    """--adopt: the table of the sweep report at `path` into tables/<gpu>.json, and the report
+    beside the committed ones as results/sweep-<gpu>.json when it is not there already."""
+    from fastformer.kernels import _tuned
+
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        slug = _tuned.gpu_slug(report["env"]["gpu"])
+        committed = Path(results) / f"sweep-{slug}.json"
+        try:
+            source = str(committed.relative_to(REPO))
+        except ValueError:
+            source = str(committed)
+        table_doc = adopt(report, source)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"tools.sweep: --adopt {path}: {type(error).__name__}: {error}", file=sys.stderr)
+        return 2
+    if path.resolve() != committed.resolve():
+        committed.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(committed, json.dumps(report, indent=1) + "\n")
+        print(f"wrote {committed}")
+    Path(tables).mkdir(parents=True, exist_ok=True)
+    target = Path(tables) / f"{slug}.json"
+    write_atomically(target, json.dumps(table_doc, indent=1) + "\n")
+    print("\n".join(adopted_lines(table_doc)))
+    print(f"wrote {target}")
+    return 0
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--out", type=Path, default=REPO / "tools" / "results", help="folder for sweep.json and sweep.md"
+    )
+    parser.add_argument(
+        "--adopt",
+        metavar="SWEEP_JSON",
+        help="time nothing: write the tuned table a GPU's sweep.json decides into kernels/tuned/<gpu>.json "
+        "(and the report into tools/results/sweep-<gpu>.json)",
+    )
+    parser.add_argument(
+        "--tables", type=Path, default=REPO / "kernels" / "tuned", help="with --adopt: the tables' folder"
+    )
+    parser.add_argument(
+        "--results", type=Path, default=REPO / "tools" / "results", help="with --adopt: the sweep reports' folder"
     )
     parser.add_argument("--quick", action="store_true", help="the families' small shapes")
     parser.add_argument("--dry-run", action="store_true", help="on a CPU: compile for sm_90a, time nothing")
@@ -441,28 +711,38 @@ def main(argv=None):
     parser.add_argument("--family", action="append", help="only families whose name contains this (repeatable)")
     parser.add_argument("--workers", type=int, help="compile threads (default: a CPU each)")
     args = parser.parse_args(argv)
+    if args.adopt:
+        return adopt_command(args.adopt, args.tables, args.results)
     if refuses_interpreter("sweep", "the sweep compiles the kernels for a GPU"):
         return 2
     if args.reps < 1 or args.budget <= 0:
         parser.error("--reps and --budget must be positive")
-    if args.dry_run:
-        from tools import sm90
-
-        with sm90.dry_run(time_configs=False):
-            report = sweep(args.quick, True, args.budget, args.reps, args.family, args.workers)
-    else:
+    if not args.dry_run:
         import torch
 
         if not torch.cuda.is_available():
             parser.error("no CUDA device: the sweep times kernels on a GPU (--dry-run compiles them on a CPU)")
-        report = sweep(args.quick, False, args.budget, args.reps, args.family, args.workers)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sweep.json").write_text(json.dumps(report, indent=1) + "\n")
-    markdown = table(report)
-    (args.out / "sweep.md").write_text(markdown)
-    print(markdown)
+    interrupt_once()
+    run = functools.partial(
+        sweep, args.quick, args.dry_run, args.budget, args.reps, args.family, args.workers,
+        on_family=functools.partial(write_report, args.out),
+    )  # fmt: skip
+    if args.dry_run:
+        from tools import sm90
+
+        with sm90.dry_run(time_configs=False):
+            report = run()
+    else:
+        report = run()
+    best = table(report).split("\n\n| family | pass | variant")[0]  # the best per pass; sweep.md has every record
+    print(best)
+    if not args.dry_run:
+        print("\n".join(adopted_lines(adopt(report))))
     print(f"wrote {args.out / 'sweep.json'} and {args.out / 'sweep.md'}")
     errors = [r for r in report["records"] if r["status"] == "error"]
+    if report["interrupted"]:
+        return 130
     return 1 if errors else 0
 
 
