@@ -25,7 +25,7 @@ from tools.gpu_check.compile import graph_breaks
 from tools.gpu_check.determinism import first_mismatch
 from tools.gpu_check.env import copy_gbps, git_commit, output
 from tools.gpu_check.model import PROFILE_ROWS, model_cases, model_flops
-from tools.gpu_check.plan import FULL, MODEL_ORDER, QUICK, REST, SMOKE, STAGES
+from tools.gpu_check.plan import FULL, MODEL_ORDER, ONE_SECONDS, QUICK, REST, SMOKE, STAGES, SWEEP_FIRST
 from tools.gpu_check.run import UNITS, stream
 from tools.gpu_check.tests import junit_counts
 
@@ -34,6 +34,7 @@ TOP_KEYS = {
     "schema",
     "command",
     "mode",
+    "plan",
     "device",
     "started",
     "finished",
@@ -53,6 +54,11 @@ CPU_ONLY = pytest.mark.skipif(
 )
 
 
+# every stage but the sweep, whose rehearsal (a dry run under the driver tools/sm90.py) is the one
+# run's, tests/test_one_run.py
+SMOKE_STAGES = [s for s in STAGES if s != "sweep"]
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """One real `python -m tools.gpu_check --smoke` (about 30 s of one core), into a folder holding
@@ -63,7 +69,7 @@ def smoke(tmp_path_factory):
     (out / "plot-attention_fwd_d64.png").write_bytes(b"an earlier run's plot")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     result = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_check", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "tools.gpu_check", "--smoke", "--out", str(out), "--stage", ",".join(SMOKE_STAGES)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -119,7 +125,7 @@ def test_results_json_schema(smoke):
     assert doc["finished"] and doc["started"] <= doc["finished"]
     assert doc["env"]["gpu"] == "cpu" and doc["env"]["torch"] == torch.__version__ and doc["env"]["triton"]
     assert doc["env"]["bf16_gemm_tflops"] is None and doc["env"]["d2d_copy_gbps"] is None  # no CPU "ceiling"
-    assert list(doc["stages"]) == list(STAGES)
+    assert list(doc["stages"]) == SMOKE_STAGES
     for name, entry in doc["stages"].items():
         assert set(entry) == STAGE_KEYS, name
         assert entry["seconds"] >= 0 and entry["error"] is None and entry["traceback"] is None
@@ -334,7 +340,7 @@ def test_out_is_required(capsys):
 
 @CPU_ONLY
 def test_without_cuda_a_full_run_fails_env_and_skips_the_rest(tmp_path):
-    assert main(["--out", str(tmp_path), "--stage", "env,bench"]) == 1
+    assert main(["--full", "--out", str(tmp_path), "--stage", "env,bench"]) == 1
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["stages"]["env"]["status"] == "failed"
     assert doc["stages"]["env"]["error"].startswith("Failed: no CUDA device")
@@ -466,17 +472,22 @@ def test_the_model_stage_measures_its_plans_providers_in_order():
     assert FULL.model_batch == 128  # bench/test_report.py: 128 reviews pad to a bucket length
 
 
-def test_the_two_calls_of_a_lease_split_the_stages_and_fit_their_budget():
-    assert set(QUICK.stages) | set(REST.stages) == set(STAGES)
-    assert set(QUICK.stages) & set(REST.stages) == {"env", "tests"}
-    for plan in (QUICK, REST):
-        assert sum(plan.budget_seconds[s] for s in plan.stages) <= 510  # gpu_run.sh stops it at 535 s
+def test_the_parts_of_the_one_run_cover_every_stage_and_each_fits_its_budget():
+    """A lease is one command (tools/gpu_run.sh stops it at 570 s, the device tool at 600): each
+    plan one_run can take adds up to ONE_SECONDS, and together they run every stage."""
+    assert set(QUICK.stages) | set(REST.stages) | set(SWEEP_FIRST.stages) == set(STAGES)
+    assert set(QUICK.stages) & set(REST.stages) == {"env", "tests"} and QUICK.tests != REST.tests
+    for plan in (QUICK, REST, SWEEP_FIRST):
+        assert sum(plan.budget_seconds[s] for s in plan.stages) == ONE_SECONDS
+        assert plan.stages[0] == "env" and set(plan.budget_seconds) == set(plan.stages)
+    assert SWEEP_FIRST.stages[:2] == ("env", "sweep") and SWEEP_FIRST.stages[-1] == "tests"  # the sweep first
     assert set(FULL.stages) == set(STAGES) == set(SMOKE.stages)
 
 
-def test_the_first_call_measures_both_sides_of_every_target():
-    """What decides comes in the first call: for each target, its provider and a peer (or its
-    fallback's) in the quick bench list or the quick model stage's providers, in a case it reads."""
+def test_the_one_runs_kernel_and_model_stages_measure_both_sides_of_every_target():
+    """What decides comes in the one run's kernel and model stages: for each target, its provider
+    and a peer (or its fallback's) in the quick bench list or the quick model stage's providers, in
+    a case it reads."""
     quick = bench_cases("quick", "cpu")
     for target in TARGETS:
         if target.bench.startswith("model_"):

@@ -13,6 +13,7 @@ import torch
 
 from tools.convergence import TINY
 from tools.gpu_check import job
+from tools.gpu_check.plan import PLANS
 from tools.gpu_check.run import ROOT, Failed, Run
 
 FIGURES = ("wall_seconds", "setup_seconds", "first_step_seconds", "train_seconds", "tokens_per_s")
@@ -21,8 +22,11 @@ on_a_cpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the stage's CPU
 
 def smoke_run(budget=300):
     """What the stage reads of a Run: the smoke plan's config and budget, on a CPU, started now."""
-    plan = SimpleNamespace(budget_seconds={"job": budget}, config=TINY)
-    return SimpleNamespace(plan=plan, mode="smoke", cuda=False, stage_started=time.monotonic())
+    plan = SimpleNamespace(budget_seconds={"job": budget}, config=TINY, tiny=True)
+    started = time.monotonic()
+    return SimpleNamespace(
+        plan=plan, mode="smoke", cuda=False, stage_started=started, deadline=lambda stage: started + budget
+    )
 
 
 @on_a_cpu
@@ -32,7 +36,7 @@ def test_the_stage_trains_on_both_backends_and_reads_back_their_figures(tmp_path
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "out"
     out.mkdir()
-    run = Run(str(out), ["job"], "smoke", "python -m tools.gpu_check --smoke --stage job")
+    run = Run(str(out), ["job"], "smoke", "python -m tools.gpu_check --smoke --stage job", PLANS["smoke"])
     run.stage_started = time.monotonic()
     details = job.stage(run)
     assert details["data"] == job.REVIEWS_200 and details["data_command"] is None
@@ -94,7 +98,7 @@ def test_a_run_directory_gives_the_epochs_figures_and_what_ran(tmp_path, modes, 
 
 def test_without_the_carried_sdist_the_jobs_train_on_the_200_reviews_and_say_so(monkeypatch):
     monkeypatch.setattr(job, "CARRY", "no-such-carry")
-    options, data = job.choose_data(SimpleNamespace(mode="full"), {}, 60)
+    options, data = job.choose_data(SimpleNamespace(mode="full", plan=SimpleNamespace(tiny=False)), {}, 60)
     assert options == ["--train", os.path.join(ROOT, job.REVIEWS_200)]
     assert data["data"] == job.REVIEWS_200 and data["data_command"] is None
     assert "no no-such-carry/vaderSentiment-3.3.2.tar.gz" in data["data_note"]
@@ -109,7 +113,9 @@ def test_without_the_carried_sdist_the_jobs_train_on_the_200_reviews_and_say_so(
     reason="no gpu-carry/ here (tools/gpu_carry.sh fills it)",
 )
 def test_the_carried_sdist_becomes_the_dataset_in_the_jobs_cache(tmp_path):
-    options, data = job.choose_data(SimpleNamespace(mode="full"), {"XDG_CACHE_HOME": str(tmp_path)}, 60)
+    options, data = job.choose_data(
+        SimpleNamespace(mode="full", plan=SimpleNamespace(tiny=False)), {"XDG_CACHE_HOME": str(tmp_path)}, 60
+    )
     assert options == ["--dataset", "rotten-tomatoes"] and data["data"] == "rotten-tomatoes"
     assert sorted(os.listdir(tmp_path / "fastformer" / "rotten-tomatoes")) == ["test.tsv", "train.tsv"]
 

@@ -194,7 +194,9 @@ def test_uses_device_fixture_directly_through_a_fixture_and_not_a_parameter_of_t
 # the command per mode
 # ----------------------------------------------------------------------------------------------
 def _run(mode, cuda, out=None):
-    return SimpleNamespace(mode=mode, cuda=cuda, out=out, plan=SimpleNamespace(budget_seconds={"tests": 60}))
+    """What the stage reads of a Run whose plan's tests selection is the mode's."""
+    plan = SimpleNamespace(tests=mode, budget_seconds={"tests": 60})
+    return SimpleNamespace(mode=mode, cuda=cuda, out=out, plan=plan, seconds_left=lambda stage: 60.0)
 
 
 def test_the_stage_and_conftest_name_the_quick_keyword_alike():

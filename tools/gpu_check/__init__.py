@@ -1,23 +1,32 @@
 """One command that validates fastformer on a CUDA GPU, against the peers a user would pick
 instead, and leaves the answers in files.
 
-    python -m tools.gpu_check --out DIR --quick    # a 560-s lease's first call: what decides (env, tests, bench, model)
-    python -m tools.gpu_check --out DIR --rest     # its second call: the rest (env, tests, compile, determinism, job)
-    python -m tools.gpu_check --out DIR            # every stage at full size (about 40 minutes)
+    python -m tools.gpu_check --out DIR            # the one run of a lease (plan.one_run): what decides first
+    python -m tools.gpu_check --out DIR --quick    # the kernel and model stages, then the parity subset
+    python -m tools.gpu_check --out DIR --rest     # the rest (env, tests, compile, determinism, job)
+    python -m tools.gpu_check --out DIR --full     # every stage at full size (about 40 minutes)
     python -m tools.gpu_check --out DIR --smoke    # tiny shapes; on a CPU, kernels through the interpreter
     python -m tools.gpu_check --out DIR --quick --stage bench,model   # a mode's sizes, these stages
 
-tools/gpu_run.sh is how a lent GPU machine runs it. Run it from the repository root of an installed
-checkout (`pip install -e .`; offline, with torch, Triton and setuptools there: `pip install
---no-deps --no-build-isolation --no-index -e .`): it installs nothing and needs no network. The
-stages run in this order, whatever order --stage gives (plan.py says what each mode runs):
+tools/gpu_run.sh is how a lent GPU machine runs it: one command of a lease of 15 minutes of device
+time, the one run, planned for 540 s (--seconds), whose plan reads what the repository holds
+(--repo: the committed sweep of this GPU model, the committed runs under bench/results/gpu/) and
+says first what it runs and why; on a CPU it is its own rehearsal at smoke sizes. Run it from the
+repository root of an installed checkout (`pip install -e .`; offline, with torch, Triton and
+setuptools there: `pip install --no-deps --no-build-isolation --no-index -e .`): it installs
+nothing and needs no network. The stages run in the plan's order (plan.py says what each mode
+runs; --stage picks among them):
 
   env          GPU name, compute capability, SM count, memory, driver, CUDA, torch, Triton and
                Python versions; two ceilings measured on the spot: a bf16 GEMM of 8192^3
                (2 * 8192^3 FLOP per call) and a 1 GiB device-to-device copy (bytes read + written)
+  sweep        tools.sweep in a subprocess (sweep.py): the kernels' variants and configs timed, a
+               family at a time, sweep.json and sweep.md written into DIR as each family ends; then
+               the tuned table tools.sweep.adopt makes of the report in force for the rest of the
+               run (FASTFORMER_TUNED; env.tuned says which table every later figure ran on)
   tests        pytest in a subprocess, writing junit.xml: the `cuda` tests and the kernels' `parity`
-               tests (every test that takes the `device` fixture) on the GPU, split between the two
-               calls of a lease (tests.py); on a CPU, the GPU's selection counted and the cuda tests
+               tests (every test that takes the `device` fixture) on the GPU, the plan's selection
+               (tests.py); on a CPU, the GPU's selection counted and the cuda tests
   compile      torch.compile(model, fullgraph=True) of MovieClassification and of Aladdin
                Persson's einsum seq2seq Transformer: a train step (forward, loss, backward) checked
                finite, then the eval-mode logits against eager; on failure, Dynamo's graph breaks
@@ -53,33 +62,46 @@ stages run in this order, whatever order --stage gives (plan.py says what each m
                sdist tools/gpu_carry.sh carries, else the embedded 200 reviews): wall time, time to
                first step, tokens/s over the epoch, test accuracy (job.py)
 
-Each stage is timed and has a time budget (plan.py), checked between its items, which come in the
-order the decisions need them: cases left when it is spent are reported as not run, with the
-reason, and the stage fails. A stage's failure is recorded with its traceback and the next stage
-runs. A stage that cannot run here is "skipped" with the reason ("needs CUDA: ..."). Exit status: 0
-when no stage failed, 1 when one did, 2 for a bad command line.
+Each stage is timed and has a time budget (plan.py) on the run's clock (time an early stage leaves
+goes to the later ones), checked between its items, which come in the order the decisions need
+them: cases left when it is spent are reported as not run, with the reason, and the stage fails.
+A stage's failure is recorded with its traceback and the next stage runs. A stage that cannot run
+here is "skipped" with the reason ("needs CUDA: ..."). Exit status: 0 when no stage failed, 1 when
+one did, 2 for a bad command line, 130 when interrupted.
 
 --smoke runs the same pipeline on tiny shapes, on the GPU when there is one, else on the CPU with
 the kernels through Triton's interpreter (so CI exercises it): every provider and kind of case is
 a row there, measured or skipped with its reason; the ceilings, the compile stage and the cuda
 tests say "needs CUDA", and the figures measured are CPU figures of tiny shapes, never GPU
-ceilings. Without CUDA and without --smoke, env fails and the rest is skipped.
+ceilings; the sweep is a dry run under tools/sm90.py's driver. The one run on a CPU is the same
+sizes in the one run's stages. Without CUDA, --full, --quick and --rest fail env and skip the rest.
 
-Files in DIR, at most 8 (earlier files of these names are replaced; other files are left alone):
-  summary.md    stage table, targets, each stage's details, the benchmark tables, every traceback
+Files in DIR, at most 6 in the one run, so that a stray temporary file leaves the device tool's 8
+(earlier files of these names are replaced; other files are left alone):
+  summary.md    the plan, stage table, targets, each stage's details, the benchmark tables, every traceback
   results.json  the schema below
-  log.txt       everything printed, flushed as it goes (the pytest run's output included)
+  log.txt       everything printed, flushed as it goes (the pytest run's and the sweep's output included)
   junit.xml     the tests stage's pytest report
-  plot-*.png    at most four: attention TFLOP/s against sequence length per provider, model tokens/s
+  sweep.json, sweep.md  the sweep stage's report and table (tools.sweep)
+  plot-*.png    in the other modes, at most four: attention TFLOP/s against sequence length per
+                provider, model tokens/s (bench.report --from results.json draws them from any run)
 results.json and summary.md are rewritten atomically (a temporary file, then os.replace) as each
-stage starts and ends, and after each case in bench and model: a killed run leaves the stages it
-finished and "running" on the one it was in.
+stage starts and ends, and after each case in bench and model; sweep.json and sweep.md after each
+sweep family. Interrupted (SIGINT: tools/gpu_run.sh's limit signals the process group; a second
+SIGINT is ignored, tools.interrupt_once), the run gives a subprocess 10 s to write its files, marks
+the stage it was in "interrupted", writes its own and prints its summary, exit status 130; a
+killed run leaves the stages it finished and "running" on the one it was in. The summary printed
+last (the plan, the stages, the sweep's best per pass and what it put in force, the targets) is
+the tail of the output a device tool returns even when no file comes back.
 
 results.json, schema "fastformer.gpu_check/1" (every key is always present; null where not known):
-  schema, command, mode ("full" | "quick" | "rest" | "smoke"), device ("cuda" | "cpu"),
+  schema, command, mode ("one" | "full" | "quick" | "rest" | "smoke"), device ("cuda" | "cpu"),
+  plan                  the lines that say what the run ran and why (the one run's; [] otherwise)
   started, finished     ISO 8601 times; finished is null until the run ends
   env                   gpu (the device name, "cpu" without CUDA), torch, triton, cuda, date,
-                        bf16_gemm_tflops, d2d_copy_gbps (null until measured; never on a CPU)
+                        bf16_gemm_tflops, d2d_copy_gbps (null until measured; never on a CPU),
+                        tuned: {source, gpu, launches, sha256} of the tuned table the kernels read
+                        (kernels/_tuned.py; sha256 of its launches, null for the written rules)
   units                 the unit of every figure, by key or key suffix (run.UNITS)
   stages                {name: {status, seconds, reason, error, traceback, details}} for each stage
                         asked for, in run order; status is pending, running, passed, failed,
@@ -88,6 +110,9 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                         the stage's figures and always a one-line "summary":
       env           device, gpu, capability, sm_count, memory_gib, driver, cuda, torch, triton,
                     python, git_commit, bf16_gemm_tflops, d2d_copy_gbps, ceilings_note
+      sweep         command, returncode, timed_out, families, interrupted, seconds, launches, timed,
+                    compiled, not_timed, error, errors, best (a line per family: each pass's fastest
+                    against the rule's pick), adopted (the lines of what it put in force)
       tests         command, returncode, timed_out, tests, passed, failed, errors, skipped,
                     seconds, failures (names and first message lines), skip_reasons, selection
                     (the mode), gpu_command, selected_on_gpu and parity_on_gpu (counted on a CPU)
@@ -129,7 +154,7 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
 The package, a module per stage and nothing importing another's privates:
   command.py   the command line, the log, the stages in order      plan.py    what each mode runs
   run.py       the run's state and files, and what stages share     report.py  summary.md and the table
-  env.py, tests.py, compile.py, determinism.py, bench.py, model.py, job.py    the stages
+  env.py, sweep.py, tests.py, compile.py, determinism.py, bench.py, model.py, job.py    the stages
 """
 
 import os

@@ -47,7 +47,6 @@ from tools.gpu_check.run import ROOT, Failed, stream
 
 CARRY = "gpu-carry"  # under ROOT: what the GPU machine cannot download (tools/gpu_carry.sh)
 REVIEWS_200 = os.path.join("tests", "data", "rotten_tomatoes_200.tsv")  # under ROOT
-BUDGET_SECONDS = 300  # until the plans give the stage its own
 DATA_SECONDS = 60  # for `fastformer data`: it converts 2.5 MB in a second or two
 SMOKE_PIECES, SMOKE_BATCH = 120, 4  # --smoke: the 200 reviews need 65 pieces for their characters alone
 INTERPRETED_STEPS = 1  # the triton job on a CPU: a step of the tiny model takes Triton's interpreter ~2.5 s
@@ -89,7 +88,7 @@ def choose_data(run, environment, timeout):
     carried file does not convert (each said in data_note)."""
     sdist = os.path.join(ROOT, CARRY, rotten_tomatoes.SDIST)
     reviews = ["--train", os.path.join(ROOT, REVIEWS_200)]
-    if run.mode == "smoke":
+    if run.plan.tiny:
         return reviews, {"data": REVIEWS_200, "data_note": "the smoke mode's size", "data_command": None}
     if not os.path.isfile(sdist):
         note = f"no {CARRY}/{rotten_tomatoes.SDIST}: tools/gpu_carry.sh fetches it; carry {CARRY}"
@@ -194,9 +193,8 @@ JOBS = (("triton", "triton", 0.5), ("triton_warm", "triton", 0.5), ("reference",
 
 
 def stage(run):
-    budget = run.plan.budget_seconds.get("job", BUDGET_SECONDS)
-    deadline = run.stage_started + budget
-    details = {"budget_seconds": budget}
+    deadline = run.deadline("job")
+    details = {"budget_seconds": round(deadline - run.stage_started, 1)}
     with tempfile.TemporaryDirectory(prefix="gpu-check-job-") as folder:
         environment = {
             "PYTHONUNBUFFERED": "1",  # the header's lines arrive as printed: setup_seconds times one
@@ -205,7 +203,7 @@ def stage(run):
         }
         options, data = choose_data(run, environment, min(DATA_SECONDS, deadline - time.monotonic()))
         details.update(data)
-        if run.mode == "smoke":
+        if run.plan.tiny:
             options += smoke_options(run, folder)
         for name, backend, share in JOBS:
             timeout = max(1.0, (deadline - time.monotonic()) * share)

@@ -27,11 +27,20 @@ def _worst(target):
 
 
 def summary_table(document):
-    """The plain-text table printed at the end: stages, then targets."""
-    lines = [f"{'stage':<12} {'status':<8} {'time':>8}  note"]
+    """The plain-text table printed at the end, the tail of the output a device tool brings back
+    even when no file comes: the plan's reasons, the stages, the sweep's best per pass and what
+    it put in force, then the targets."""
+    lines = [f"plan: {line}" for line in document["plan"]]
+    lines.append(f"{'stage':<12} {'status':<8} {'time':>8}  note")
     for name, entry in document["stages"].items():
         seconds = "-" if entry["seconds"] is None else f"{entry['seconds']:.1f} s"
         lines.append(f"{name:<12} {entry['status']:<8} {seconds:>8}  {note(entry)}")
+    sweep = document["stages"].get("sweep", {}).get("details") or {}
+    lines += [f"sweep: {line}" for line in sweep.get("best", [])]
+    lines += [f"sweep: {line.strip()}" for line in sweep.get("adopted", [])]
+    tuned = document["env"].get("tuned")
+    if tuned:
+        lines.append(f"tuned table in force: {tuned['source']} ({tuned['launches']} launches)")
     width = max(len(t["target"]) for t in document["targets"])
     lines += ["", f"{'target':<{width}}  {'required':>15}  {'worst [interval]':>20}  verdict"]
     for t in document["targets"]:
@@ -51,6 +60,8 @@ def summary_markdown(document):
         f"torch {env['torch']}, Triton {env['triton']}, CUDA {env['cuda']}; started {document['started']}, {status}.",
         f"Command: `{document['command']}`",
         "",
+        *[f"- plan: {_cell(line)}" for line in document["plan"]],
+        *([""] if document["plan"] else []),
         "| stage | status | time | note |",
         "|---|---|---|---|",
     ]

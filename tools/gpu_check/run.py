@@ -4,6 +4,7 @@ several stages share: running a stage, measuring benchmark cases within a budget
 stopped at its budget, and an error's one-line text."""
 
 import datetime
+import hashlib
 import json
 import os
 import signal
@@ -16,14 +17,15 @@ import torch
 from tools.benchmarks import report as bench_report
 from tools.benchmarks.common import environment, gemm_tflops
 from tools.benchmarks.targets import evaluate_targets
-from tools.gpu_check.plan import PLANS
 from tools.gpu_check.report import summary_markdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA = "fastformer.gpu_check/1"
-OUTPUTS = ("summary.md", "results.json", "log.txt", "junit.xml")
+# every file the command writes into DIR, at most 7 with no plots (the one run) so that one stray file
+# (a temporary one a kill left) still leaves the device tool's limit of 8 files
+OUTPUTS = ("summary.md", "results.json", "log.txt", "junit.xml", "sweep.json", "sweep.md")
 PLOT_PREFIX = "plot"
-MAX_PLOTS = 4
+INTERRUPT_GRACE_SECONDS = 10  # a subprocess interrupted with the run: the time it has to write its files
 UNITS = {
     "seconds, *_seconds": "seconds of wall time",
     "ms, *_ms": (
@@ -109,24 +111,34 @@ class Run:
     """One invocation: its mode and plan, the device, each stage's entry, the measured records,
     and the writing of DIR."""
 
-    def __init__(self, out, stages, mode, command):
-        self.out, self.mode, self.command = out, mode, command
-        self.plan = PLANS[mode]
+    def __init__(self, out, stages, mode, command, plan):
+        self.out, self.mode, self.command, self.plan = out, mode, command, plan
         self.cuda = torch.cuda.is_available()
         self.device = torch.device("cuda" if self.cuda else "cpu")
         # bf16 autocast on a GPU; fp32 on a CPU, where Triton's interpreter as shipped computes bf16 dots wrongly
         self.amp = "bf16" if self.cuda else "off"
         self.env = dict(environment(self.device), bf16_gemm_tflops=None, d2d_copy_gbps=None)
+        self.env["tuned"] = tuned_in_force(self.env["gpu"] if self.cuda else None)
         self.started = now()
         self.finished = None
         self.stages = {name: stage_entry("pending") for name in stages}
         self.reports = {}  # stage -> bench.report-schema report of its records
         self.plots = []
         self._plotted = None
+        self.clock = None  # time.monotonic() at the start of the first stage: the plan's budgets count from it
+        self.interrupted = False  # a KeyboardInterrupt stopped the run
         self.stage_started = None  # time.monotonic() at the start of the stage running
 
     def deadline(self, stage):
-        return self.stage_started + self.plan.budget_seconds[stage]
+        """When `stage` must end: the run's clock plus its budget and those of the stages before it
+        in the run (tools.gpu_check.plan: time an early stage leaves goes to the later ones)."""
+        order = list(self.stages)
+        spent = sum(self.plan.budget_seconds[s] for s in order[: order.index(stage) + 1])
+        return (self.clock if self.clock is not None else self.stage_started) + spent
+
+    def seconds_left(self, stage):
+        """The seconds `stage` has from now (at least 1)."""
+        return max(1.0, self.deadline(stage) - time.monotonic())
 
     def gemm_rate(self):
         """The bf16 GEMM TFLOP/s of this run (the MFU denominator): env's, else measured now; None on a CPU."""
@@ -155,6 +167,7 @@ class Run:
             "schema": SCHEMA,
             "command": self.command,
             "mode": self.mode,
+            "plan": list(self.plan.why),
             "device": self.device.type,
             "started": self.started,
             "finished": self.finished,
@@ -170,15 +183,15 @@ class Run:
     def write(self, plots=True):
         """results.json and summary.md (atomically), and the plots when their records changed."""
         document = self.document()
-        if plots:
+        if plots and self.plan.plots:
             self._write_plots(document["report"])
             document["plots"] = self.plots
         write_text(os.path.join(self.out, "results.json"), json.dumps(document, indent=1, default=str) + "\n")
         write_text(os.path.join(self.out, "summary.md"), summary_markdown(document))
 
     def _write_plots(self, union):
-        """At most MAX_PLOTS PNGs through bench.report.plot: model tokens/s, and attention TFLOP/s
-        for the (bench, head dim) groups measured, head dim 64 first."""
+        """At most the plan's `plots` PNGs through bench.report.plot: model tokens/s, and attention
+        TFLOP/s for the (bench, head dim) groups measured, head dim 64 first."""
         results = union["results"]
         if self._plotted == len(results):
             return
@@ -188,7 +201,7 @@ class Run:
             key=lambda g: (g[1] != 64, g),
         )
         has_model = any(r["bench"].startswith("model") and r["tokens_per_s"] for r in results)
-        keep = set(groups[: MAX_PLOTS - has_model])
+        keep = set(groups[: self.plan.plots - has_model])
         chosen = [r for r in results if r["bench"] not in sweeps or (r["bench"], r["params"]["D"]) in keep]
         staging = os.path.join(self.out, f".{PLOT_PREFIX}-tmp")
         try:
@@ -212,6 +225,29 @@ def stage_entry(status):
 
 def now():
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def table_sha(table):
+    """The sha256 of a tuned table's launches (kernels/_tuned.py): what a run measured with, by
+    content, so a committed table made again from the same sweep has the same."""
+    return hashlib.sha256(json.dumps(table["launches"], sort_keys=True).encode()).hexdigest()
+
+
+def tuned_in_force(gpu):
+    """What the run's launches read of a tuned table (kernels/_tuned.py), for results.json's
+    env.tuned: {source, gpu, launches, sha256}; the sha None where the written rules alone run."""
+    from fastformer.kernels import _tuned
+
+    choice = _tuned.tuned_choice()
+    if choice is False:
+        return {"source": f"none ({_tuned.ENV_VAR}=0 or set_tuned(False))", "gpu": None, "launches": 0, "sha256": None}
+    table = choice if choice is not None else _tuned.installed().get(gpu) if gpu else None
+    if table is None:
+        return {"source": "none: the written rules", "gpu": None, "launches": 0, "sha256": None}
+    where = table.where
+    if os.path.isabs(where) and os.path.commonpath([where, ROOT]) == ROOT:
+        where = os.path.relpath(where, ROOT)
+    return {"source": where, "gpu": table.gpu, "launches": len(table), "sha256": table_sha(table.document)}
 
 
 def write_text(path, text):
@@ -241,11 +277,15 @@ def release(run):
         print(f"gpu_check: cleaning up after the stage failed: {type(error).__name__}: {error}", flush=True)
 
 
-def stream(command, timeout, on_line=None):
+def stream(command, timeout, on_line=None, env=None):
     """Run command from the repository root, echoing its output as it comes (into log.txt too) and
     handing each line to on_line(line) where given; at `timeout` seconds interrupt it (pytest then
-    still writes its report), and kill it a minute later. Returns (returncode, timed_out)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    still writes its report), and kill it a minute later. `env`: the environment (default this
+    process's). Returns (returncode, timed_out). Interrupted itself (the run's limit: tools/gpu_run.sh
+    signals the whole process group), it gives the command INTERRUPT_GRACE_SECONDS to write its
+    files and end, then raises KeyboardInterrupt on."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     process = subprocess.Popen(
         command,
         cwd=ROOT,
@@ -277,9 +317,32 @@ def stream(command, timeout, on_line=None):
             if on_line is not None:
                 on_line(line.rstrip("\n"))
         returncode = process.wait()
+    except KeyboardInterrupt:
+        _wind_down(process)
+        raise
     finally:
         timer.cancel()
     return returncode, expired.is_set()
+
+
+def _wind_down(process):
+    """An interrupted run's subprocess, which the interrupt reached too (tools/gpu_run.sh's
+    `timeout` signals the process group; a terminal's Ctrl-C its foreground group): given
+    INTERRUPT_GRACE_SECONDS to write its files and end while its last lines are still echoed, then
+    killed. Not signalled again: a second SIGINT would cut pytest's writing of its report short."""
+
+    def echo():
+        for line in process.stdout:
+            print(line, end="", flush=True)
+
+    reader = threading.Thread(target=echo, daemon=True)  # a grandchild may hold the pipe open
+    reader.start()
+    deadline = time.monotonic() + INTERRUPT_GRACE_SECONDS
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # (tools.interrupt_once: no second interrupt comes)
+    if process.poll() is None:
+        process.kill()
+    reader.join(1)
 
 
 def measure_cases(run, stage, cases, rep, profiled=frozenset()):
@@ -293,7 +356,7 @@ def measure_cases(run, stage, cases, rep, profiled=frozenset()):
     deadline, not_run = run.deadline(stage), 0
     for i, case in enumerate(cases, 1):
         if time.monotonic() > deadline:
-            reason = f"not run: the {stage} stage's budget of {run.plan.budget_seconds[stage]} s was spent"
+            reason = f"not run: the {stage} stage's budget of {run.plan.budget_seconds[stage]:.0f} s was spent"
             report["skipped"].append(
                 {"bench": case.bench, "provider": case.provider, "params": case.params, "reason": reason}
             )

@@ -82,7 +82,7 @@ def pytest_args(run):
     """What the stage runs: on a GPU the mode's selection, in xdist's workers where it can; on a
     CPU the cuda tests (they skip there, each saying why)."""
     if run.cuda:
-        return selection(run.mode) + workers(run.cuda)
+        return selection(run.plan.tests) + workers(run.cuda)
     return ["-m", "cuda"]
 
 
@@ -111,9 +111,10 @@ def collected(args, timeout):
 
 def stage(run):
     junit = os.path.join(run.out, "junit.xml")
-    budget = run.plan.budget_seconds["tests"]
-    chosen = selection(run.mode)
-    gpu = {"selection": run.mode, "gpu_command": shlex.join(["python", "-m", "pytest", "tests", *chosen])}
+    budget = run.seconds_left("tests")
+    tests = run.plan.tests
+    chosen = selection(tests)
+    gpu = {"selection": tests, "gpu_command": shlex.join(["python", "-m", "pytest", "tests", *chosen])}
     if run.cuda:
         gpu.update(selected_on_gpu=None, parity_on_gpu=None)  # the run's own counts say
     else:  # the GPU's selection counted, and the parity tests among it
@@ -131,7 +132,7 @@ def stage(run):
         "no:cacheprovider",
         f"--junitxml={junit}",
     ]
-    returncode, timed_out = stream(command, budget)
+    returncode, timed_out = stream(command, run.seconds_left("tests"))
     details = {"command": shlex.join(["python", *command[1:]]), "returncode": returncode, "timed_out": timed_out}
     details.update(gpu)
     if not os.path.exists(junit):
@@ -139,14 +140,14 @@ def stage(run):
     details.update(junit_counts(junit))
     counts = ", ".join(f"{details[key]} {key}" for key in ("passed", "failed", "errors", "skipped"))
     if run.cuda:
-        details["summary"] = f"the {run.mode} selection ({SELECTIONS[run.mode][1]}): {counts}"
+        details["summary"] = f"the {tests} selection ({SELECTIONS[tests][1]}): {counts}"
     else:
         details["summary"] = (
-            f"the cuda tests of the {run.mode} selection, on a CPU: {counts}; a GPU would run "
-            f"{gpu['selected_on_gpu']} tests, {gpu['parity_on_gpu']} of them parity ({SELECTIONS[run.mode][1]})"
+            f"the cuda tests of the {tests} selection, on a CPU: {counts}; a GPU would run "
+            f"{gpu['selected_on_gpu']} tests, {gpu['parity_on_gpu']} of them parity ({SELECTIONS[tests][1]})"
         )
     if timed_out:
-        raise Failed(f"stopped at the stage's budget of {budget} s: {counts} by then", details)
+        raise Failed(f"stopped at the stage's budget ({budget:.0f} s left at its start): {counts} by then", details)
     if details["failed"] or details["errors"] or returncode not in (0, 5):
         raise Failed(f"pytest exited {returncode}: {counts}", details)
     if details["passed"] == 0:
