@@ -16,7 +16,7 @@ import torch
 
 import fastformer
 from tools.benchmarks import cases, common, targets
-from tools.benchmarks.common import KERNEL_ROWS, kernel_rows
+from tools.benchmarks.common import KERNEL_ROWS, kernel_rows, model_flops
 from tools.benchmarks.targets import TARGETS
 from tools.convergence import TINY
 from tools.gpu_check.bench import KERNEL_PROFILE, bench_cases
@@ -24,7 +24,7 @@ from tools.gpu_check.command import STAGE_FUNCTIONS, main
 from tools.gpu_check.compile import graph_breaks
 from tools.gpu_check.determinism import first_mismatch
 from tools.gpu_check.env import copy_gbps, git_commit, output
-from tools.gpu_check.model import PROFILE_ROWS, model_cases, model_flops
+from tools.gpu_check.model import PROFILE_ROWS, model_cases
 from tools.gpu_check.plan import FULL, MODEL_ORDER, ONE_SECONDS, QUICK, REST, SMOKE, STAGES, SWEEP_FIRST
 from tools.gpu_check.run import UNITS, stream
 from tools.gpu_check.tests import junit_counts

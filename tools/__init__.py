@@ -9,6 +9,8 @@ the report, which bench/'s pytest suites and `python -m bench.report` run too):
     python -m tools.sm90_report    the sm_90a compile check's table: every kernel and config compiled
                                    for Hopper on a CPU (tools/sm90.py's dry-run driver; docs/sm90.md)
     python -m tools.launches       kernels launched per train step and per inference (docs/launches.md)
+    python -m tools.work           each kernel's FLOPs and bytes per step, and the step's lower bound on a
+                                   GPU (docs/launches.md)
     python -m tools.cold_start     what a first and a second GPU run compile and time (docs/cold-start.md)
     python -m tools.host_overhead  the host time of an op call and of a train step (docs/host-path.md)
     python -m tools.sass           the kernels' hot loops read from their sm_90a SASS (docs/kernels.md)

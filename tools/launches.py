@@ -262,14 +262,23 @@ class KernelCounter(TorchDispatchMode):
         # masked_fill_, two), or one where it runs its work directly (copy_)
         kernels, syncs = self.kernels, sum(self.syncs.values())
         self.kernels = collections.Counter()
+        mark = self._mark()
         try:
             with self:
                 out = func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
         finally:
             inner, self.kernels = sum(self.kernels.values()), kernels
         if inner or sum(self.syncs.values()) == syncs:
-            self._record(name, _tensors((args, kwargs)), _tensors(out), max(inner, 1))
+            self._record_composite(name, _tensors((args, kwargs)), _tensors(out), max(inner, 1), mark)
         return out
+
+    def _mark(self):
+        """Where a subclass's own records stand before an op built of ops runs (tools.work's)."""
+        return None
+
+    def _record_composite(self, name, inputs, outputs, kernels, mark):
+        """An op built of ops, after them: recorded under its own name with their kernels."""
+        self._record(name, inputs, outputs, kernels)
 
     def _record(self, name, inputs, outputs, kernels=1):
         if not inputs + outputs or self._on_host(inputs + outputs):
@@ -292,8 +301,10 @@ class KernelCounter(TorchDispatchMode):
         on a CPU, none (the fused AdamW's step counts are on the parameters' device, as on CUDA)."""
         return self.device.type == "cuda" and not any(t.is_cuda for t in tensors)
 
-    def record_triton(self, kernel):
-        self.kernels[self.phase, self.layer(), f"triton.{kernel}"] += 1
+    def record_launch(self, kernel, args, kwargs):
+        """A Triton launch of `kernel` (a JITFunction, or the interpreter's InterpretedFunction) with
+        its arguments; called paused, so what a subclass computes of them is not counted."""
+        self.kernels[self.phase, self.layer(), f"triton.{kernel.fn.__name__}"] += 1
 
     def record_tolist(self, tensor):
         """Tensor.tolist reads CPU memory without dispatching an op (on CUDA its copy dispatches)."""
@@ -331,16 +342,21 @@ class KernelCounter(TorchDispatchMode):
 
 def _hooked_run(run, counter):
     def hooked(self, *args, grid, warmup, **kwargs):
-        if warmup:
+        if warmup or counter.paused:
             return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-        counter.record_triton(self.fn.__name__)
         counter.paused = True  # the interpreter's copies of the arguments are no kernels
         try:
+            counter.record_launch(self, args, kwargs)
             return run(self, *args, grid=grid, warmup=warmup, **kwargs)
         finally:
             counter.paused = False
 
     return hooked
+
+
+def _no_hook(*args, **kwargs):
+    """A launch-enter hook that does nothing: with one in place every launch takes Triton's own
+    path (kernels._runtime's kept launchers step aside for a profiler's hook), so none is missed."""
 
 
 def _hooked_tolist(tolist, counter):
@@ -352,13 +368,15 @@ def _hooked_tolist(tolist, counter):
 
 
 @contextlib.contextmanager
-def counting(device):
-    """A KernelCounter in force, with Triton's launches and Tensor.tolist hooked, anomaly mode on
-    (forward stacks in autograd nodes, no NaN checks) and F.dropout taking CUDA's branch."""
+def counting(device, counter=None):
+    """A KernelCounter (or `counter`, one of its subclasses') in force, with Triton's launches and
+    Tensor.tolist hooked, anomaly mode on (forward stacks in autograd nodes, no NaN checks) and
+    F.dropout taking CUDA's branch."""
     import triton.runtime.interpreter
     import triton.runtime.jit
+    from triton import knobs
 
-    counter = KernelCounter(device)
+    counter = KernelCounter(device) if counter is None else counter
     jit, interpreted = triton.runtime.jit.JITFunction, triton.runtime.interpreter.InterpretedFunction
     patches = [
         (jit, "run", _hooked_run(jit.run, counter)),
@@ -369,10 +387,12 @@ def counting(device):
     saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
+    knobs.runtime.launch_enter_hook.add(_no_hook)
     try:
         with torch.autograd.set_detect_anomaly(True, check_nan=False), counter:
             yield counter
     finally:
+        knobs.runtime.launch_enter_hook.remove(_no_hook)
         for owner, name, value in saved:
             if value is None:
                 delattr(owner, name)  # torch.Tensor inherits tolist

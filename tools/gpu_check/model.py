@@ -14,33 +14,10 @@ import fastformer
 from fastformer import kernels
 from tools.benchmarks import cases as suite
 from tools.benchmarks.cases import MODEL_PROVIDERS, TRAIN_ONLY
-from tools.benchmarks.common import synchronize
+from tools.benchmarks.common import model_flops, synchronize
 from tools.benchmarks.targets import ratio_text, speedup
 from tools.convergence import CONVERGENCE_LR, LOSS_ATOL, compare_curves, convergence_curves, convergence_setup
 from tools.gpu_check.run import ROOT, Failed, error_text, measure_cases, raise_for_cases
-
-
-def model_flops(config, enc_lengths, dec_lengths, kind):
-    """FLOPs of one MovieClassification call on the real tokens of a batch (a multiply-add is 2).
-
-    Per layer and sequence, with n real encoder tokens, m real decoder tokens, d = d_hidn,
-    a = n_head * d_head and f = d_ff:
-        encoder   2n(4da + 2df)     Q, K, V and output projections; the two FFN GEMMs
-                  + 4n^2 a          QK^T and PV
-        decoder   2m(6da + 2df)     self Q, K, V, output; cross Q, output; the FFN
-                  + 2n(2da)         cross-attention K and V of the encoder output
-                  + 2m^2 a          causal self-attention (half of 4m^2 a)
-                  + 4mna            cross-attention
-    plus 2 d n_output per sequence for the classifier. A train step is 3x (backward = 2x forward).
-    Padding is not counted, so every provider is credited the same work: MFU compares like with like.
-    """
-    d, a, f = config.d_hidn, config.n_head * config.d_head, config.d_ff
-    total = 0
-    for n, m in zip(enc_lengths, dec_lengths):
-        encoder = 2 * n * (4 * d * a + 2 * d * f) + 4 * n * n * a
-        decoder = 2 * m * (6 * d * a + 2 * d * f) + 2 * n * 2 * d * a + 2 * m * m * a + 4 * m * n * a
-        total += config.n_layer * (encoder + decoder) + 2 * d * config.n_output
-    return total * (3 if kind == "train" else 1)
 
 
 def stage(run):
