@@ -299,15 +299,18 @@ PATHS = [pytest.param("triton", "bf16", id="triton-bf16"), pytest.param("referen
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 @pytest.mark.parametrize("backend_name, amp", PATHS)
-def test_replayed_train_steps_give_the_losses_and_weights_of_eager_steps(backend_name, amp):
+def test_replayed_train_steps_give_the_losses_and_weights_of_eager_steps(backend_name, amp, fused):
+    """Both capturable forms of AdamW: torch's foreach (what the job's replayed steps take) and the
+    fused one (11 launches a step where foreach makes 68: tools.work), which the job's eager steps take."""
     config = small_config(dropout=0.0)
     batches = _batches(config, SHAPES)
 
     def run(graphed):
         torch.manual_seed(0)
         model = fastformer.MovieClassification(config).to(CUDA).train()
-        optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01))
+        optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=fused))
         scheduler = linear_warmup_decay_scheduler(optimizer, 2, len(batches))
         graphs = GraphedSteps(model, optimizer, amp=amp) if graphed else None
         initial, losses = model.projection.weight.detach().clone(), []

@@ -34,6 +34,7 @@ MODEL_ORDER = (
     "reference_fp32",
     "fastformer",
     "reference_graphs",
+    "fastformer_graphs_fused",
     "reference_compiled",
     "reference_reduce_overhead",
     "fastformer_reduce_overhead",
