@@ -890,3 +890,35 @@ def test_jsonl_pieces_of_another_vocab_are_refused_naming_the_share(run_dir, fil
     assert main(["evaluate", "--run", str(run_dir), "--device", "cpu", "--test", foreign]) == 2
     assert f"test file {foreign}: 100% of the SentencePiece pieces" in capsys.readouterr().err
     assert main(["evaluate", "--run", str(run_dir), "--device", "cpu", "--test", own]) == 0
+
+
+def test_predict_prints_each_text_on_one_line(run_dir, capsys):
+    """A text with a line break or a control character in it is printed as Python writes the
+    string, so that three texts are three lines (issue 69, round 6)."""
+    capsys.readouterr()
+    texts = ["the film was\ngreat", "lovely\r", "the film was good"]
+    assert main(["predict", "--run", str(run_dir), "--device", "cpu", *texts]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    predictions = [line for line in lines if line.lstrip().startswith(("positive", "negative"))]
+    assert len(predictions) == 3, lines
+    assert predictions[0].endswith(repr("the film was\ngreat")) and predictions[1].endswith(repr("lovely\r"))
+    assert predictions[2].endswith("  the film was good")  # a printable text as it is
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_checkpoint_with_weights_that_are_not_finite_is_refused(run_dir, tmp_path, bad, capsys):
+    """predict and evaluate would answer nan and exit 0: the model.pt is refused in one line naming
+    the tensor (issue 69, round 6)."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns(".lock"))
+    state = torch.load(copy / "model.pt", map_location="cpu")
+    name = next(k for k, t in state.items() if t.is_floating_point())
+    state[name].view(-1)[3] = bad
+    torch.save(state, copy / "model.pt")
+    capsys.readouterr()
+    predict = ["predict", "--run", str(copy), "--device", "cpu", "the film was good"]
+    for argv in (predict, ["evaluate", "--run", str(copy)]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and "holds weights that are not finite (NaN or inf) in " + name in err, err
+        assert "nan" not in out

@@ -738,8 +738,15 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
     for text, p in zip(texts, probs):
         label = int(p.argmax())
         results.append((names[label], float(p[label])))
-        log(f"{names[label]:>8}  {float(p[label]):.3f}  {text}")
+        log(f"{names[label]:>8}  {float(p[label]):.3f}  {one_line(text)}")
     return results
+
+
+def one_line(text):
+    """A text as predict prints it, one line whatever it holds: as it is where every character of it
+    prints, else as Python writes the string (quoted, a newline as \\n), so that a text with a
+    line break or a control character in it is still one line, and one that says so."""
+    return text if text.isprintable() else repr(text)
 
 
 def _run_dir(run, log):

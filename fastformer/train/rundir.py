@@ -199,7 +199,9 @@ def _load_torch(path):
 
 def load_state_dict(model, state, path):
     """Load `state` (read from `path`) into `model`, or raise ValueError naming the file and the
-    first key that does not fit."""
+    first key that does not fit, or the first tensor whose weights are not all finite."""
+    import torch
+
     if not isinstance(state, dict):
         raise ValueError(f"{path} holds a {type(state).__name__}, not a model's state_dict")
     expected = model.state_dict()
@@ -216,6 +218,13 @@ def load_state_dict(model, state, path):
             shape = tuple(getattr(state[key], "shape", ()))
             problem = f"{key} has shape {shape}, the config needs {tuple(expected[key].shape)}"
         raise ValueError(f"{path} does not fit config.json: {problem}")
+    broken = [k for k, t in state.items() if torch.is_tensor(t) and t.is_floating_point() and not t.isfinite().all()]
+    if broken:
+        more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
+        raise ValueError(
+            f"{path} holds weights that are not finite (NaN or inf) in {broken[0]}{more}: a model with them "
+            "answers nan; retrain, or resume from an earlier checkpoint"
+        )
     model.load_state_dict(state)
 
 
