@@ -43,6 +43,9 @@ def wants_probs(config, kernels):
     return not kernels if flag is None else bool(flag)
 
 
+EMBEDDING_DTYPES = (torch.long, torch.int32)  # the index dtypes nn.Embedding takes
+
+
 def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"):
     """Raise ValueError unless ids is a (bs, n_seq) integer tensor (check_ids_shape) whose ids lie
     in [0, vocab_size). Out-of-range ids would otherwise fail inside the embedding: an IndexError on
@@ -74,8 +77,11 @@ def check_ids_shape(name, ids, max_len, limit="the config's maximum"):
         raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got a {type(ids).__name__}")
     if ids.dim() != 2:
         raise ValueError(f"{name} must be a (bs, n_seq) tensor of token ids, got shape {tuple(ids.shape)}")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise ValueError(f"{name} must hold integer token ids (torch.long), got {ids.dtype}")
+    if ids.dtype not in EMBEDDING_DTYPES:  # nn.Embedding takes these; the tutorial's model refuses the rest too
+        raise ValueError(
+            f"{name} must hold integer token ids (torch.long), got {ids.dtype}: the embedding takes torch.long "
+            "and torch.int32 (convert them with .long())"
+        )
     if ids.size(0) == 0:
         raise ValueError(f"{name} is an empty batch, shape {tuple(ids.shape)}: the model needs at least one sequence")
     if ids.size(1) == 0:

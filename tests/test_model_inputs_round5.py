@@ -56,7 +56,7 @@ def modules():
 EMPTY_ROWS = r"^{} holds sequences of no tokens, shape \({}, 0\): each needs at least one"
 EMPTY_BATCH = r"^{} is an empty batch, shape \(0, {}\): the model needs at least one sequence$"
 NOT_2D = r"^{} must be a \(bs, n_seq\) tensor of token ids, got shape \({},\)$"
-NOT_INT = r"^{} must hold integer token ids \(torch.long\), got torch.float32$"
+NOT_INT = r"^{} must hold integer token ids \(torch.long\), got torch.float32: the embedding takes torch.long and "
 
 # (the module called, its arguments made of (enc, dec, enc_outputs), the message)
 MODEL_CASES = {
@@ -80,7 +80,30 @@ MODEL_CASES = {
     "transformer-1d": ("transformer", lambda e, d, o: (e[0], d[0]), NOT_2D.format("enc_inputs", 13)),
     # the Decoder's enc_inputs, which it reads for their padding alone: was not checked but for rank
     "decoder-enc-float": ("decoder", lambda e, d, o: (d, e.float(), o), NOT_INT.format("enc_inputs")),
+    # integer ids the embedding does not take: were torch's own embedding error (issue 69, round 6)
+    "classifier-enc-int16": (
+        "classifier",
+        lambda e, d, o: (e.to(torch.int16), d),
+        NOT_INT.replace("float32", "int16").format("enc_inputs"),
+    ),
+    "classifier-dec-uint8": (
+        "classifier",
+        lambda e, d, o: (e, d.to(torch.uint8)),
+        NOT_INT.replace("float32", "uint8").format("dec_inputs"),
+    ),
+    "encoder-int8": (
+        "encoder",
+        lambda e, d, o: (e.to(torch.int8),),
+        NOT_INT.replace("float32", "int8").format("inputs"),
+    ),
 }
+
+
+def test_int32_ids_run_as_long_ids_do(modules):
+    """torch.int32, which nn.Embedding takes as the tutorial's model does, gives the same logits."""
+    model, enc, dec, _ = modules
+    with torch.no_grad():
+        torch.testing.assert_close(model(enc.int(), dec.int())[0], model(enc, dec)[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("case", list(MODEL_CASES))
