@@ -80,6 +80,31 @@ def test_read_nsmc_skips_empty_documents_and_keeps_quotes(tmp_path):
     assert read_nsmc(path) == [Review("1", '"quoted" text, kept as is', 1, line=2), Review("4", "plain", 0, line=6)]
 
 
+def test_empty_documents_are_skipped_in_either_format_and_counted(tmp_path):
+    """A JSONL review whose doc holds no piece was kept, so a file of them trained on padding alone
+    (issue 69, round 6): it is skipped as an empty TSV document is, read_reviews says how many it
+    skipped, and a file of nothing else is an error that says so."""
+    jsonl = write(
+        tmp_path / "r.jsonl",
+        '{"id": 1, "doc": ["\u2581good"], "label": 1}\n{"id": 2, "doc": [], "label": 0}\n'
+        '{"id": 3, "doc": [" ", ""], "label": 0}\n',
+    )
+    with pytest.warns(
+        UserWarning, match=r"^train file .*r\.jsonl: 2 reviews with an empty document skipped \(1 read\)$"
+    ):
+        reviews = read_reviews(jsonl, "train")
+    assert reviews == [Review("1", ["\u2581good"], 1, line=1)] and reviews.skipped == 2
+    tsv = write(tmp_path / "r.txt", "id\tdocument\tlabel\n1\tgood\t1\n2\t \t0\n")
+    with pytest.warns(UserWarning, match=r"1 review with an empty document skipped \(1 read\)$"):
+        assert len(read_reviews(tsv, "test")) == 1
+    only_empty = write(tmp_path / "e.jsonl", '{"id": 1, "doc": [], "label": 0}\n')
+    with pytest.raises(ValueError, match=r"^train file .*e\.jsonl has no reviews but 1 with an empty document$"):
+        read_reviews(only_empty, "train")
+    bad_label = write(tmp_path / "l.jsonl", '{"id": 1, "doc": [], "label": "yes"}\n')
+    with pytest.raises(ValueError, match="line 1: label must be an integer"):  # a skipped review's label is checked
+        read_reviews(bad_label, "train")
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -90,7 +115,7 @@ def test_read_nsmc_skips_empty_documents_and_keeps_quotes(tmp_path):
         ("", "is empty"),
         ("id\tdocument\tlabel\n1\tgood\n", "line 2: expected 3 tab-separated fields, got 2"),
         ("id\tdocument\tlabel\n1\tgood\tyes\n", "line 2: label must be an integer, got 'yes'"),
-        ("id\tdocument\tlabel\n1\t\t1\n", "has no reviews"),  # only empty documents: an empty corpus
+        ("id\tdocument\tlabel\n1\t\t1\n", "has no reviews but 1 with an empty document"),  # an empty corpus
     ],
 )
 def test_read_reviews_rejects_malformed_tsv(tmp_path, content, message):

@@ -3,7 +3,10 @@
 Two file formats are read, as UTF-8 (a byte-order mark is skipped), lines of any length:
 - NSMC TSV (ratings_train.txt): a header `id<TAB>document<TAB>label`, one review per line. Rows with
   an empty document are skipped, as the tutorial skips them.
-- The tutorial's JSONL (ratings_train.json): one `{"id", "doc": [pieces...], "label"}` per line.
+- The tutorial's JSONL (ratings_train.json): one `{"id", "doc": [pieces...], "label"}` per line. A
+  review whose doc holds no piece (`[]`, or pieces of white space only) is skipped, as an empty TSV
+  document is: the model would read padding alone.
+read_reviews says how many reviews it skipped (a warning), and a file of no review left is an error.
 
 A label is a class number 0, 1, ...: an integer, which may be written with a zero fraction (`1.0`,
 as spreadsheets and pandas write integers); `0.9`, `1.5`, `yes`, `true` and an empty label are
@@ -27,6 +30,7 @@ import json
 import math
 import os
 import stat
+import warnings
 from array import array
 from typing import NamedTuple
 
@@ -242,6 +246,7 @@ class _Store:
 
     def __init__(self, path, pieces):
         self.path, self.pieces = path, pieces
+        self.skipped = 0  # reviews with an empty document, left out
         self.ids, self.id_ends = bytearray(), array("q")
         self.docs, self.doc_ends, self.piece_ends = bytearray(), array("q"), array("q")
         self.labels, self.lines = array("q"), array("q")
@@ -294,6 +299,11 @@ class Reviews(collections.abc.Sequence):
     def pieces(self):
         """Whether the documents are SentencePiece pieces (JSONL), not texts."""
         return self._store.pieces
+
+    @property
+    def skipped(self):
+        """The file's reviews left out for an empty document (of the whole file, also in a view)."""
+        return self._store.skipped
 
     def __len__(self):
         return len(self._store.labels) if self._index is None else len(self._index)
@@ -383,6 +393,8 @@ def _add_nsmc(lines, store, path):
             if row[1].strip():
                 id_, document, _ = raw.split(b"\t")  # a tab is one byte in UTF-8: the fields' own bytes
                 store.add(id_, document, _label(row[2], path, line_no), line_no)
+            else:
+                store.skipped += 1
         before = end
 
 
@@ -413,7 +425,11 @@ def _add_jsonl(lines, store, path):
         doc = record["doc"]
         if not isinstance(doc, list) or not all(isinstance(p, str) for p in doc):
             raise ValueError(f"{path} line {line_no}: doc must be a list of SentencePiece pieces")
-        store.add(str(record["id"]).encode("utf-8", SURROGATES), doc, _label(record["label"], path, line_no), line_no)
+        label = _label(record["label"], path, line_no)  # checked on a skipped review too
+        if not any(p.strip() for p in doc):
+            store.skipped += 1
+            continue
+        store.add(str(record["id"]).encode("utf-8", SURROGATES), doc, label, line_no)
 
 
 def read_reviews(path, what="data", n_classes=None, progress=False):
@@ -426,7 +442,14 @@ def read_reviews(path, what="data", n_classes=None, progress=False):
         raise ValueError(f"{path}: a JSON array; fastformer reads {JSON_LINES}")
     reviews = _read(path, what, first == "{", progress)
     if not reviews:
-        raise ValueError(f"{what} file {path} has no reviews")
+        empty = f" but {reviews.skipped} with an empty document" if reviews.skipped else ""
+        raise ValueError(f"{what} file {path} has no reviews{empty}")
+    if reviews.skipped:
+        warnings.warn(
+            f"{what} file {path}: {reviews.skipped} review{'s' if reviews.skipped > 1 else ''} with an empty "
+            f"document skipped ({len(reviews)} read)",
+            stacklevel=2,
+        )
     if n_classes is not None:
         check_labels(reviews, n_classes, f"{what} file {path}")
     return reviews
