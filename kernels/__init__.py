@@ -49,7 +49,7 @@ else:  # fastformer.kernels: the ops
 
     _check_same_copy()
 
-    from ._configs import autotune_enabled, autotuning, set_autotune
+    from ._configs import autotune_enabled, autotuning, check_environment, set_autotune
     from ._gemm_choice import ffn_gemm, ffn_gemm_choice, set_ffn_gemm
     from ._runtime import HAS_TRITON, INTERPRET, compile_only
     from ._tma import set_tma, tma_choice, tma_loads
@@ -80,6 +80,7 @@ else:  # fastformer.kernels: the ops
         "attention_reference",
         "autotune_enabled",
         "autotuning",
+        "check_environment",
         "compile_only",
         "feed_forward",
         "feed_forward_fused",

@@ -62,6 +62,16 @@ def autotuning(enabled=True):
     return autotune_enabled.within(enabled)
 
 
+def check_environment():
+    """Read every environment variable the ops read on a call: FASTFORMER_AUTOTUNE, FASTFORMER_TMA,
+    FASTFORMER_FFN_GEMM and FASTFORMER_TUNED. A value none of them takes raises its ValueError now,
+    not at the first kernel launch, by which time a job has written its run directory (and on a
+    machine where no kernel launches, never). A choice made in Python (set_tma, ...) stands for
+    its variable, which is then not read."""
+    for choice in (autotune_enabled, tma_choice, ffn_gemm_choice, _tuned.tuned_choice):
+        choice()
+
+
 def switches(t):
     """What an op's plan depends on besides its arguments (kernels._runtime.signature): autotuning,
     the choice of tile loads (kernels/_tma.py), the choice of the FFN's first GEMM

@@ -922,3 +922,30 @@ def test_a_checkpoint_with_weights_that_are_not_finite_is_refused(run_dir, tmp_p
         out, err = capsys.readouterr()
         assert err.count("\n") == 1 and "holds weights that are not finite (NaN or inf) in " + name in err, err
         assert "nan" not in out
+
+
+@pytest.mark.parametrize(
+    "variable, value, message",
+    [
+        ("FASTFORMER_TMA", "2", "FASTFORMER_TMA must be 1 (load tiles through tensor descriptors) or 0"),
+        ("FASTFORMER_FFN_GEMM", "bogus", "FASTFORMER_FFN_GEMM must be triton"),
+        ("FASTFORMER_TUNED", "no-such-table.json", "FASTFORMER_TUNED must be the path of a tuned table or 0"),
+        ("FASTFORMER_AUTOTUNE", "maybe", "FASTFORMER_AUTOTUNE must be 1"),
+    ],
+)
+def test_a_bad_kernel_variable_is_refused_before_anything_is_written(
+    files, run_dir, tmp_path, monkeypatch, capsys, variable, value, message
+):
+    """Each variable the ops read on a call is checked by train, evaluate and predict before any
+    work: before, FASTFORMER_TMA=2 and FASTFORMER_FFN_GEMM=bogus were refused at the first kernel
+    launch, after config.json, run.json and vocab.model were written, and never where no kernel
+    launched (issue 69, round 6)."""
+    monkeypatch.setenv(variable, value)
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert main(train_args(files, out)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not out.exists()
+    for command in (["evaluate", "--run", str(run_dir)], ["predict", "--run", str(run_dir), "good"]):
+        assert main(command) == 2 and message in capsys.readouterr().err

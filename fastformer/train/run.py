@@ -923,6 +923,7 @@ def settle(inputs, log):
     from fastformer.train import runtime
 
     options, modes = inputs.options, inputs.modes
+    kernels.check_environment()  # the ops' variables: a bad value is refused here, before any work
     launch = runtime.torchrun_launch()
     device = runtime.resolve_device(options.device, launch.local_rank)
     if options.device is None:  # a device given was checked before torch
