@@ -1,8 +1,12 @@
 """One switch for where the math runs: the Triton kernels or the PyTorch reference.
 
     fastformer.set_backend("reference")        # everywhere, from now on
-    with fastformer.use_backend("triton"): ...  # inside a block
+    with fastformer.use_backend("triton"): ...  # inside a block, in this thread
     FASTFORMER_BACKEND=reference python ...     # from the environment
+
+A block's choice holds in the thread that entered it, as torch.no_grad's and torch.autocast's do:
+two threads in blocks of their own each run on theirs. set_backend's holds in every thread that is
+in no block.
 
 "auto" (the default) runs the Triton kernels on CUDA tensors and the reference elsewhere, with one
 exception: attention and the feed-forward in fp32 (not under torch.autocast) run the reference on
@@ -21,6 +25,7 @@ Encoder or Decoder forward (fastformer.plan) through `ops`, which picks the same
 all its layers.
 """
 
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import NamedTuple
@@ -34,7 +39,8 @@ from fastformer.kernels._runtime import EnvSetting, warn_once
 ENV_VAR = BACKEND_ENV
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the Triton kernels take
 
-_backend = None  # None: read ENV_VAR, default "auto"
+_backend = None  # set_backend's choice, for every thread; None: read ENV_VAR, default "auto"
+_block = threading.local()  # `name`: the innermost use_backend block's choice in this thread, if any
 
 
 def _validate(name, what):
@@ -48,7 +54,11 @@ _env_backend = EnvSetting(ENV_VAR, lambda value: _validate("auto" if value is No
 
 
 def get_backend():
-    """The backend in force: set_backend's or use_backend's choice, else $FASTFORMER_BACKEND, else "auto"."""
+    """The backend in force: this thread's use_backend block's choice, else set_backend's, else
+    $FASTFORMER_BACKEND, else "auto"."""
+    name = getattr(_block, "name", None)
+    if name is not None:
+        return name
     return _env_backend() if _backend is None else _backend
 
 
@@ -60,14 +70,13 @@ def set_backend(name):
 
 @contextmanager
 def use_backend(name):
-    """Run a block on one backend, then restore the previous choice."""
-    global _backend
-    previous = _backend
-    _backend = _validate(name, "backend")
+    """Run a block on one backend in this thread, then restore the thread's previous choice."""
+    previous = getattr(_block, "name", None)
+    _block.name = _validate(name, "backend")
     try:
         yield
     finally:
-        _backend = previous
+        _block.name = previous
 
 
 def uses_triton(tensor, matmul=True):

@@ -30,6 +30,43 @@ def test_use_backend_restores_the_previous_choice_even_on_error():
     assert fastformer.get_backend() == "reference"
 
 
+def test_a_use_backend_block_holds_in_its_own_thread_only():
+    """Two threads in blocks of their own each see theirs while the other's is open, as torch's
+    no_grad and autocast are per thread; set_backend holds in every thread outside a block (issue
+    69, round 6: a thread's block changed another's)."""
+    import threading
+
+    fastformer.set_backend("auto")
+    both_in, checked = threading.Barrier(2), threading.Barrier(2)
+    seen, errors = {}, []
+
+    def worker(name):
+        try:
+            with fastformer.use_backend(name):
+                both_in.wait(10)  # the other thread's block is open too
+                seen[name] = fastformer.get_backend()
+                checked.wait(10)
+            seen[f"{name} after"] = fastformer.get_backend()
+        except Exception as error:  # noqa: BLE001 (reported by the assertion below)
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in ("triton", "reference")]
+    with fastformer.use_backend("reference"):  # the main thread's block is its own too
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert fastformer.get_backend() == "reference"
+    assert not errors, errors
+    assert seen == {"triton": "triton", "reference": "reference", "triton after": "auto", "reference after": "auto"}
+    outside = []
+    fastformer.set_backend("reference")
+    thread = threading.Thread(target=lambda: outside.append(fastformer.get_backend()))
+    thread.start()
+    thread.join(10)
+    assert outside == ["reference"]  # set_backend: every thread
+
+
 def test_environment_variable(monkeypatch):
     monkeypatch.setenv("FASTFORMER_BACKEND", "reference")
     assert fastformer.get_backend() == "reference"
