@@ -949,3 +949,19 @@ def test_a_bad_kernel_variable_is_refused_before_anything_is_written(
     assert not out.exists()
     for command in (["evaluate", "--run", str(run_dir)], ["predict", "--run", str(run_dir), "good"]):
         assert main(command) == 2 and message in capsys.readouterr().err
+
+
+def test_a_model_pt_that_is_a_whole_module_says_so_and_how_to_save_a_state_dict(run_dir, tmp_path, capsys):
+    """torch.save(model) in place of its state_dict was called 'truncated or damaged
+    (UnpicklingError)' (issue 69, round 6): it is a pickled module, which torch's weights-only load
+    refuses, and the line says what to save instead."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns(".lock"))
+    model = MovieClassification(Config.load(copy / "config.json"))
+    model.load_state_dict(torch.load(copy / "model.pt", map_location="cpu"))
+    torch.save(model, copy / "model.pt")
+    capsys.readouterr()
+    assert main(["predict", "--run", str(copy), "--device", "cpu", "the film was good"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds pickled Python objects (a whole model saved with torch.save(model)?)" in err
+    assert "torch.save(model.state_dict(), path)" in err and "damaged" not in err

@@ -48,6 +48,7 @@ import errno
 import fcntl
 import json
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -191,10 +192,21 @@ def _load_torch(path):
         raise ValueError(f"{path} is empty (0 bytes)")
     try:
         return torch.load(path, map_location="cpu")
-    except Exception as error:  # noqa: BLE001 (a damaged file fails as RuntimeError, OSError, EOFError, UnpicklingError, ...
+    except pickle.UnpicklingError as error:
+        if "Weights only load failed" not in str(error):
+            raise ValueError(_damaged(path, size, error)) from None
+        # weights_only (torch's default) met a Python object: a whole module saved with torch.save(model)
         raise ValueError(
-            f"{path} ({size} bytes) is not a readable PyTorch checkpoint: truncated or damaged ({type(error).__name__})"
+            f"{path} holds pickled Python objects (a whole model saved with torch.save(model)?), not tensors alone: "
+            "fastformer reads a state_dict, which runs no code when loaded; save one with "
+            "torch.save(model.state_dict(), path)"
         ) from None
+    except Exception as error:  # noqa: BLE001 (a damaged file fails as RuntimeError, OSError, EOFError, UnpicklingError, ...
+        raise ValueError(_damaged(path, size, error)) from None
+
+
+def _damaged(path, size, error):
+    return f"{path} ({size} bytes) is not a readable PyTorch checkpoint: truncated or damaged ({type(error).__name__})"
 
 
 def load_state_dict(model, state, path):
