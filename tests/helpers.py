@@ -102,12 +102,15 @@ TINY = {
 
 
 def write_reviews(path, n, seed, labels=(0, 1)):
-    """Reviews of 2..6 words, all positive or all negative: a set any working model separates."""
+    """Reviews of 2..6 words, all positive or all negative: a set any working model separates. The
+    train files' (seed 0) have an even number of sentiment words and the others' an odd one, so that
+    a test file never holds a train file's review (the job warns of those: run.read_data)."""
     rng = random.Random(seed)
     lines = ["id\tdocument\tlabel"]
     for i in range(n):
         label = labels[i % len(labels)]
-        words = rng.choices(POSITIVE if label % 2 else NEGATIVE, k=rng.randint(2, 6))
+        k = rng.choice((2, 4, 6) if seed == 0 else (3, 5))
+        words = rng.choices(POSITIVE if label % 2 else NEGATIVE, k=k)
         lines.append(f"{i}\tthe film was {' '.join(words)}\t{label}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)

@@ -40,6 +40,12 @@ CASES = [
     ("test-symlink", f"{TRAIN} --test {{symlink}}", "--test {symlink} is the same file as --train {train} by another"),
     ("test-hard-link", f"{TRAIN} --test {{hard_link}}", "--test {hard_link} is the same file as --train {train} by"),
     ("test-a-copy", f"{TRAIN} --test {{copy}}", "--test {copy} holds the same bytes as --train {train} (sha256 "),
+    # the train file saved again with CRLF line endings and a byte-order mark: other bytes, the same reviews
+    (
+        "test-a-crlf-copy",
+        f"{TRAIN} --test {{crlf_copy}}",
+        "is also in --train {train} (the same text, up to case and white space): its accuracy would be",
+    ),
     # labels too large for a class number, in either format
     ("jsonl-2**63", f"{VOCAB} {{jsonl_2_63}}", "{jsonl_2_63} line 1: label 9223372036854775808 is no class number"),
     ("jsonl-below-int64", f"{VOCAB} {{jsonl_neg}}", "{jsonl_neg} line 1: label -9223372036854775809 is no class"),
@@ -125,6 +131,8 @@ def paths(tmp_path_factory):
         make(paths["train"], paths[name])
     paths["copy"] = str(data / "copy.txt")
     (data / "copy.txt").write_bytes((data / "train.txt").read_bytes())
+    paths["crlf_copy"] = str(data / "crlf_copy.txt")
+    (data / "crlf_copy.txt").write_bytes(b"\xef\xbb\xbf" + (data / "train.txt").read_bytes().replace(b"\n", b"\r\n"))
     paths["loop"], other = str(data / "loop"), str(data / "loop2")
     os.symlink(other, paths["loop"])
     os.symlink(paths["loop"], other)
@@ -170,6 +178,21 @@ def _out(paths, case):
 
 
 # What the cases above cannot show from the command line
+
+
+def test_a_test_file_that_shares_some_reviews_with_the_train_file_is_said_with_the_count(tmp_path):
+    """Rows copied from the train file into the test file, one in another case and spacing: the
+    accuracy counts them as learnt, and a warning says how many (issue 69, round 6)."""
+    from fastformer.train.run import _check_test_is_not_train
+
+    train = tmp_path / "train.txt"
+    train.write_text("id\tdocument\tlabel\n1\tA fine film\t1\n2\tdull\t0\n3\tgreat  acting\t1\n")
+    test = tmp_path / "test.txt"
+    test.write_text("id\tdocument\tlabel\n7\ta FINE film \t1\n8\tgreat acting\t1\n9\tnew review\t0\n")
+    with pytest.warns(
+        UserWarning, match=r"^2 of the 3 reviews of --test .*test.txt are also in --train .*train.txt \(the"
+    ):
+        _check_test_is_not_train(str(train), str(test), read_reviews(str(train)), read_reviews(str(test)))
 
 
 def test_test_without_train_is_refused_before_the_demo_set_is_read(paths):

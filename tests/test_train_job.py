@@ -965,3 +965,13 @@ def test_a_model_pt_that_is_a_whole_module_says_so_and_how_to_save_a_state_dict(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds pickled Python objects (a whole model saved with torch.save(model)?)" in err
     assert "torch.save(model.state_dict(), path)" in err and "damaged" not in err
+
+
+def test_evaluate_says_how_many_test_reviews_the_run_trained_on(run_dir, files, tmp_path):
+    """A --test made of rows of the run's own train file (not its bytes): the accuracy counts them
+    as reviews the model learnt, and evaluate warns with how many (issue 69, round 6)."""
+    rows = Path(files["train"]).read_text().splitlines()
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text("\n".join([rows[0], *rows[1:4], "900\tan unseen review of the film\t1"]) + "\n")
+    with pytest.warns(UserWarning, match=r"^3 of the 4 reviews of --test .*mixed.txt are also in the file the run"):
+        job.evaluate_run(run=run_dir, test=str(mixed), device="cpu", log=None)

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import stat
+import unicodedata
 import warnings
 from array import array
 from typing import NamedTuple
@@ -484,6 +485,24 @@ def _where(review, source):
 def _labels(reviews):
     """Every review's label, in order: a Reviews' array, or each Review's."""
     return reviews.labels if isinstance(reviews, Reviews) else [review.label for review in reviews]
+
+
+def review_key(doc):
+    """What two reviews share when they are the same review saved another way: the text (a JSONL
+    doc's pieces joined, the word-boundary mark a space), in Unicode's NFKC form, case-folded, its
+    runs of white space one space, stripped; hashed (16 bytes), so a large train file's keys are few
+    bytes each. Line endings (CRLF), a byte-order mark, quoting's spacing and case do not tell two
+    copies apart."""
+    text = doc if isinstance(doc, str) else "".join(doc).replace("\u2581", " ")
+    text = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+    return hashlib.blake2b(text.encode("utf-8", SURROGATES), digest_size=16).digest()
+
+
+def shared_reviews(train, test):
+    """How many of `test`'s reviews are also `train`'s (by review_key): a test accuracy counts
+    those as reviews the model has learnt."""
+    seen = set(map(review_key, train.texts()))
+    return sum(review_key(doc) in seen for doc in test.texts())
 
 
 def check_labels(reviews, n_classes, source):

@@ -39,7 +39,7 @@ import torch
 
 from fastformer import backend, kernels
 from fastformer.config import Config
-from fastformer.data.files import check_labels, cut, read_reviews
+from fastformer.data.files import check_labels, cut, read_reviews, shared_reviews
 from fastformer.data.reviews import LengthBucketSampler, MovieDataSet, ShardedBatchSampler, movie_collate_fn
 from fastformer.data.vocab import N_SPECIAL, known_pieces, load_vocab, train_vocab
 from fastformer.model import MovieClassification
@@ -690,6 +690,8 @@ def evaluate_run(
                 "on reviews the model learnt, not a test of it",
                 stacklevel=2,
             )
+        else:
+            _warn_if_trained_on(reviews, test, info.get("train"))
         dataset = MovieDataSet(
             vocab,
             reviews,
@@ -708,6 +710,27 @@ def evaluate_run(
     how = "CUDA graphs" if replay else f"eager ({why})" if why and cuda_graphs is None else "eager"
     log(f"accuracy {stats['accuracy']:.4f}  loss {stats['loss']:.4f}  on {stats['n']} reviews from {test}; {how}")
     return stats
+
+
+def _warn_if_trained_on(reviews, test, train):
+    """Warn with the count where some or all of the test reviews are the run's train file's (the
+    same text, up to case and white space: rows copied over, or the file saved again with CRLF line
+    endings or a byte-order mark). A train file no longer there, or unreadable, is not checked."""
+    if train is None or not os.path.isfile(train):
+        return
+    try:
+        with warnings.catch_warnings():  # its reading's own notes (skipped reviews) were said in training
+            warnings.simplefilter("ignore")
+            shared = shared_reviews(read_reviews(train, "train"), reviews)
+    except (OSError, ValueError):
+        return
+    if shared:
+        which = "all" if shared == len(reviews) else f"{shared} of the {len(reviews)}"
+        warnings.warn(
+            f"{which} reviews of --test {test} are also in the file the run trained on, {train} (the same text, up "
+            "to case and white space): this accuracy counts them, reviews the model learnt",
+            stacklevel=3,
+        )
 
 
 def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=print):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from fastformer.config import BYTES_TO_BUILD, BYTES_TO_TRAIN, TUTORIAL, Config, check_fits, host_memory, size_text
 from fastformer.data import demo, rotten_tomatoes
-from fastformer.data.files import absent_classes, check_labels, cut, infer_classes, read_reviews
+from fastformer.data.files import absent_classes, check_labels, cut, infer_classes, read_reviews, shared_reviews
 from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
 from fastformer.environment import BACKEND_ENV, BACKENDS, triton_available, under_torchrun
 from fastformer.train.checks import (
@@ -768,6 +768,8 @@ def read_data(options, config, resuming):
             "accuracy would be the training accuracy; pass a file of other reviews, or leave --test out to hold "
             "out 10% of --train"
         )
+    if test is not None and not resuming:
+        _check_test_is_not_train(train, test, train_reviews, test_reviews)
     if config is not None and (resuming or options.n_output is None):
         n_classes = config.n_output
     elif options.n_output == "auto":
@@ -834,6 +836,24 @@ def _check_not_train_file(train, test):
                 f"--test {test} is the same file as --train {train}{how}: its accuracy would be the training "
                 "accuracy; pass a file of other reviews, or leave --test out to hold out 10% of --train"
             )
+
+
+def _check_test_is_not_train(train, test, train_reviews, test_reviews):
+    """--test's reviews must not be --train's: all of them, saved another way (CRLF line endings, a
+    byte-order mark) or copied over, is an error; some of them a warning with the count."""
+    shared = shared_reviews(train_reviews, test_reviews)
+    same = "the same text, up to case and white space"
+    if shared == len(test_reviews):
+        raise ValueError(
+            f"every review of --test {test} ({shared}) is also in --train {train} ({same}): its accuracy would be "
+            "the training accuracy; pass a file of other reviews, or leave --test out to hold out 10% of --train"
+        )
+    if shared:
+        warnings.warn(
+            f"{shared} of the {len(test_reviews)} reviews of --test {test} are also in --train {train} ({same}): "
+            "the test accuracy counts them, reviews the model learnt",
+            stacklevel=3,
+        )
 
 
 def _split(reviews, fraction, seed):
