@@ -78,12 +78,20 @@ def test_without_a_committed_sweep_the_sweep_comes_first(tmp_path):
     repo = _repo(tmp_path, sweep=_sweep_report(dry_run=True))
     plan = plans.one_run(GPU, True, repo)
     assert plan.stages == ("env", "sweep", "bench", "model", "tests") and plan.tests == "quick"
-    assert "no sweep committed for NVIDIA H200" in plan.why[0]
+    assert "no whole sweep committed for NVIDIA H200" in plan.why[0]
     assert sum(plan.budget_seconds[s] for s in plan.stages) == plans.ONE_SECONDS
     assert plan.plots == 0 and plan.sweep == plans.FULL.sweep  # every family, timed
     assert (
         plans.one_run("NVIDIA H100 80GB HBM3", True, _repo(tmp_path / "b", sweep=_sweep_report())).stages[1] == "sweep"
     )
+
+
+def test_a_sweep_cut_short_is_swept_again(tmp_path):
+    """A committed sweep that a stop cut short (interrupted, or launches it did not reach) leaves
+    families untimed: the next run sweeps first again."""
+    for i, cut in enumerate(({"interrupted": True}, {"records": [{"status": "timed"}, {"status": "not timed"}]})):
+        repo = _repo(tmp_path / str(i), sweep={**_sweep_report(), **cut}, table=TABLE)
+        assert plans.one_run(GPU, True, repo).stages[1] == "sweep", cut
 
 
 def test_with_a_sweep_committed_the_kernel_and_model_stages_on_its_table(tmp_path):

@@ -168,12 +168,15 @@ PLANS = {"full": FULL, "quick": QUICK, "rest": REST, "smoke": SMOKE}
 # ----------------------------------------------------------------------------------------------
 def committed_sweep(gpu, root=ROOT):
     """The path of the sweep report committed for this GPU model (tools/results/sweep-<gpu>.json,
-    timed on a GPU of that name), or None."""
+    timed on a GPU of that name, every launch reached: not interrupted, none left "not timed"), or
+    None: then the one run sweeps again."""
     from fastformer.kernels._tuned import gpu_slug
 
     path = Path(root) / "tools" / "results" / f"sweep-{gpu_slug(gpu)}.json"
     report = _json(path)
     if report is None or report.get("dry_run") or report.get("env", {}).get("gpu") != gpu:
+        return None
+    if report.get("interrupted") or any(r.get("status") == "not timed" for r in report.get("records", ())):
         return None
     return path
 
@@ -240,7 +243,7 @@ def one_run(gpu, cuda, root=ROOT, seconds=ONE_SECONDS):
     if sweep is None:
         plan = SWEEP_FIRST
         why = [
-            f"no sweep committed for {gpu} (tools/results/sweep-<gpu>.json): the sweep first, its winners "
+            f"no whole sweep committed for {gpu} (tools/results/sweep-<gpu>.json): the sweep first, its winners "
             "then in force for the kernel and model stages beside the peers, then the parity subset"
         ]
     elif not measured:
