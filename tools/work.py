@@ -38,14 +38,13 @@ with a table per workload (docs/launches.md).
 
 import argparse
 import collections
-import json
 import math
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import refuses_interpreter
+from tools import refuses_interpreter, write_report
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "tools" / "results" / "work.json"
@@ -554,10 +553,7 @@ def main(argv=None):
 
     with sm90.dry_run(time_configs=False):
         report = measure(args.workloads, args.providers, args.quick, args.rotten_tomatoes)
-    print(tables(report))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report, tables(report))
     return 0
 
 
