@@ -212,8 +212,9 @@ class Configs:
         run in the entry's variant. `table`: the one in force, where the caller has it."""
         if INTERPRET or autotune_enabled():
             return None
-        table = table or _tuned.in_force()
         if table is None:
+            table = _tuned.in_force()
+        if table is None or not table.by_kernel.get(self.name):  # no table, or none of this kernel's launches
             return None
         named = {**dict(zip(self.kernel.arg_names, args)), **kwargs}
         key = {name: named[name] for name in self.key if name != "TMA"}

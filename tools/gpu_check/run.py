@@ -21,8 +21,8 @@ from tools.gpu_check.report import summary_markdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCHEMA = "fastformer.gpu_check/1"
-# every file the command writes into DIR, at most 7 with no plots (the one run) so that one stray file
-# (a temporary one a kill left) still leaves the device tool's limit of 8 files
+# every file the command writes into DIR: six, and no plots in the one run, so that a stray temporary
+# file a kill leaves (or two) still keeps DIR within the device tool's 8 files
 OUTPUTS = ("summary.md", "results.json", "log.txt", "junit.xml", "sweep.json", "sweep.md")
 PLOT_PREFIX = "plot"
 INTERRUPT_GRACE_SECONDS = 10  # a subprocess interrupted with the run: the time it has to write its files
