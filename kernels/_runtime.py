@@ -270,6 +270,35 @@ def autograd_apply(function):
     return torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
 
 
+_deferred_ops = []  # kernel modules' op registrations that wait for a process able to run a kernel
+
+
+def kernels_can_run():
+    """Whether a kernel can run in this process as it started: on a CUDA device, or through Triton's
+    interpreter (the dry-run driver's block, tools/sm90.py, registers the ops when it is entered)."""
+    return HAS_TRITON and (INTERPRET or torch.cuda.is_available())
+
+
+def defer_ops(register):
+    """Runs `register`, a kernel module's function that registers its torch.library ops and binds
+    them to the module's names, now where a kernel can run (kernels_can_run), else at the first
+    register_ops(). torch.library.triton_op imports torch._inductor and torch._dynamo (1 to 1.5 s),
+    which a process that can only run the PyTorch reference (a CPU without TRITON_INTERPRET:
+    `fastformer predict`, `evaluate`) should not pay for. Until then the module's op names are None:
+    nothing calls them, as require_launchable refuses the Triton path first."""
+    if kernels_can_run():
+        register()
+    else:
+        _deferred_ops.append(register)
+
+
+def register_ops():
+    """Registers every kernel module's ops that defer_ops deferred (none where a kernel could run
+    from the start): the dry-run driver calls it, and so does a launch."""
+    while _deferred_ops:
+        _deferred_ops.pop(0)()
+
+
 def call_op(op, impl, *args):
     """An op called from another op's backward: its implementation `impl` in eager mode, else the
     registered op, which torch.compile traces."""
@@ -740,6 +769,8 @@ def require_launchable(op, *tensors):
             "Use the reference backend, or set TRITON_INTERPRET=1 before importing `kernels` "
             "to run the kernels through Triton's (slow) interpreter."
         )
+    if _deferred_ops and not torch.compiler.is_compiling():  # launchable now, not at import (a dry run)
+        register_ops()
     if any(t.dtype == torch.bfloat16 for t in tensors):
         require_interpreter_bf16(op)
 
@@ -789,7 +820,6 @@ def _bf16_probe(A, B, C, X, Y, N: tl.constexpr):
     tl.store(Y + offs, tl.load(X + offs).to(tl.bfloat16))
 
 
-@torch.compiler.disable  # Dynamo runs it as it is, on real tensors
 def _probe_interpreter_bf16():
     """A 16 x 16 x 16 bf16 dot of small integers (every partial sum exact, so any order gives the
     exact product) and fp32 -> bf16 casts of a tie that rounds down to even, ties that round up to
@@ -806,6 +836,13 @@ def _probe_interpreter_bf16():
         _bf16_probe[(1,)](a, b, c, x, y, N=n)
         rounded = x.to(torch.bfloat16)
         return torch.equal(c, a.float() @ b.float()) and torch.equal(y.view(torch.int16), rounded.view(torch.int16))
+
+
+if INTERPRET:
+    # Dynamo runs it as it is, on real tensors. Only the interpreter runs the probe, and
+    # torch.compiler.disable imports torch._dynamo (about 1.5 s), which a process that can run no
+    # kernel (a CPU without TRITON_INTERPRET: `fastformer predict`) should not pay for
+    _probe_interpreter_bf16 = torch.compiler.disable(_probe_interpreter_bf16)
 
 
 

@@ -85,6 +85,7 @@ from ._runtime import (
     autograd_apply,
     call_op,
     cdiv,
+    defer_ops,
     dot_precision,
     eager,
     eager_twin,
@@ -1215,10 +1216,7 @@ def _attention_backward(
     return _attn_backward(do, q, k, v, o, lse, seed, masking)
 
 
-_attention_forward_op = torch.library.triton_op("fastformer::attention_forward", mutates_args=())(_attention_forward)
-_attention_backward_op = torch.library.triton_op("fastformer::attention_backward", mutates_args=())(
-    _attention_backward
-)
+_attention_forward_op = _attention_backward_op = None  # the torch.library ops, once _register_ops ran
 
 
 def _setup_context(ctx, inputs, output):
@@ -1240,7 +1238,18 @@ def _backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None, None, None, None
 
 
-torch.library.register_autograd(_attention_forward_op, _backward, setup_context=_setup_context)
+def _register_ops():
+    global _attention_forward_op, _attention_backward_op
+    _attention_forward_op = torch.library.triton_op("fastformer::attention_forward", mutates_args=())(
+        _attention_forward
+    )
+    _attention_backward_op = torch.library.triton_op("fastformer::attention_backward", mutates_args=())(
+        _attention_backward
+    )
+    torch.library.register_autograd(_attention_forward_op, _backward, setup_context=_setup_context)
+
+
+defer_ops(_register_ops)  # now where a kernel can run, else when one first can (kernels._runtime)
 _attention_forward_eager = eager_twin(_attention_forward, _setup_context, _backward)
 
 

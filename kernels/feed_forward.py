@@ -28,6 +28,7 @@ from ._runtime import (
     autocast_state,
     autograd_apply,
     cdiv,
+    defer_ops,
     dot_precision,
     kept,
     needs_grad,
@@ -230,12 +231,24 @@ def _ffn_fused_forward(x2, w1, b1, w2, b2, activation):
     return y
 
 
-@torch.library.triton_op("fastformer::feed_forward_fused", mutates_args=())
-def _feed_forward_fused_op(
+def _feed_forward_fused(
     x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
     activation: str,
 ) -> torch.Tensor:
     return _ffn_fused_forward(x2, w1, b1, w2, b2, activation)
+
+
+_feed_forward_fused_op = None  # the torch.library op, once _register_ops ran
+
+
+def _register_ops():
+    global _feed_forward_fused_op
+    _feed_forward_fused_op = torch.library.triton_op("fastformer::feed_forward_fused", mutates_args=())(
+        _feed_forward_fused
+    )
+
+
+defer_ops(_register_ops)  # now where a kernel can run, else when one first can (kernels._runtime)
 
 
 def check_feed_forward_args(x, w1, b1, w2, b2, activation, dtypes=FLOAT_DTYPES):

@@ -2,8 +2,10 @@
 
 import argparse
 import dataclasses
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,8 @@ import torch
 import fastformer
 from fastformer.cli import build_parser, main
 from fastformer.train.run import TrainOptions
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_version(capsys):
@@ -133,6 +137,30 @@ def test_help_and_version_do_not_import_torch_or_triton():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a CUDA device the ops register at import")
+def test_a_process_that_can_run_no_kernel_loads_neither_dynamo_nor_inductor():
+    """On a CPU without TRITON_INTERPRET (`fastformer predict`, `evaluate`) the model runs the
+    PyTorch reference, so fastformer's torch.library ops, whose registration imports torch._inductor
+    and torch._dynamo (1 to 1.5 s), wait; the dry-run driver, which lets the Triton path run on CPU
+    tensors, registers them on entry (issue 69, item 3)."""
+    code = (
+        "import sys, torch\n"
+        "from tests.helpers import small_config\n"
+        "from fastformer import MovieClassification\n"
+        "model = MovieClassification(small_config()).eval()\n"
+        "with torch.no_grad():\n"
+        "    model(torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1]]))\n"
+        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))\n"
+        "from tools import sm90\n"
+        "with sm90.dry_run(time_configs=False):\n"
+        "    print(hasattr(torch.ops.fastformer, 'attention_forward'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["[]", "True"], result.stdout
 
 
 @pytest.mark.parametrize(
