@@ -73,6 +73,20 @@ def test_the_scan_finds_the_kernels():
     } <= set(KERNELS)
 
 
+def test_each_worker_takes_whole_families_of_cases():
+    """Cases that compile the same kernels (one family: the causal ones at L256 and L4096, the
+    model's two) go to one worker, which compiles them once; every case to exactly one worker."""
+    names = [case.name for case in ci_cases()]
+    shards = sm90._shards(names, jobs=2)
+    assert sorted(n for shard in shards for n in shard) == sorted(names)
+    worker = {name: i for i, shard in enumerate(shards) for name in shard}
+    for family in (("attention/fp16/d64/causal/self/L256", "attention/fp16/d64/causal/contiguous/L4096"),
+                   ("ffn/fp16/gelu/train/d256x1024/M2048", "ffn/fp16/gelu/train/d1024x4096/M8192"),
+                   [name for name in names if name.startswith("model/")]):  # fmt: skip
+        assert len({worker[name] for name in family}) == 1, family
+    assert 0.8 < len(shards[0]) / len(shards[1]) < 1.25, [len(shard) for shard in shards]
+
+
 def test_every_case_launches_and_compiles_something(records):
     by_case = collections.defaultdict(list)
     for r in records:
