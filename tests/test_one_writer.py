@@ -143,6 +143,21 @@ def test_a_resume_of_a_run_being_written_is_refused_and_readers_say_it_is_traini
     assert f"{copy} is still training (pid {proc.pid}" in err and "has no checkpoint yet" in err, err
 
 
+def test_readers_of_a_run_being_created_say_so(tmp_path, holder, capsys):
+    """A job holds the directory but has written none of its files yet (the vocab's training, say):
+    evaluate and predict say it is being created, not that it is no run directory (issue 69, 17)."""
+    out = tmp_path / "run"
+    proc = holder(out)
+    for argv in (["evaluate", "--run", str(out), "--device", "cpu"], ["predict", "--run", str(out), "good movie"]):
+        assert main(argv) == 2
+        _, err = one_line_error(capsys)
+        assert f"{out} is being created by a train job (pid {proc.pid}" in err and "no checkpoint yet" in err, err
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert main(["evaluate", "--run", str(out), "--device", "cpu"]) == 2  # no holder: an empty directory
+    assert "is not a fastformer run directory" in one_line_error(capsys)[1]
+
+
 def test_out_dot_in_an_empty_directory_writes_there_and_removes_nothing(files, tmp_path, monkeypatch):
     here = tmp_path / "here"
     here.mkdir()

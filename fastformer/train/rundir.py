@@ -465,6 +465,12 @@ def load_run_json(run_dir, required=()):
         check_link(os.path.join(run_dir, name), os.path.join(run_dir, name))
     missing = [f for f in RUN_FILES if not os.path.isfile(os.path.join(run_dir, f))]
     if missing:
+        holder = writer(run_dir)
+        if holder:  # a train job has taken it and not yet written its first files
+            raise ValueError(
+                f"{run_dir} is being created by a train job ({holder}): it has no {', '.join(missing)} "
+                "and no checkpoint yet; it can be read once its first checkpoint is written"
+            )
         raise ValueError(f"{run_dir} is not a fastformer run directory (missing {', '.join(missing)})")
     path = os.path.join(run_dir, "run.json")
     run_info = read_json_object(path, "run file")
