@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from fastformer import backend
 from fastformer.config import check_config
 from fastformer.fusion import fusable
+from fastformer.kernels.attention import mask_scores
 from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
 from fastformer.plan import AttentionPlan, FeedForwardPlan, ForwardPlan, Hidden, Pending, active_p, linear_groups
 
@@ -159,7 +160,9 @@ class ScaledDotProductAttention(nn.Module):
         # (bs, n_head, n_q_seq, n_k_seq)
         scores = torch.matmul(Q, K.transpose(-1, -2)) * self.scale
         mask = AttentionMask.of(attn_mask).materialize(Q.size(0), Q.size(-2), K.size(-2), Q.device)
-        scores = scores.masked_fill(mask if mask.dim() == 4 else mask.unsqueeze(1), -1e9)
+        # the tutorial's masked_fill(mask, -1e9), but masked keys get no weight even where every
+        # unmasked score is below -1e9, as the kernels
+        scores = mask_scores(scores, mask if mask.dim() == 4 else mask.unsqueeze(1))
         attn_prob = self.dropout(torch.softmax(scores, dim=-1))
         context = torch.matmul(attn_prob, V)
         return context, attn_prob if return_probs else None

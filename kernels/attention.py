@@ -1,8 +1,10 @@
 """Masked scaled-dot-product attention in Triton (FlashAttention-2), and its PyTorch reference.
 
-Mask conventions (the tutorial's): boolean masks, True = masked. A query row whose keys are all
-masked gets the tutorial's value, the mean of V over all Lk keys (its -1e9 fill makes the softmax
-uniform), never NaN.
+Mask conventions (the tutorial's): boolean masks, True = masked. A masked key gets no weight; a
+query row whose keys are all masked gets the tutorial's value, the mean of V over all Lk keys (its
+-1e9 fill makes the softmax uniform), never NaN. The reference keeps the same rule (mask_scores):
+the tutorial's fill would give the masked keys the weight of a row whose unmasked scores all lie
+below -1e9 (docs/backends.md).
 
 The kernels stream K/V blocks past a tile of queries with an online softmax in fp32 and never
 write an (Lq, Lk) matrix. The forward saves the per-row log-sum-exp (base 2; +inf marks a row whose
@@ -102,10 +104,6 @@ from ._runtime import (
     warn_once,
 )
 from ._tma import use_tma
-
-# The tutorial fills masked scores with -1e9; kept so fully masked rows average V uniformly.
-MASKED_SCORE = -1e9
-
 
 # ----------------------------------------------------------------------------------------------
 # Triton kernels. Scores live in base 2: s = q k^T * scale * log2(e), p = exp2(s - lse).
@@ -1699,8 +1697,8 @@ def attention_reference(
     """The tutorial's attention in plain PyTorch: the oracle for the Triton kernel.
 
     Same signature and semantics as `attention`; also takes fp64, to serve as the tests' oracle.
-    Scores are masked with -1e9 and the softmax runs in at least fp32 (the -1e9 fill would overflow
-    fp16); the probabilities are cast back to v's dtype for the product with V, as a kernel does.
+    Scores are masked as the kernels mask them (mask_scores) and the softmax runs in at least fp32;
+    the probabilities are cast back to v's dtype for the product with V, as a kernel does.
     Dropout is torch's (F.dropout, torch's generator): `seed` is checked as `attention` checks it,
     then ignored, so the reference's mask is not the kernel's for the same seed (tests build the
     kernel's mask with `attention_dropout_mask`).
@@ -1714,7 +1712,7 @@ def attention_reference(
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale
     mask = dense_mask(Lq, Lk, q.device, key_padding_mask, causal, attn_mask)
     if mask is not None:
-        scores = scores.masked_fill(mask, MASKED_SCORE)
+        scores = mask_scores(scores, mask)
     probs = torch.softmax(scores, dim=-1)
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p, training=True)
@@ -1723,3 +1721,12 @@ def attention_reference(
     out = torch.matmul(probs, v)
     return (out, probs) if return_probs else out
 
+
+def mask_scores(scores, mask):
+    """The scores a softmax over the last dim turns into the kernels' weights: masked keys at -inf
+    (no weight), and a row whose keys are all masked at 0 throughout (1/Lk each, the tutorial's
+    value for it). Wherever some unmasked score of a row lies above -1e9 (any real model's), the
+    softmax of this is bit for bit that of the tutorial's `masked_fill(mask, -1e9)`; below it, the
+    tutorial's fill would hand the masked keys the whole weight. `mask` broadcasts to scores."""
+    scores = scores.masked_fill(mask, float("-inf"))
+    return scores.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)

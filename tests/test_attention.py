@@ -137,6 +137,29 @@ def test_fully_masked_rows_are_the_mean_of_v(device):
     assert_max_diff("causal + leading padding", out[1, :, :4], mean_v[1][:, None].expand(-1, 4, -1), 1e-6)
 
 
+def test_masked_keys_get_no_weight_even_where_every_unmasked_score_is_below_minus_1e9(device):
+    """One rule on every path (docs/backends.md): the kernel, the reference and the module-by-module
+    attention give masked keys no weight where every unmasked score is about -3.6e9 (the tutorial's
+    -1e9 fill would give the padding all of it), and an all-padding row the mean of V."""
+    B, H, L, D = 2, 2, 7, 16
+    q = torch.full((B, H, L, D), 3e4, device=device)
+    k = torch.full((B, H, L, D), -3e4, device=device)  # every score -4 * 9e8 = -3.6e9 at scale 1/4
+    v = torch.randn(B, H, L, D, generator=torch.Generator().manual_seed(0)).to(device)
+    pad = torch.zeros(B, L, dtype=torch.bool, device=device)
+    pad[0] = True  # all padding
+    pad[1, 4:] = True  # keys 4..6 padding
+    expected = torch.stack([v[0].mean(dim=1), v[1, :, :4].mean(dim=1)])[:, :, None].expand(B, H, L, D)
+    out = kernels.attention(q, k, v, key_padding_mask=pad)
+    ref, probs = kernels.attention_reference(q, k, v, key_padding_mask=pad, return_probs=True)
+    sdpa = fastformer.ScaledDotProductAttention(small_config(d_head=D)).eval()
+    unfused, unfused_probs = sdpa.unfused(q, k, v, pad[:, None, :].expand(B, L, L), True)
+    for name, got in (("kernel", out), ("reference", ref), ("unfused", unfused)):
+        assert_max_diff(name, got, expected, 1e-5)
+    for got in (probs, unfused_probs):
+        assert torch.equal(got[1, :, :, 4:], torch.zeros_like(got[1, :, :, 4:]))
+        assert torch.allclose(got[0], torch.full_like(got[0], 1 / L))
+
+
 def test_views_of_a_fused_projection_need_no_copy_and_output_is_head_interleaved(device):
     B, L, H, D = 2, 19, 3, 32
     qkv = torch.randn(B, L, 3, H, D, device=device)
