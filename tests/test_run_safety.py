@@ -18,6 +18,7 @@ import torch
 
 from fastformer.cli import main
 from fastformer.data import read_reviews, train_vocab
+from fastformer.train import job
 from tests.helpers import TINY, pin_thread_count, write_reviews
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "signal_at_save.py")
@@ -201,6 +202,38 @@ def test_a_failed_write_is_one_line_naming_the_file_and_leaves_no_temporary_file
     ]
     assert torch.load(out / "checkpoint-1" / "trainer.pt")["epoch"] == 1
     assert (out / "model.pt").read_bytes() == (out / "checkpoint-1" / "model.pt").read_bytes()
+
+
+@pytest.mark.parametrize("removed", [False, True], ids=["renamed", "removed"])
+def test_a_run_directory_that_goes_away_while_training_is_said_so(files, tmp_path, monkeypatch, capsys, removed):
+    """The run directory renamed (or removed) after epoch 1's checkpoint: the job stops in one line
+    that says the directory went away and, renamed, where it and its last checkpoint are now, the
+    new place resumable (issue 69, item 18); it used to stop with `[Errno 2] ...: 'run'`."""
+    monkeypatch.chdir(tmp_path)
+    publish, moved = job.publish, tmp_path / "moved"
+
+    def publish_then_move(run_dir, *args, **kwargs):
+        publish(run_dir, *args, **kwargs)
+        if removed:
+            shutil.rmtree(run_dir)
+        else:
+            os.rename(run_dir, moved)
+
+    monkeypatch.setattr(job, "publish", publish_then_move)
+    assert main(train_args(files, "run")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1].split("\r")[-1]
+    if removed:
+        assert err == (
+            "fastformer train: error: the run directory run went away while the job ran (it was removed, or "
+            "moved where this system cannot say); last checkpoint: run/checkpoint-1"
+        )
+    else:
+        assert err == (
+            f"fastformer train: error: the run directory run went away while the job ran: it is now {moved}; "
+            f"last checkpoint: {moved}/checkpoint-1; `fastformer train --resume {moved}` continues"
+        )
+        assert (moved / "checkpoint-1" / "trainer.pt").is_file()
+    assert not (tmp_path / "run").exists()
 
 
 def test_max_steps_stops_inside_an_epoch_and_resume_ends_bitwise_where_an_uninterrupted_run_does(

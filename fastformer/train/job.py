@@ -86,6 +86,7 @@ from fastformer.train.rundir import (
     shell_word,
     still_training,
     unfinished,
+    went_away,
     write_file,
     write_json,
 )
@@ -518,7 +519,7 @@ def _train_epochs(trainer, run):
             if not record["complete"]:
                 break
     except OSError as error:
-        raise OSError(f"{error}; {last_checkpoint_message(last)}") from None
+        raise OSError(went_away(run.run_dir, last) or f"{error}; {last_checkpoint_message(last)}") from None
     except KeyboardInterrupt:
         if run.launch.rank != 0:  # rank 0 alone saves, so it alone knows the last checkpoint, and says it
             raise KeyboardInterrupt() from None

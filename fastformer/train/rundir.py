@@ -753,6 +753,36 @@ def _being_written(option, run_dir, holder):
     )
 
 
+_held = {}  # os.path.abspath(run_dir) -> the fd of its .lock, while this process writes the run
+
+
+def went_away(run_dir, last):
+    """If the run directory this process writes is no longer at `run_dir` (renamed, moved or
+    removed while the job ran), a line saying so and where its last checkpoint `last` (a path under
+    `run_dir`, or None) now is, found from the lock file the job holds open (Linux's /proc);
+    else None."""
+    fd = _held.get(os.path.abspath(run_dir))
+    if fd is None:
+        return None
+    try:
+        if os.path.samestat(os.stat(os.path.join(run_dir, LOCK)), os.fstat(fd)):
+            return None  # still there: the error was something else
+    except OSError:
+        pass
+    try:
+        now = os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        now = None
+    if now is None or now.endswith(" (deleted)") or not os.path.isdir(now):
+        where = "it was removed, or moved where this system cannot say"
+        return f"the run directory {run_dir} went away while the job ran ({where}); {last_checkpoint_message(last)}"
+    moved = os.path.join(now, os.path.relpath(last, run_dir)) if last else None
+    return (
+        f"the run directory {run_dir} went away while the job ran: it is now {now}; "
+        f"{last_checkpoint_message(moved)}; `fastformer train --resume {now}` continues"
+    )
+
+
 @contextlib.contextmanager
 def writing(run_dir, option):
     """Hold `run_dir`'s writer lock inside the block: an exclusive flock on <run_dir>/.lock, with
@@ -789,9 +819,11 @@ def writing(run_dir, option):
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}).encode(), 0)
         if option == "--out":
             check_replaceable(run_dir)
+        _held[os.path.abspath(run_dir)] = fd
         yield
     finally:
-        if held and made and os.listdir(run_dir) == [LOCK]:
+        _held.pop(os.path.abspath(run_dir), None)
+        if held and made and os.path.isdir(run_dir) and os.listdir(run_dir) == [LOCK]:
             _remove(lock)
             for directory in made:
                 with contextlib.suppress(OSError):
