@@ -27,6 +27,13 @@ NO_GPU = (
 NOT_ASKED = "a benchmark: run the benchmarks with `pytest bench --benchmark-only`"
 
 
+def pytest_configure(config):
+    """`pytest bench --benchmark-only` without a GPU skips every case, so the slowest-durations list
+    (pyproject's --durations) would list skips: it is left out there (issue 69, item 5)."""
+    if not HAS_CUDA and config.getoption("benchmark_only", False):
+        config.option.durations = None
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip the benchmarks (the tests that take pytest-benchmark's `benchmark` fixture) without a
     GPU, or without --benchmark-only. The hook sees the whole session's items, tests/ too."""

@@ -48,6 +48,39 @@ def test_the_smoke_command_passes_on_a_cpu_and_writes_only_to_a_temporary_direct
             if folder.name.startswith("fastformer-smoke-"):
                 shutil.rmtree(folder, ignore_errors=True)
     assert results_listing() == before
+    assert "USDT" not in done.stdout + done.stderr and "profiler_start" not in done.stderr  # Kineto's lines held back
+
+
+def test_the_report_is_named_as_it_is_run_and_kinetos_lines_are_held_back():
+    """`--help` names `python -m bench.report`; a profile holds back the lines Kineto writes to
+    stderr (`USDT: ... profiler_start`), passing on anything else written meanwhile (issue 69, 5)."""
+    assert bench_report("--help").stdout.startswith("usage: python -m bench.report ")
+    code = (
+        "import sys, torch\n"
+        "from torch.profiler import ProfilerActivity\n"
+        "from tools.benchmarks.common import profiling\n"
+        "with profiling([ProfilerActivity.CPU]) as profiler:\n"
+        "    torch.ones(3) + 1\n"
+        "    print('kept', file=sys.stderr)\n"
+        "print(any(e.name == 'aten::add' for e in profiler.events()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-3000:]
+    assert done.stderr.strip() == "kept", done.stderr
+
+
+@CPU_ONLY
+def test_benchmarks_all_skipped_list_no_durations():
+    """`pytest bench --benchmark-only` on a CPU skips every case: no slowest-durations list of skips."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "bench/test_ffn.py", "--benchmark-only", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and " skipped" in done.stdout, done.stdout[-2000:]
+    assert "slowest" not in done.stdout, done.stdout[-2000:]
 
 
 @CPU_ONLY

@@ -488,7 +488,9 @@ def _log_header(run, vocab, model, session, run_info, where):
         f"  model    MovieClassification, {n_params / 1e6:.2f} M parameters: n_layer={config.n_layer} "
         f"d_hidn={config.d_hidn} n_head={config.n_head} d_ff={config.d_ff}"
     )
-    steps = step_mode(run.cuda_graphs, run.compile, run.pad_to_buckets, run.eager_because)
+    # on a device without CUDA there is nothing to say of CUDA graphs: run.json alone keeps the reason
+    why = run.eager_because if run.device.type == "cuda" else None
+    steps = step_mode(run.cuda_graphs, run.compile, run.pad_to_buckets, why)
     run.log(
         f"  device   {run.device}{threads}{processes}, {session['kernels']} kernels (backend "
         f"{session['backend']!r}), amp {run.amp}{steps}"
@@ -708,7 +710,8 @@ def evaluate_run(
         )
         graphs = GraphedSteps(model, amp=amp) if replay else None
         stats = evaluate(model, loader, device=device, amp=amp, desc="Test", graphs=graphs)
-    how = "CUDA graphs" if replay else f"eager ({why})" if why and cuda_graphs is None else "eager"
+    said = why and cuda_graphs is None and device.type == "cuda"  # on a CPU, nothing to say of CUDA graphs
+    how = "CUDA graphs" if replay else f"eager ({why})" if said else "eager"
     log(f"accuracy {stats['accuracy']:.4f}  loss {stats['loss']:.4f}  on {stats['n']} reviews from {test}; {how}")
     return stats
 

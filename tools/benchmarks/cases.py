@@ -35,7 +35,7 @@ import fastformer
 from fastformer import kernels
 from fastformer.train.graphs import GraphedSteps, make_capturable
 from fastformer.train.loop import adamw, autocast
-from tools.benchmarks.common import Case, Skip, assert_close_to, attention_flops, ffn_flops
+from tools.benchmarks.common import Case, Skip, assert_close_to, attention_flops, ffn_flops, profiling
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the tolerance of a benchmark's check against fp32, per dtype: loose enough for rounding, far
@@ -107,9 +107,9 @@ def sdpa(provider, attn_mask=None, is_causal=False, dropout_p=0.0):
 def sdpa_backend_ran(run):
     """The SDPA backend one call of run() dispatched to, from the aten op torch.profiler recorded
     (SDPA_OPS), or None when it called no SDPA op."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+    with profiling([ProfilerActivity.CPU]) as profiler:
         run()
     names = {event.name for event in profiler.events()}
     return next((backend for op, backend in SDPA_OPS.items() if op in names), None)

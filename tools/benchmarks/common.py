@@ -8,8 +8,13 @@ FLOP formulas (multiply-adds count 2):
 - MFU: achieved TFLOP/s over the GPU's bf16 GEMM rate measured in the same run (8192^3 matmul).
 """
 
+import contextlib
 import datetime
+import os
+import re
 import statistics
+import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,16 +111,48 @@ class Case:
 KERNEL_ROWS = 8  # kernels listed per profiled case, the most device time first
 
 
+# Kineto's own lines, which the C++ side writes to stderr around every profile: `USDT:<time> <pid>:<tid>
+# SyncActivityProfilerHandler.cpp:52] profiler_start` and its stop, and on torch 2.11 without a GPU
+# `ERROR:... DeviceProperties.cpp:48] gpuGetDeviceCount failed with code 35`. They say nothing of the
+# benchmarks, and mixed into a report's table on stdout's terminal they break it up.
+KINETO_NOISE = re.compile(
+    r"(USDT|ERROR):\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\] (profiler_st(art|op)|gpuGetDeviceCount failed)"
+)
+
+
+@contextlib.contextmanager
+def profiling(activities):
+    """torch.profiler.profile(activities=activities), with Kineto's lines on stderr (KINETO_NOISE)
+    held back: what else is written to stderr meanwhile goes on to it when the block ends."""
+    from torch.profiler import profile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            with profile(activities=activities) as profiler:
+                yield profiler
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines(keepends=True):
+                if not KINETO_NOISE.match(line):
+                    sys.stderr.write(line)
+
+
 def profile_kernels(fn, device, calls=3):
     """Where a call's device time goes: torch.profiler over `calls` calls of fn() (already warm),
     each kernel's time on the device (on a CPU: each operator's own CPU time, the code path only),
     as kernel_rows: the KERNEL_ROWS kernels with the most, per call, after a row for the whole."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     cuda = torch.device(device).type == "cuda"
     activity, device_type = (ProfilerActivity.CUDA, DeviceType.CUDA) if cuda else (ProfilerActivity.CPU, DeviceType.CPU)
     synchronize(device)
-    with profile(activities=[activity]) as profiler:
+    with profiling([activity]) as profiler:
         for _ in range(calls):
             fn()
         synchronize(device)

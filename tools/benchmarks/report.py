@@ -351,7 +351,9 @@ def splice_readme(table, readme=README):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        description="Run fastformer's benchmarks and write bench/results/.", allow_abbrev=False
+        prog="python -m bench.report",
+        description="Run fastformer's benchmarks and write bench/results/.",
+        allow_abbrev=False,
     )
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, runs on a CPU (checks the code paths)")
     parser.add_argument("--filter", default="", help="only cases whose id contains this string")
