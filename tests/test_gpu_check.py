@@ -19,6 +19,7 @@ from tools.benchmarks import cases, common, targets
 from tools.benchmarks.common import KERNEL_ROWS, kernel_rows, model_flops
 from tools.benchmarks.targets import TARGETS
 from tools.convergence import TINY
+from tools.gpu_check import job
 from tools.gpu_check.bench import KERNEL_PROFILE, bench_cases
 from tools.gpu_check.command import STAGE_FUNCTIONS, main
 from tools.gpu_check.compile import graph_breaks
@@ -61,13 +62,15 @@ SMOKE_STAGES = [s for s in STAGES if s != "sweep"]
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """One real `python -m tools.gpu_check --smoke` (about 30 s of one core), into a folder holding
+    """One real `python -m tools.gpu_check --smoke` (about 130 s of one core, 2026-12-02), into a folder holding
     a stranger's file and an earlier run's plot. A subprocess, as the command is run: inside the
     pytest process the interpreter's allocations page-fault ten times more."""
     out = tmp_path_factory.mktemp("smoke")
     (out / "notes.txt").write_text("not gpu_check's\n")
     (out / "plot-attention_fwd_d64.png").write_bytes(b"an earlier run's plot")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    scratch(out).mkdir()
+    env["TMPDIR"] = str(scratch(out))  # where the job stage's jobs make their temporary folders
     result = subprocess.run(
         [sys.executable, "-m", "tools.gpu_check", "--smoke", "--out", str(out), "--stage", ",".join(SMOKE_STAGES)],
         cwd=ROOT,
@@ -76,6 +79,11 @@ def smoke(tmp_path_factory):
         text=True,
     )
     return result, out, json.loads((out / "results.json").read_text())
+
+
+def scratch(out):
+    """The smoke run's temporary folder ($TMPDIR), beside its output folder `out`."""
+    return out.with_name(out.name + "-tmp")
 
 
 def _unit_patterns():
@@ -198,6 +206,33 @@ def test_smoke_stage_details(smoke):
     expected |= {f"one-pointer Triton kernel, {n}" for n in ("kernel[grid]", "launch(kernel)[grid]", "PreparedLaunch")}
     assert expected <= set(calls) and all("error" not in r for r in model["host_calls"])
     assert all(us > 0 for us in calls.values())
+
+
+@CPU_ONLY
+def test_the_job_stage_trains_on_both_backends_and_reads_back_their_figures(smoke):
+    """Both `fastformer train` jobs end to end at the smoke size (tools.gpu_check.job), and what
+    the stage reads of each: figures, the interpreter's one step, the reference's whole epoch."""
+    _, out, doc = smoke
+    details = doc["stages"]["job"]["details"]
+    assert details["data"] == job.REVIEWS_200 and details["data_command"] is None
+    figures_read = ("wall_seconds", "setup_seconds", "first_step_seconds", "train_seconds", "tokens_per_s")
+    for name, backend in (("triton", "triton"), ("triton_warm", "triton"), ("reference", "reference")):
+        figures = details[name]
+        assert "error" not in figures, figures
+        assert figures["returncode"] == 0 and not figures["timed_out"]
+        assert all(figures[key] > 0 for key in figures_read), figures
+        # setup from the process's start, the first step from the job's (its inputs' checks, just after)
+        assert max(figures["setup_seconds"], figures["first_step_seconds"]) < figures["wall_seconds"]
+        assert figures["eager_because"] == "CUDA graphs need a CUDA device; the device is cpu"
+        assert 0 <= figures["accuracy"] <= 1
+        assert figures["kernels"] == backend and figures["step_mode"] == "eager" and figures["device"] == "cpu"
+    # Triton's interpreter: one step; the reference: the whole epoch of 180 reviews in batches of 4
+    assert details["triton"]["max_steps"] == details["triton_warm"]["steps"] == 1
+    assert details["reference"]["max_steps"] is None and details["reference"]["steps"] == 45
+    assert "\n" not in details["summary"] and details["summary"].startswith("CPU figures")
+    assert "triton/reference" in details["summary"] and "smoke" in details["summary"]
+    left = [p.name for p in scratch(out).iterdir() if p.name.startswith(("gpu-check-job-", "fastformer-"))]
+    assert left == [], left  # the jobs' temporary folders gone (the output folder: the test above)
 
 
 @CPU_ONLY
