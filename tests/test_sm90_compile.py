@@ -96,6 +96,25 @@ def test_every_case_launches_and_compiles_something(records):
     assert sorted(by_case) == sorted(case.name for case in ci_cases())
 
 
+def test_bf16_compiles_as_fp16_does(records):
+    """The matrix compiles bf16 with the configs the rules pick, fp16 with every config, on the
+    ground that bf16 compiles as fp16 does (tools.sm90_cases.ci_cases): each bf16 op compile is
+    held to its fp16 twin's (the same case, kernel and config in fp16), which must exist."""
+    by_key = {(r.case, r.kernel, r.config): r for r in records}
+    facts = ("error", "shared", "spill_stores", "spill_loads", "dots", "wgmma_dots", "dot_loops", "pipelined_dot_loops")
+    twins = 0
+    for r in records:
+        if r.dtype == "bfloat16" and r.case.split("/")[0] in ("attention", "ffn") and "/cross/" not in r.case:
+            name = r.case.replace("/bf16/", "/fp16/")  # the fp16 case may also ask for the probabilities
+            twin = by_key.get((name, r.kernel, r.config)) or by_key.get((name + "+probs", r.kernel, r.config))
+            assert twin is not None, f"{r.case} {r.kernel} {r.config}: no fp16 twin compiled"
+            differ = [f"{f} {getattr(r, f)} vs {getattr(twin, f)}" for f in facts if getattr(r, f) != getattr(twin, f)]
+            assert not differ, f"{r.case} {r.kernel} {r.config}: bf16 and fp16 differ: {differ}"
+            assert abs(r.registers - twin.registers) <= 16, (r.case, r.kernel, r.config, r.registers, twin.registers)
+            twins += 1
+    assert twins >= 10, twins
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_kernel_meets_the_sm90_rules(records, kernel):
     mine = [r for r in records if r.kernel == kernel]
