@@ -15,6 +15,7 @@ the package installed, no GPU and no network.
 """
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -83,16 +84,41 @@ def _quick_start_train():
 
 
 @pytest.fixture(scope="session")
-def quick_start(tmp_path_factory):
-    """The folder where a new user ran the Quick start's `fastformer train`: runs/, with the run
-    and runs/latest linking to it."""
+def quick_start_run(tmp_path_factory):
+    """(the folder where a new user ran the Quick start's `fastformer train`: runs/, with the run
+    and runs/latest linking to it; what the command printed on stdout)."""
     if shutil.which("fastformer", path=str(Path(sys.executable).parent)) is None:
         pytest.fail(f"no `fastformer` script beside {sys.executable}: install the package, pip install -e .")
     folder = tmp_path_factory.mktemp("quick_start")
     result = _run(_quick_start_train(), folder)
     assert result.returncode == 0, f"the Quick start's fastformer train failed:\n{result.stderr[-5000:]}"
     assert (folder / "runs" / "latest" / "model.pt").is_file()
-    return folder
+    return folder, result.stdout
+
+
+@pytest.fixture(scope="session")
+def quick_start(quick_start_run):
+    return quick_start_run[0]
+
+
+def _as_pattern(line):
+    """A regex of a listed line of output: its numbers (with their commas and points) and its run
+    directory stand for any."""
+    pattern = re.escape(line)
+    pattern = re.sub(r"\d+(?:,\d{3})*(?:\\\.\d+)?", r"[\\d,.]+", pattern)
+    return re.sub(r"/tmp/qs/sentiment|runs/sentiment\\-<date>\\-<time>", r"\\S+", pattern)
+
+
+def test_the_default_runs_listing_is_what_it_prints(quick_start_run):
+    """docs/training.md lists what the default run printed: the Quick start's run prints those
+    lines, numbers and the run directory aside (issue 69, item 4)."""
+    page = ROOT / "docs" / "training.md"
+    section = page.read_text(encoding="utf-8").split("## The default run", 1)[1]
+    listing = next(b for b in read_blocks(page) if b.lang == "text" and b.code in section)
+    printed = quick_start_run[1].splitlines()
+    assert len(printed) == len(listing.code.splitlines()), quick_start_run[1]
+    for listed, line in zip(listing.code.splitlines(), printed):
+        assert re.fullmatch(_as_pattern(listed), line), f"{where(listing)} lists\n  {listed}\nthe run printed\n  {line}"
 
 
 @pytest.fixture(scope="session")
