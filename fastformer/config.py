@@ -194,6 +194,19 @@ def parameter_count(config):
     return encoder + decoder + d * config.get("n_output", 0)
 
 
+def activation_count(config, batch_size, seq_len):
+    """A lower bound of the elements one training step of MovieClassification(config) keeps for its
+    backward, at batch_size reviews padded to seq_len pieces, the decoder reading one [BOS] as the
+    job feeds it: per encoder layer and position Q, K, V and the attention's output (4 x n_head x
+    d_head), the FFN's pre-activation (d_ff) and the inputs of its two add + LayerNorms (2 x d_hidn);
+    per decoder layer the cross-attention's keys and values over the encoder's positions (2 x
+    n_head x d_head). Either backend keeps at least these (the reference keeps the attention's
+    probabilities too); the many smaller tensors are left out."""
+    d_attn, n_layer = config["n_head"] * config["d_head"], config["n_layer"]
+    encoder = 4 * d_attn + config["d_ff"] + 2 * config["d_hidn"]
+    return n_layer * batch_size * seq_len * (encoder + 2 * d_attn)
+
+
 def host_memory():
     """The bytes of memory this machine has, or None where the system does not say."""
     try:

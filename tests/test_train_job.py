@@ -973,3 +973,25 @@ def test_evaluate_says_how_many_test_reviews_the_run_trained_on(run_dir, files, 
     mixed.write_text("\n".join([rows[0], *rows[1:4], "900\tan unseen review of the film\t1"]) + "\n")
     with pytest.warns(UserWarning, match=r"^3 of the 4 reviews of --test .*mixed.txt are also in the file the run"):
         job.evaluate_run(run=run_dir, test=str(mixed), device="cpu", log=None)
+
+
+def test_a_batch_whose_activations_do_not_fit_is_refused_before_the_run_directory(files, tmp_path, monkeypatch, capsys):
+    """Weights that fit, a step's activations that do not (config.d_head 4096 beside a memory of the
+    weights' training bytes and 10 MiB): one line naming --batch-size and the size out of scale,
+    before the model is built or anything is written (issue 69, item 15)."""
+    from fastformer.config import BYTES_TO_TRAIN, parameter_count
+
+    config = {**TINY, "d_head": 4096}
+    (tmp_path / "wide.json").write_text(json.dumps(config), encoding="utf-8")
+    weights = parameter_count({**config, "n_output": 2}) * BYTES_TO_TRAIN
+    monkeypatch.setattr(runtime, "device_memory", lambda device: weights + 10 * 2**20)
+    out = tmp_path / "run"
+    args = train_args(files, out)
+    args[args.index("--config") + 1] = str(tmp_path / "wide.json")
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(
+        "fastformer train: error: --batch-size 16 with config.d_head 4096: one train step would keep at least "
+    ), err
+    assert "of activations for the backward at the longest train review (16 pieces)" in err, err
+    assert not out.exists()

@@ -58,6 +58,7 @@ from fastformer.train.loop import (
 from fastformer.train.run import (
     CHECKS,
     TrainOptions,
+    check_activations_fit,
     check_backend,
     check_demo_options,
     check_fits_device,
@@ -69,6 +70,7 @@ from fastformer.train.run import (
     eager_because,
     run_dir_held,
     settle,
+    size_names,
 )
 from fastformer.train.rundir import (
     LOCK,
@@ -377,6 +379,9 @@ def _trainer(run, config, vocab):
         run.launch,
         run.pad_to_buckets,
     )
+    # before the model is built and the run directory written: a step's activations must fit too
+    longest = max(train_loader.dataset.lengths(), default=1)
+    check_activations_fit(config, options.batch_size, longest, run.device, run.amp, size_names(run.inputs.options))
     model = MovieClassification(config).to(run.device)
     # fused, but for a CUDA graph's step, which captures the foreach form (see adamw)
     fused = not run.cuda_graphs

@@ -34,7 +34,17 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from fastformer.config import BYTES_TO_BUILD, BYTES_TO_TRAIN, TUTORIAL, Config, check_fits, host_memory, size_text
+from fastformer.config import (
+    BYTES_TO_BUILD,
+    BYTES_TO_TRAIN,
+    TUTORIAL,
+    Config,
+    activation_count,
+    check_fits,
+    host_memory,
+    parameter_count,
+    size_text,
+)
 from fastformer.data import demo, rotten_tomatoes
 from fastformer.data.files import absent_classes, check_labels, cut, infer_classes, read_reviews, shared_reviews
 from fastformer.data.vocab import BOS, N_SPECIAL, PAD, check_vocab_matches, load_vocab
@@ -997,6 +1007,36 @@ def _warn_without_kernels(options, device, amp):
         f"{' and '.join(given)} {'do' if len(given) > 1 else 'does'} nothing here: on {device} with --backend "
         f"{options.backend_name} and amp {amp} {where}, with nothing to compile ahead or tune",
         stacklevel=3,
+    )
+
+
+def check_activations_fit(config, batch_size, longest, device, amp, names=None):
+    """One step at `batch_size` reviews as long as the longest train review (`longest` pieces)
+    must fit the device's memory beside the model's weights, gradients and AdamW state: its
+    activations counted by activation_count (a lower bound), 2 bytes each under bf16 or fp16
+    autocast, else 4. The message names --batch-size and the config size that, set back to the
+    tutorial's value, saves the most (as names[key] where an option set it)."""
+    from fastformer.train.runtime import device_memory
+
+    memory = device_memory(device)
+    element = 2 if amp in ("bf16", "fp16") else 4
+    weights = parameter_count(config) * BYTES_TO_TRAIN
+    kept = activation_count(config, batch_size, longest) * element
+    if memory is None or weights + kept <= memory:
+        return
+    keys = [k for k in ("d_hidn", "d_ff", "n_head", "d_head", "n_layer") if config[k] > TUTORIAL[k]]
+
+    def saved(k):
+        return kept - activation_count({**config, k: TUTORIAL[k]}, batch_size, longest) * element
+
+    key = max(keys, default=None, key=saved)
+    size = f" with {(names or {}).get(key, f'config.{key}')} {config[key]}" if key else ""
+    where = f"the memory of {device}" if device.type == "cuda" else "this machine's memory"
+    raise ValueError(
+        f"--batch-size {batch_size}{size}: one train step would keep at least {size_text(kept)} of activations "
+        f"for the backward at the longest train review ({longest} pieces), with the {size_text(weights)} of the "
+        f"weights, their gradients and AdamW's state more than {where} ({size_text(memory)}); "
+        "a smaller --batch-size or config fits"
     )
 
 
