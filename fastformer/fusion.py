@@ -11,7 +11,9 @@ included):
   swapped in (an adapter, a LoRA wrapper, a quantized or a parametrized Linear, whose class
   parametrize replaces) or added (a quantization observer) makes it False;
 - no module has a forward pre-hook, a forward hook or a backward hook (torch.nn.utils.prune works
-  by a forward pre-hook, quantization observers by hooks);
+  by a forward pre-hook, quantization observers by hooks), nor a forward of its own set on the
+  instance (`layer.forward = partial(checkpoint, layer.forward)`, activation checkpointing's way,
+  which must be called with the tutorial's arguments: reentrant checkpointing passes no keywords);
 - no global module hook is set (torch.nn.modules.module.register_module_forward_hook and its kin).
 
 Where it is False the model runs that piece module by module, as the tutorial does.
@@ -20,9 +22,11 @@ The walk over the subtree runs once per state of the process: the answer is kept
 reused while no hook handle has been made since (every hook registration makes a RemovableHandle,
 which counts them), no module has registered a submodule or a parameter (a global registration hook
 counts those: a swap, prune's `weight_orig`, parametrize's `parametrizations`) and the global hook
-dicts keep their sizes. Removing a hook changes none of these: the model then keeps running module by
-module, which is correct, until the next registration. What it cannot see: a hook written into a
-module's hook dict by hand, and a module's class assigned by hand.
+dicts keep their sizes; a forward set on or deleted from an instance of one of fastformer's own
+modules (WatchedModule) counts as a registration too. Removing a hook changes none of these: the
+model then keeps running module by module, which is correct, until the next registration. What it
+cannot see: a hook written into a module's hook dict by hand, a module's class assigned by hand,
+and a forward set on a stock torch module (a Linear) after the last walk.
 """
 
 import torch
@@ -67,6 +71,23 @@ def fusable(module, roles):
     return answer
 
 
+class WatchedModule(nn.Module):
+    """The base of fastformer's own modules: a forward set on an instance or deleted from it
+    (`layer.forward = partial(checkpoint, layer.forward)`, activation checkpointing's way, whose
+    reentrant form passes no keyword arguments) counts as a registration, so that the answers kept
+    by fusable are asked again, and the layer is then called as the tutorial calls it."""
+
+    def __setattr__(self, name, value):
+        if name == "forward":
+            _count_registration()
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name):
+        if name == "forward":
+            _count_registration()
+        super().__delattr__(name)
+
+
 def state():
     """What an answer kept on a module stays valid for (here and in fastformer.plan's layouts): the
     hook handles made and the submodules and parameters registered so far."""
@@ -78,7 +99,7 @@ def _walk(module, roles):
         role = name.rpartition(".")[2]
         if role.isdigit():
             role = "[i]"
-        if type(sub) is not roles.get(role) or has_hooks(sub) or not _fits(sub):
+        if type(sub) is not roles.get(role) or has_hooks(sub) or "forward" in sub.__dict__ or not _fits(sub):
             return False
     return True
 

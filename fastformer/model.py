@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from fastformer import backend
 from fastformer.config import check_config
-from fastformer.fusion import fusable
+from fastformer.fusion import WatchedModule, fusable
 from fastformer.kernels.attention import mask_scores
 from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
 from fastformer.plan import AttentionPlan, FeedForwardPlan, ForwardPlan, Hidden, Pending, active_p, linear_groups
@@ -127,7 +127,7 @@ def sinusoid_embedding(n_seq, d_hidn):
     return nn.Embedding.from_pretrained(table, freeze=True)
 
 
-class ScaledDotProductAttention(nn.Module):
+class ScaledDotProductAttention(WatchedModule):
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -168,7 +168,7 @@ class ScaledDotProductAttention(nn.Module):
         return context, attn_prob if return_probs else None
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(WatchedModule):
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -303,7 +303,7 @@ class MultiHeadAttention(nn.Module):
         return F.linear(context, weight, bias), attn_prob
 
 
-class PoswiseFeedForwardNet(nn.Module):
+class PoswiseFeedForwardNet(WatchedModule):
     """conv2(act(conv1(x))): act is the tutorial's exact GELU, or ReLU with config.ffn_activation = "relu"."""
 
     def __init__(self, config):
@@ -370,7 +370,7 @@ class PoswiseFeedForwardNet(nn.Module):
         return self.dropout(output)
 
 
-class EncoderLayer(nn.Module):
+class EncoderLayer(WatchedModule):
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -414,7 +414,7 @@ class EncoderLayer(nn.Module):
         return ffn_outputs, attn_prob
 
 
-class Encoder(nn.Module):
+class Encoder(WatchedModule):
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -446,7 +446,7 @@ class Encoder(nn.Module):
         return plan.output(hidden), attn_probs
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(WatchedModule):
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -517,7 +517,7 @@ class DecoderLayer(nn.Module):
         return ffn_outputs, self_attn_prob, dec_enc_attn_prob
 
 
-class Decoder(nn.Module):
+class Decoder(WatchedModule):
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -560,7 +560,7 @@ class Decoder(nn.Module):
         return plan.output(hidden), self_attn_probs, dec_enc_attn_probs
 
 
-class Transformer(nn.Module):
+class Transformer(WatchedModule):
     def __init__(self, config):
         super().__init__()
         check_config(config)
@@ -579,7 +579,7 @@ class Transformer(nn.Module):
         return dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
 
 
-class MovieClassification(nn.Module):
+class MovieClassification(WatchedModule):
     def __init__(self, config):
         super().__init__()
         check_config(config, classifier=True)

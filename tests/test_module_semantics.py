@@ -251,6 +251,37 @@ def test_wrapped_projections_are_called_and_trained(backend, wrapper):
     assert expected[0] != expected[-1]
 
 
+@pytest.mark.parametrize(
+    "backend, reentrant",
+    # the Triton path through the interpreter once (25 s here): recomputed, non-reentrant checkpointing
+    # holds its saved tensors to the first pass's, which a backward outside the use_backend block breaks
+    [("reference", True), ("reference", False), ("triton", False)],
+    ids=["reference-reentrant", "reference-non-reentrant", "triton-non-reentrant"],
+)
+def test_activation_checkpointing_of_every_layer_trains_as_the_tutorial(backend, reentrant):
+    """`layer.forward = partial(checkpoint, layer.forward, use_reentrant=...)` on every encoder and
+    decoder layer (a forward set on the instance: the layers then run as the tutorial calls them,
+    positional arguments only, which reentrant checkpointing needs): the tutorial's losses, checkpointed
+    the same way (issue 68, item 5; it used to raise `Unexpected keyword arguments: plan`)."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    ref, ours, batch = paired()
+    for model in (ref, ours):
+        for layer in (*model.transformer.encoder.layers, *model.transformer.decoder.layers):
+            layer.forward = partial(checkpoint, layer.forward, use_reentrant=reentrant)
+    assert not fusable(ours.transformer.encoder.layers, ENCODER_LAYERS_ROLES)
+    expected = train_steps(ref, batch, "reference", steps=2)
+    with fastformer.use_backend(backend):  # the backward's recomputation too (docs/backends.md)
+        actual = train_steps(ours, batch, backend, steps=2)
+    assert actual == pytest.approx(expected, abs=1e-5)
+    assert expected[0] != expected[-1]
+    for layer in ours.transformer.encoder.layers:
+        del layer.forward  # back to the class's: the fusions again, at once
+    assert fusable(ours.transformer.encoder.layers, ENCODER_LAYERS_ROLES)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_functional_call_and_vmap(backend):
     ref, ours, batch = paired()
