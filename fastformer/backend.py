@@ -83,8 +83,11 @@ def uses_triton(tensor, matmul=True):
     """Whether an op on `tensor` runs the Triton kernels under the current backend; `matmul` says
     the op is built on matrix products (attention, the feed-forward), which "auto" keeps off fp32.
     Under a torch.func transform (vmap, grad, jacrev...) the reference runs, with a one-time
-    warning: the kernels' ops have no batching rules. So does a floating dtype the kernels do not
-    take (float64), with a one-time warning naming it."""
+    warning where the kernels would have run (the kernels' ops have no batching rules); where the
+    reference runs anyway, nothing is said. So does a floating dtype the kernels do not take
+    (float64), with a one-time warning naming it."""
+    if not _kernels_take(tensor, matmul):
+        return False
     if not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None:
         warn_once(
             ("backend", "functorch"),
@@ -92,6 +95,11 @@ def uses_triton(tensor, matmul=True):
             "the Triton kernels' ops have no batching rules",
         )
         return False
+    return True
+
+
+def _kernels_take(tensor, matmul):
+    """uses_triton outside any torch.func transform."""
     backend = get_backend()
     if backend == "reference" or (backend == "auto" and not (kernels.HAS_TRITON and tensor.is_cuda)):
         return False

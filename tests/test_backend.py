@@ -257,6 +257,20 @@ def test_half_precision_follows_autocast():
     assert backend.in_half_precision(x.half())
 
 
+@pytest.mark.parametrize("name, warns", [("reference", False), ("triton", True)])
+def test_a_torch_func_transform_warns_only_where_the_kernels_would_have_run(monkeypatch, name, warns):
+    """Under vmap the reference runs: said once where the kernels would have run, not on the
+    reference backend, where nothing falls back (issue 68, item 6)."""
+    monkeypatch.setattr(kernels._runtime, "_warned", set())
+    x = torch.randn(2, 3, 4)
+    with fastformer.use_backend(name), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        used = torch.func.vmap(lambda t: torch.tensor(backend.uses_triton(t)))(x)
+        assert not used.any() and backend.uses_triton(x) == (name == "triton")
+    said = [w for w in caught if "under a torch.func transform" in str(w.message)]
+    assert len(said) == warns, [str(w.message) for w in caught]
+
+
 def test_fp32_attention_and_ffn_on_cuda_run_the_reference_and_warn_once(monkeypatch):
     calls = []
     for name in ("attention", "attention_reference", "feed_forward", "feed_forward_reference"):
