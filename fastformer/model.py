@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from fastformer import backend
 from fastformer.config import check_config
 from fastformer.fusion import WatchedModule, fusable
+from fastformer.kernels._checks import argument_check
 from fastformer.kernels.attention import mask_scores
 from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
 from fastformer.plan import AttentionPlan, FeedForwardPlan, ForwardPlan, Hidden, Pending, active_p, linear_groups
@@ -47,6 +48,7 @@ def wants_probs(config, kernels):
 EMBEDDING_DTYPES = (torch.long, torch.int32)  # the index dtypes nn.Embedding takes
 
 
+@argument_check
 def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"):
     """Raise ValueError unless ids is a (bs, n_seq) integer tensor (check_ids_shape) whose ids lie
     in [0, vocab_size). Out-of-range ids would otherwise fail inside the embedding: an IndexError on
@@ -69,6 +71,7 @@ def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"
         raise ValueError(f"{name} holds token id {bad}, outside [0, {vocab_size}) for a vocabulary of {vocab_size}")
 
 
+@argument_check
 def check_ids_shape(name, ids, max_len, limit="the config's maximum"):
     """Raise ValueError unless ids is a (bs, n_seq) integer tensor of at least one sequence
     (bs >= 1) of at least one token (1 <= n_seq <= max_len), checked on its shape and dtype alone
@@ -94,6 +97,7 @@ def check_ids_shape(name, ids, max_len, limit="the config's maximum"):
         raise ValueError(f"{name} has length {ids.size(1)}, longer than {limit} {max_len}")
 
 
+@argument_check
 def check_same_batch(enc_inputs, dec_inputs, enc_outputs=None):
     """Raise ValueError unless the decoder's inputs are of the encoder's reviews: enc_inputs and
     dec_inputs (checked by check_ids_shape) of one batch size, and enc_outputs, when given (the

@@ -1,10 +1,29 @@
 """The checks of the ops' tensor arguments: each raises a TypeError or ValueError naming the argument."""
 
+import functools
+import warnings
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The references also take fp64, so tests can use them as oracles.
 REFERENCE_DTYPES = (*FLOAT_DTYPES, torch.float64)
+
+
+def argument_check(check):
+    """Decorates a function that checks an op's arguments: under torch.jit.trace it runs with
+    TracerWarnings silenced, as each of its shape comparisons would warn that the trace cannot
+    generalize it, and the trace records none of it anyway (the example inputs are still checked)."""
+
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        if not torch.jit.is_tracing():
+            return check(*args, **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return check(*args, **kwargs)
+
+    return checked
 
 
 def check_tensor(name, t, *, ndim=None, dtypes=FLOAT_DTYPES):

@@ -20,7 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_tensor
+from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_tensor
 from ._configs import switches
 from ._dropout import (
     check_dropout_p,
@@ -669,6 +669,7 @@ def _output_dtype(x, residual, x_bias):
 LOWP_DTYPES = (torch.float16, torch.bfloat16)
 
 
+@argument_check
 def check_add_layer_norm_args(
     x, residual, weight, bias, eps, dropout_p, x_bias=None, seed=None, lowp_dtype=None, dtypes=FLOAT_DTYPES
 ):

@@ -65,7 +65,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
+from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, switches
 from ._dropout import (
     attention_keep,
@@ -1550,6 +1550,7 @@ def self_attention_reference(
     return out.transpose(1, 2).reshape(*qkv.shape[:-1], -1)
 
 
+@argument_check
 def check_attention_args(
     q, k, v, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed=None, dtypes=FLOAT_DTYPES, causal=False
 ):

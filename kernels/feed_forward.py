@@ -18,7 +18,7 @@ Two Triton paths:
 import torch
 import torch.nn.functional as F
 
-from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
+from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, gemm_tile_warps, switches
 from ._layout import rows_view, vector_stride
 from ._runtime import (
@@ -251,6 +251,7 @@ def _register_ops():
 defer_ops(_register_ops)  # now where a kernel can run, else when one first can (kernels._runtime)
 
 
+@argument_check
 def check_feed_forward_args(x, w1, b1, w2, b2, activation, dtypes=FLOAT_DTYPES):
     """Validate the FFN's arguments; returns (d, d_ff)."""
     d, d_ff = check_linear_args(x, w1, b1, weight_name="w1", bias_name="b1", dtypes=dtypes)

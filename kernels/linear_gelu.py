@@ -29,7 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, check_same_device, check_same_dtype, check_tensor
+from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, gemm_tile_warps, switches
 from ._gemm_choice import use_cublas
 from ._layout import last_dim_contiguous, rows_view, vector_stride
@@ -614,6 +614,7 @@ def _make_plan(x, weight, bias, activation, store_pre):
 _plans = Plans("linear_gelu")
 
 
+@argument_check
 def check_linear_args(x, weight, bias, x_name="x", weight_name="weight", bias_name="bias", dtypes=FLOAT_DTYPES):
     """Validate an nn.Linear-layout product x @ weight.T + bias; returns (K, N)."""
     check_tensor(x_name, x, dtypes=dtypes)

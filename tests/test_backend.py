@@ -257,6 +257,26 @@ def test_half_precision_follows_autocast():
     assert backend.in_half_precision(x.half())
 
 
+def test_jit_trace_on_the_reference_backend_says_nothing_of_fastformers_checks_and_generalizes():
+    """torch.jit.trace of the model on the reference backend: none of the TracerWarnings that
+    fastformer's argument checks gave (168 on 2026-12-02, each shape comparison), and the trace
+    computes the model's outputs on other reviews of the same shape (issue 68, item 5)."""
+    from pathlib import Path
+
+    config = small_config(dropout=0.0)
+    torch.manual_seed(0)
+    model = fastformer.MovieClassification(config).eval()
+    enc, dec = token_batch(config, bs=3, enc_len=9, dec_len=4)
+    repo = str(Path(__file__).resolve().parent.parent)
+    with fastformer.use_backend("reference"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(model, (enc, dec), check_trace=False)
+        ours = [w for w in caught if issubclass(w.category, torch.jit.TracerWarning) and w.filename.startswith(repo)]
+        assert not ours, sorted({f"{w.filename}:{w.lineno}: {w.message}" for w in ours})[:5]
+        other = enc.flip(0).roll(1, dims=1)
+        assert torch.allclose(traced(other, dec)[0], model(other, dec)[0], atol=1e-6)
+
+
 @pytest.mark.parametrize("name, warns", [("reference", False), ("triton", True)])
 def test_a_torch_func_transform_warns_only_where_the_kernels_would_have_run(monkeypatch, name, warns):
     """Under vmap the reference runs: said once where the kernels would have run, not on the
