@@ -82,11 +82,18 @@ def use_backend(name):
 def uses_triton(tensor, matmul=True):
     """Whether an op on `tensor` runs the Triton kernels under the current backend; `matmul` says
     the op is built on matrix products (attention, the feed-forward), which "auto" keeps off fp32.
-    Under a torch.func transform (vmap, grad, jacrev...) the reference runs, with a one-time
-    warning where the kernels would have run (the kernels' ops have no batching rules); where the
+    Under torch.jit.trace, and under a torch.func transform (vmap, grad, jacrev...), the reference
+    runs, with a one-time warning where the kernels would have run (the kernels' ops have no batching rules); where the
     reference runs anyway, nothing is said. So does a floating dtype the kernels do not take
     (float64), with a one-time warning naming it."""
     if not _kernels_take(tensor, matmul):
+        return False
+    if torch.jit.is_tracing():  # the trace would hold the kernels' launches, fixed to the example's shapes
+        warn_once(
+            ("backend", "jit.trace"),
+            "fastformer: under torch.jit.trace the model runs the PyTorch reference, which the trace records: "
+            "the Triton kernels' ops do not trace (torch.compile and torch.export take them)",
+        )
         return False
     if not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None:
         warn_once(

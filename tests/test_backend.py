@@ -277,6 +277,25 @@ def test_jit_trace_on_the_reference_backend_says_nothing_of_fastformers_checks_a
         assert torch.allclose(traced(other, dec)[0], model(other, dec)[0], atol=1e-6)
 
 
+def test_jit_trace_on_the_triton_backend_records_the_reference_and_says_so_once(monkeypatch):
+    """The kernels' ops do not trace: under torch.jit.trace the reference runs, said once, and the
+    trace computes the model's outputs on other reviews (issue 68, item 5; it used to fail with
+    `seq_len must be a positive int ... got tensor(20)`)."""
+    monkeypatch.setattr(kernels._runtime, "_warned", set())
+    config = small_config(dropout=0.0)
+    torch.manual_seed(0)
+    model = fastformer.MovieClassification(config).eval()
+    enc, dec = token_batch(config, bs=3, enc_len=9, dec_len=4)
+    with fastformer.use_backend("triton"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        traced = torch.jit.trace(model, (enc, dec), check_trace=False)
+    said = [w for w in caught if "under torch.jit.trace the model runs the PyTorch reference" in str(w.message)]
+    assert len(said) == 1, [str(w.message) for w in caught]
+    other = enc.flip(0).roll(1, dims=1)
+    with fastformer.use_backend("reference"):
+        assert torch.allclose(traced(other, dec)[0], model(other, dec)[0], atol=1e-6)
+
+
 @pytest.mark.parametrize("name, warns", [("reference", False), ("triton", True)])
 def test_a_torch_func_transform_warns_only_where_the_kernels_would_have_run(monkeypatch, name, warns):
     """Under vmap the reference runs: said once where the kernels would have run, not on the
