@@ -82,10 +82,10 @@ def use_backend(name):
 def uses_triton(tensor, matmul=True):
     """Whether an op on `tensor` runs the Triton kernels under the current backend; `matmul` says
     the op is built on matrix products (attention, the feed-forward), which "auto" keeps off fp32.
-    Under torch.jit.trace, and under a torch.func transform (vmap, grad, jacrev...), the reference
-    runs, with a one-time warning where the kernels would have run (the kernels' ops have no batching rules); where the
-    reference runs anyway, nothing is said. So does a floating dtype the kernels do not take
-    (float64), with a one-time warning naming it."""
+    Under torch.jit.trace (the kernels' ops do not trace) and under a torch.func transform (vmap,
+    grad, jacrev...: they have no batching rules) the reference runs, with a one-time warning where
+    the kernels would have run; where the reference runs anyway, nothing is said. So does a
+    floating dtype the kernels do not take (float64), with a one-time warning naming it."""
     if not _kernels_take(tensor, matmul):
         return False
     if torch.jit.is_tracing():  # the trace would hold the kernels' launches, fixed to the example's shapes
@@ -106,7 +106,7 @@ def uses_triton(tensor, matmul=True):
 
 
 def _kernels_take(tensor, matmul):
-    """uses_triton outside any torch.func transform."""
+    """uses_triton outside torch.jit.trace and torch.func transforms."""
     backend = get_backend()
     if backend == "reference" or (backend == "auto" and not (kernels.HAS_TRITON and tensor.is_cuda)):
         return False

@@ -279,13 +279,23 @@ def kernels_can_run():
     return HAS_TRITON and (INTERPRET or torch.cuda.is_available())
 
 
-def defer_ops(register):
-    """Runs `register`, a kernel module's function that registers its torch.library ops and binds
-    them to the module's names, now where a kernel can run (kernels_can_run), else at the first
-    register_ops(). torch.library.triton_op imports torch._inductor and torch._dynamo (1 to 1.5 s),
-    which a process that can only run the PyTorch reference (a CPU without TRITON_INTERPRET:
-    `fastformer predict`, `evaluate`) should not pay for. Until then the module's op names are None:
-    nothing calls them, as require_launchable refuses the Triton path first."""
+def defer_ops(namespace, ops, autograd=None):
+    """Registers a kernel module's torch.library ops and binds them to its names: for each
+    `name: (op, impl)` of `ops`, namespace[name] = torch.library.triton_op("fastformer::" + op)(impl),
+    with `autograd`, (backward, setup_context), registered on the first. Now where a kernel can run
+    (kernels_can_run), else at the first register_ops(): torch.library.triton_op imports
+    torch._inductor and torch._dynamo (1 to 1.5 s), which a process that can only run the PyTorch
+    reference (a CPU without TRITON_INTERPRET: `fastformer predict`, `evaluate`) should not pay for.
+    Until then the names hold None: nothing calls them, as require_launchable refuses the Triton
+    path first."""
+
+    def register():
+        for name, (op, impl) in ops.items():
+            namespace[name] = torch.library.triton_op(f"fastformer::{op}", mutates_args=())(impl)
+        if autograd is not None:
+            backward, setup_context = autograd
+            torch.library.register_autograd(namespace[next(iter(ops))], backward, setup_context=setup_context)
+
     if kernels_can_run():
         register()
     else:
@@ -843,7 +853,6 @@ if INTERPRET:
     # torch.compiler.disable imports torch._dynamo (about 1.5 s), which a process that can run no
     # kernel (a CPU without TRITON_INTERPRET: `fastformer predict`) should not pay for
     _probe_interpreter_bf16 = torch.compiler.disable(_probe_interpreter_bf16)
-
 
 
 def autocast_inputs(*tensors):

@@ -412,7 +412,7 @@ def _backward_launches(
     return [rows, (_sum_partials_kernel, *sum_partials_launch(partial, sums.view(-1)))]
 
 
-_add_layer_norm_forward_op = _add_layer_norm_backward_op = None  # the torch.library ops, once _register_ops ran
+_add_layer_norm_forward_op = _add_layer_norm_backward_op = None  # the torch.library ops, bound by defer_ops below
 
 
 def _setup_context(ctx, inputs, output):
@@ -454,18 +454,14 @@ def _backward(ctx, dy, dy_low, _dmean, _drstd, _ds):
     return dx, dr, dw, db, dxb, None, None, None, None, None, None
 
 
-def _register_ops():
-    global _add_layer_norm_forward_op, _add_layer_norm_backward_op
-    _add_layer_norm_forward_op = torch.library.triton_op("fastformer::add_layer_norm_forward", mutates_args=())(
-        _add_layer_norm_forward
-    )
-    _add_layer_norm_backward_op = torch.library.triton_op("fastformer::add_layer_norm_backward", mutates_args=())(
-        _add_layer_norm_backward
-    )
-    torch.library.register_autograd(_add_layer_norm_forward_op, _backward, setup_context=_setup_context)
-
-
-defer_ops(_register_ops)  # now where a kernel can run, else when one first can (kernels._runtime)
+defer_ops(
+    globals(),
+    {
+        "_add_layer_norm_forward_op": ("add_layer_norm_forward", _add_layer_norm_forward),
+        "_add_layer_norm_backward_op": ("add_layer_norm_backward", _add_layer_norm_backward),
+    },
+    autograd=(_backward, _setup_context),
+)
 _add_layer_norm_forward_eager = eager_twin(_add_layer_norm_forward, _setup_context, _backward)
 
 

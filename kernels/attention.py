@@ -1214,7 +1214,7 @@ def _attention_backward(
     return _attn_backward(do, q, k, v, o, lse, seed, masking)
 
 
-_attention_forward_op = _attention_backward_op = None  # the torch.library ops, once _register_ops ran
+_attention_forward_op = _attention_backward_op = None  # the torch.library ops, bound by defer_ops below
 
 
 def _setup_context(ctx, inputs, output):
@@ -1236,18 +1236,14 @@ def _backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None, None, None, None
 
 
-def _register_ops():
-    global _attention_forward_op, _attention_backward_op
-    _attention_forward_op = torch.library.triton_op("fastformer::attention_forward", mutates_args=())(
-        _attention_forward
-    )
-    _attention_backward_op = torch.library.triton_op("fastformer::attention_backward", mutates_args=())(
-        _attention_backward
-    )
-    torch.library.register_autograd(_attention_forward_op, _backward, setup_context=_setup_context)
-
-
-defer_ops(_register_ops)  # now where a kernel can run, else when one first can (kernels._runtime)
+defer_ops(
+    globals(),
+    {
+        "_attention_forward_op": ("attention_forward", _attention_forward),
+        "_attention_backward_op": ("attention_backward", _attention_backward),
+    },
+    autograd=(_backward, _setup_context),
+)
 _attention_forward_eager = eager_twin(_attention_forward, _setup_context, _backward)
 
 

@@ -238,17 +238,10 @@ def _feed_forward_fused(
     return _ffn_fused_forward(x2, w1, b1, w2, b2, activation)
 
 
-_feed_forward_fused_op = None  # the torch.library op, once _register_ops ran
+_feed_forward_fused_op = None  # the torch.library op, bound by defer_ops below
 
 
-def _register_ops():
-    global _feed_forward_fused_op
-    _feed_forward_fused_op = torch.library.triton_op("fastformer::feed_forward_fused", mutates_args=())(
-        _feed_forward_fused
-    )
-
-
-defer_ops(_register_ops)  # now where a kernel can run, else when one first can (kernels._runtime)
+defer_ops(globals(), {"_feed_forward_fused_op": ("feed_forward_fused", _feed_forward_fused)})
 
 
 @argument_check

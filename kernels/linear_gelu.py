@@ -436,7 +436,7 @@ def _activation_backward(
     return dpre, db, h
 
 
-_linear_gelu_forward_op = _activation_backward_op = None  # the torch.library ops, once _register_ops ran
+_linear_gelu_forward_op = _activation_backward_op = None  # the torch.library ops, bound by defer_ops below
 
 
 def _setup_context(ctx, inputs, output):
@@ -462,18 +462,14 @@ def _backward(ctx, dy, _dpre):
     return dx, dw, db if needs_db else None, None, None
 
 
-def _register_ops():
-    global _linear_gelu_forward_op, _activation_backward_op
-    _linear_gelu_forward_op = torch.library.triton_op("fastformer::linear_gelu_forward", mutates_args=())(
-        _linear_gelu_forward
-    )
-    _activation_backward_op = torch.library.triton_op("fastformer::activation_backward", mutates_args=())(
-        _activation_backward
-    )
-    torch.library.register_autograd(_linear_gelu_forward_op, _backward, setup_context=_setup_context)
-
-
-defer_ops(_register_ops)  # now where a kernel can run, else when one first can (kernels._runtime)
+defer_ops(
+    globals(),
+    {
+        "_linear_gelu_forward_op": ("linear_gelu_forward", _linear_gelu_forward),
+        "_activation_backward_op": ("activation_backward", _activation_backward),
+    },
+    autograd=(_backward, _setup_context),
+)
 _linear_gelu_forward_eager = eager_twin(_linear_gelu_forward, _setup_context, _backward)
 
 
