@@ -1025,11 +1025,8 @@ def check_activations_fit(config, batch_size, longest, device, amp, names=None):
     if memory is None or weights + kept <= memory:
         return
     keys = [k for k in ("d_hidn", "d_ff", "n_head", "d_head", "n_layer") if config[k] > TUTORIAL[k]]
-
-    def saved(k):
-        return kept - activation_count({**config, k: TUTORIAL[k]}, batch_size, longest) * element
-
-    key = max(keys, default=None, key=saved)
+    # the size that, set back to the tutorial's value, leaves the fewest activations
+    key = min(keys, default=None, key=lambda k: activation_count({**config, k: TUTORIAL[k]}, batch_size, longest))
     size = f" with {(names or {}).get(key, f'config.{key}')} {config[key]}" if key else ""
     where = f"the memory of {device}" if device.type == "cuda" else "this machine's memory"
     raise ValueError(
