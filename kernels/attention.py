@@ -1720,10 +1720,11 @@ def attention_reference(
 
 
 def mask_scores(scores, mask):
-    """The scores a softmax over the last dim turns into the kernels' weights: masked keys at -inf
-    (no weight), and a row whose keys are all masked at 0 throughout (1/Lk each, the tutorial's
-    value for it). Wherever some unmasked score of a row lies above -1e9 (any real model's), the
-    softmax of this is bit for bit that of the tutorial's `masked_fill(mask, -1e9)`; below it, the
-    tutorial's fill would hand the masked keys the whole weight. `mask` broadcasts to scores."""
-    scores = scores.masked_fill(mask, float("-inf"))
-    return scores.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
+    """The scores a softmax over the last dim turns into the kernels' weights: masked keys at the
+    lowest value of the scores' dtype, one masked_fill as the tutorial's. A row whose keys are all
+    masked is then uniform (1/Lk each, the tutorial's value for it), and a masked key gets no weight
+    wherever an unmasked score of its row lies above that lowest value by more than the exponent's
+    range (in fp32 anything above -3.4e38; -1e9 in the tutorial's fill). There the softmax is bit
+    for bit that of the tutorial's `masked_fill(mask, -1e9)`, which below -1e9 would hand the
+    masked keys the whole weight. `mask` broadcasts to scores."""
+    return scores.masked_fill(mask, torch.finfo(scores.dtype).min)
