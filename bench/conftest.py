@@ -1,6 +1,6 @@
 """pytest-benchmark suites: `pytest bench --benchmark-only` on a CUDA machine.
 
-Every case comes from tools/benchmarks/cases.py (the same cases `python -m bench.report` runs). A benchmark
+Every case comes from bench/cases.py (the same cases `python -m bench.report` runs). A benchmark
 runs only under --benchmark-only and on a GPU; elsewhere it skips with the reason, so the plain
 `pytest`, which collects bench/ for the suite's own tests (test_report.py), times nothing.
 `python -m bench.report --smoke` is the CPU check of the benchmarks' code.
@@ -13,11 +13,11 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 # Without a GPU the suite's own tests run the kernels through Triton's interpreter, which Triton
-# reads when a kernel is decorated: before tools.benchmarks.cases imports fastformer.kernels.
+# reads when a kernel is decorated: before bench.cases imports fastformer.kernels.
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tools.benchmarks.common import Skip, peak_memory_mb, synchronize  # noqa: E402
+from bench.common import Skip, peak_memory_mb, synchronize  # noqa: E402
 
 DEVICE = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
 NO_GPU = (

@@ -1,5 +1,5 @@
 """`python -m bench.report`: fastformer's benchmarks into bench/results/ (and README's table). The
-report's code is tools.benchmarks.report, which the GPU check runs too; its docstring has the usage.
+report's code is bench.reporting, which the GPU check runs too; its docstring has the usage.
 
 `--smoke` on a machine without CUDA (or with `--device cpu`) runs the kernels through Triton's
 interpreter: Triton reads TRITON_INTERPRET when a kernel is decorated, so it is set here, before the
@@ -30,7 +30,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if interpreted_smoke(argv) and "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
-    from tools.benchmarks.report import main as report_main
+    from bench.reporting import main as report_main
 
     return report_main(argv)
 

@@ -6,8 +6,8 @@ forward, causal half, backward 2.5x forward."""
 
 import pytest
 
+from bench import cases
 from bench.conftest import DEVICE, run_case
-from tools.benchmarks import cases
 
 CASES = cases.attention_cases(DEVICE) + cases.attention_model_call_cases(DEVICE)
 

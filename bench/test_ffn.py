@@ -4,8 +4,8 @@ FLOPs: 2 * M * d * d_ff per GEMM forward; backward 2x forward."""
 
 import pytest
 
+from bench import cases
 from bench.conftest import DEVICE, run_case
-from tools.benchmarks import cases
 
 CASES = cases.ffn_cases(DEVICE)
 

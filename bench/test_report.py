@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import fastformer
+from bench import cases, reporting, targets
+from bench.common import RECORD_KEYS, Skip, attention_flops, ffn_flops
 from fastformer.data.reviews import bucket_length
-from tools.benchmarks import cases, report, targets
-from tools.benchmarks.common import RECORD_KEYS, Skip, attention_flops, ffn_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_KEYS = set(RECORD_KEYS)
@@ -69,8 +69,8 @@ def smoke_subset():
 @pytest.fixture(scope="module")
 def smoke_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
-    result = report.run(smoke_subset(), "cpu", warmup=0, rep=1, log=lambda *_: None)
-    return result, report.write(result, str(out)), out
+    result = reporting.run(smoke_subset(), "cpu", warmup=0, rep=1, log=lambda *_: None)
+    return result, reporting.write(result, str(out)), out
 
 
 def test_smoke_report_schema(smoke_report):
@@ -122,13 +122,13 @@ def test_a_wrong_kernel_fails_its_benchmark(monkeypatch):
 
     monkeypatch.setattr(kernels, "attention", slightly_wrong)
     case = cases.attention_case("fwd", "fp32", 16, "causal", 2, 2, 8, "fastformer", "cpu", "tiny")
-    result = report.run([case], "cpu", warmup=0, rep=1, log=lambda *_: None)
+    result = reporting.run([case], "cpu", warmup=0, rep=1, log=lambda *_: None)
     assert not result["results"] and len(result["failed"]) == 1
     assert "out: max error 0.01" in result["failed"][0]["error"]
 
 
 def _step(provider, ms, mem, spread=0.05):
-    """A model_train record as tools.benchmarks.common.measure writes it (wall time, no replay)."""
+    """A model_train record as bench.common.measure writes it (wall time, no replay)."""
     params = {"scenario": "classify", "B": 128, "n_layer": 6, "d_hidn": 256, "amp": provider != "reference_fp32"}
     figures = {"ms": ms, "p20_ms": ms * (1 - spread), "p80_ms": ms * (1 + spread), "reps": 10}
     replay = {"graph_ms": None, "graph_p20_ms": None, "graph_p80_ms": None, "graph_reps": None}
@@ -138,7 +138,7 @@ def _step(provider, ms, mem, spread=0.05):
 
 def test_every_target_is_judged_from_one_runs_records():
     results = [_step("fastformer", 40.0, 300), _step("reference_fp32", 50.0, 1000), _step("fastformer_graphs", 5.0, 0)]
-    rows = {r["target"]: r for r in report.evaluate_targets(results)}
+    rows = {r["target"]: r for r in reporting.evaluate_targets(results)}
     assert len(rows) == len(targets.TARGETS)
     replayed = rows["model_train, tutorial: replayed step vs reference_fp32 eager"]
     assert replayed["worst"] == 10.0 and replayed["verdict"] == "met" and replayed["basis"] == "wall"
@@ -156,7 +156,7 @@ def test_the_readme_summary_is_a_line_a_case_with_every_peer_and_variant():
         _step("reference_fp32", 50, 1000, 0.0),
         _step("fastformer_graphs", 2, 0),
     ]
-    summary = report.readme_summary({"env": env, "results": results}, "bench/results/gpu/h100")
+    summary = reporting.readme_summary({"env": env, "results": results}, "bench/results/gpu/h100")
     row = (
         "| model_train | B=128, d_hidn=256, n_layer=6 | 10.000 (10.000-10.000) | "
         "reference_fp32 5.00x [5.00-5.00] wall | graphs 2.00 ms |"
@@ -170,16 +170,16 @@ def test_the_readme_summary_is_a_line_a_case_with_every_peer_and_variant():
 
 def test_readme_table_is_spliced_between_markers(tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{report.README_START}\nold\n{report.README_END}\nafter\n")
-    report.splice_readme("| new |\n", str(readme))
-    assert readme.read_text() == f"intro\n{report.README_START}\n| new |\n{report.README_END}\nafter\n"
-    assert report.README_START in (ROOT / "README.md").read_text()
+    readme.write_text(f"intro\n{reporting.README_START}\nold\n{reporting.README_END}\nafter\n")
+    reporting.splice_readme("| new |\n", str(readme))
+    assert readme.read_text() == f"intro\n{reporting.README_START}\n| new |\n{reporting.README_END}\nafter\n"
+    assert reporting.README_START in (ROOT / "README.md").read_text()
 
 
 def test_report_without_a_gpu_says_so(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert report.main(["--out", "/nonexistent"]) == 2
+    assert reporting.main(["--out", "/nonexistent"]) == 2
     assert "no CUDA GPU here" in capsys.readouterr().err
 
 
@@ -225,7 +225,7 @@ def test_the_reference_written_with_sdpa_is_timed_and_checked_like_the_others():
         n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12
     )
     case = cases.model_case("train", "reference_sdpa", "cpu", B=2, config=config, amp=False)
-    result = report.run([case], "cpu", warmup=0, rep=2, log=lambda *_: None)
+    result = reporting.run([case], "cpu", warmup=0, rep=2, log=lambda *_: None)
     assert not result["failed"] and len(result["results"]) == 1, result
 
 
@@ -241,10 +241,10 @@ def test_the_model_batch_of_128_reviews_is_a_bucket_length_already():
 def test_the_committed_gpu_runs_still_render_and_are_judged_on_wall_time(run):
     """Runs from before device time kept a median alone, of wall-clock calls: they render, and
     their comparisons say "wall" with a spread of zero, never "events" or "graph"."""
-    saved = report.load(ROOT / "bench" / "results" / "gpu" / run / "results.json")
-    table = report.markdown(saved)
+    saved = reporting.load(ROOT / "bench" / "results" / "gpu" / run / "results.json")
+    table = reporting.markdown(saved)
     assert table.startswith(f"Measured on {saved['env']['gpu']}")
-    judged = [t for t in report.evaluate_targets(saved["results"]) if t["cases"]]
+    judged = [t for t in reporting.evaluate_targets(saved["results"]) if t["cases"]]
     assert bool(judged) == bool(saved["results"])  # one run measured nothing (its stages: env, tests, compile)
     assert {t["basis"] for t in judged} <= {"wall", "peak memory"}
     assert all(t["low"] == t["worst"] == t["high"] for t in judged)

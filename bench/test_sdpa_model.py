@@ -1,4 +1,4 @@
-"""The benchmarks' SDPA peer (tools/benchmarks/sdpa_model.py) against fastformer's model on the
+"""The benchmarks' SDPA peer (bench/sdpa_model.py) against fastformer's model on the
 reference backend: one state_dict in both, logits and every parameter's gradient compared in fp32
 and fp64, on batches with padding, all-padding rows and decoders of one and more tokens."""
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
-from tools.benchmarks.sdpa_model import Mask, MultiHeadAttention, SdpaMovieClassification
+from bench.sdpa_model import Mask, MultiHeadAttention, SdpaMovieClassification
 
 SMALL = dict(
     n_layer=2, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12

@@ -6,9 +6,9 @@ each kind of target (speed-up, TFLOP/s, memory, a fallback peer)."""
 import pytest
 import torch
 
-from tools.benchmarks import targets, timing
-from tools.benchmarks.common import Case
-from tools.benchmarks.timing import MET, NOT_MEASURED, NOT_MET, WITHIN_NOISE, Ratio, Timing, verdict
+from bench import targets, timing
+from bench.common import Case
+from bench.timing import MET, NOT_MEASURED, NOT_MET, WITHIN_NOISE, Ratio, Timing, verdict
 
 
 def test_timing_is_the_median_with_the_20th_and_80th_percentiles():
@@ -92,7 +92,7 @@ def test_on_a_cpu_device_time_falls_back_to_the_host_clock():
 
 
 def record(provider, ms, spread=0.1, graph_ms=None, bench="attention_fwd", timing_kind="device", **params):
-    """A result record as tools.benchmarks.common.measure writes it, with a symmetric spread."""
+    """A result record as bench.common.measure writes it, with a symmetric spread."""
     params = {"D": 64, "mask": "causal", "L": 4096, "dtype": "bf16", **params}
 
     def figures(prefix, value):

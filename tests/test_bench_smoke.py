@@ -58,7 +58,7 @@ def test_the_report_is_named_as_it_is_run_and_kinetos_lines_are_held_back():
     code = (
         "import sys, torch\n"
         "from torch.profiler import ProfilerActivity\n"
-        "from tools.benchmarks.common import profiling\n"
+        "from bench.common import profiling\n"
         "with profiling([ProfilerActivity.CPU]) as profiler:\n"
         "    torch.ones(3) + 1\n"
         "    print('kept', file=sys.stderr)\n"

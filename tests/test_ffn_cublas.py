@@ -320,8 +320,8 @@ def test_a_warm_up_compiles_the_activation_kernel_and_runs_no_product(device, mo
 def test_the_sweep_and_the_benchmarks_know_the_variant():
     """tools.sweep times the cuBLAS way as a third variant of the GEMM family; the benchmarks have a
     provider for it."""
+    from bench import cases
     from tools import sweep
-    from tools.benchmarks import cases
 
     assert sweep.VARIANTS["gemm"] == ("pointer", "tma", "cublas") and "cublas" not in sweep.VARIANTS["attention"]
     assert "fastformer_cublas" in cases.FFN_PROVIDERS

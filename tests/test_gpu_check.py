@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import fastformer
-from tools.benchmarks import cases, common, targets
-from tools.benchmarks.common import KERNEL_ROWS, kernel_rows, model_flops
-from tools.benchmarks.targets import TARGETS
+from bench import cases, common, targets
+from bench.common import KERNEL_ROWS, kernel_rows, model_flops
+from bench.targets import TARGETS
 from tools.convergence import TINY
 from tools.gpu_check import job
 from tools.gpu_check.bench import KERNEL_PROFILE, bench_cases

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fastformer
-from tools.benchmarks.cases import review_batch
+from bench.cases import review_batch
 from tools.memory import QUICK, SavedTensors
 
 ROOT = Path(__file__).resolve().parent.parent

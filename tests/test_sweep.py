@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.timing import Ratio, Timing
 from tools import sweep
-from tools.benchmarks.timing import Ratio, Timing
 
 ROOT = Path(__file__).resolve().parent.parent
 # one family of each kind of launch: the causal forward's long shape, the model's call (padding,

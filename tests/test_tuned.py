@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.timing import Ratio, Timing
 from fastformer import kernels
 from fastformer.kernels import _configs, _tuned
 from tools import sweep as sweep_tool
-from tools.benchmarks.timing import Ratio, Timing
 
 attention = importlib.import_module("fastformer.kernels.attention")
 linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")

@@ -1,5 +1,4 @@
-"""The project's tools, and the benchmarks' library (tools.benchmarks: the cases, their timing and
-the report, which bench/'s pytest suites and `python -m bench.report` run too):
+"""The project's instruments (the benchmarks' library, which the GPU check runs too, is bench/):
 
     python -m tools.gpu_check      everything a GPU can tell in one command of a lease (tools/gpu_run.sh):
                                    the sweep, benchmarks beside the peers, the model's throughput and

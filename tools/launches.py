@@ -88,9 +88,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import fastformer
 import fastformer.model
 import fastformer.plan
+from bench.common import environment
 from fastformer import kernels
 from fastformer.train.loop import adamw
-from tools.benchmarks.common import environment
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "launches.json")
 SHAPE = {"batch": 2, "enc_len": 8}  # the decoder input is [BOS], length 1

@@ -114,7 +114,7 @@ def _model_and_batch(config_overrides, batch, device):
     import torch
 
     import fastformer
-    from tools.benchmarks.cases import review_batch
+    from bench.cases import review_batch
 
     config = fastformer.Config.tutorial(**config_overrides)
     torch.manual_seed(0)

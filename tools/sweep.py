@@ -18,7 +18,7 @@ LayerNorm has one config and no descriptors, so nothing to sweep.
 How: a family at a time, in FAMILIES' order (the targets' first) until --budget seconds have
 passed: its (launch, variant, config)s compiled in parallel (triton.AsyncCompileMode over a thread
 per CPU, under kernels.compile_only), then each timed alone by device time: `reps` calls between
-CUDA events, the L2 flushed before each (tools.benchmarks.timing.device_times), the median and its
+CUDA events, the L2 flushed before each (bench.timing.device_times), the median and its
 20th to 80th percentile. The backward passes read the log-sum-exp of a forward run once before,
 and dK/dV the delta of a dQ pass. sweep.json and sweep.md are rewritten (atomically) as each
 family ends. On SIGINT (tools/gpu_run.sh's limit) the compiles not started are cancelled and both
@@ -27,7 +27,7 @@ files written with what was timed, the rest "not timed", the report marked inter
 The table: per family and pass, the fastest (variant, config) beside the rule's pick (the config
 the written rule picks, in the variant PREFERS_CUBLAS and PREFERS_TMA pick, with no tuned table in
 force), each with its interval, the fastest's speed-up over the pick with the interval the spreads
-allow (tools.benchmarks.timing.Ratio), and TFLOP/s: the products each pass computes, 2 * B * H *
+allow (bench.timing.Ratio), and TFLOP/s: the products each pass computes, 2 * B * H *
 Lq * Lk * D FLOPs each (half under a causal mask): the forward 2 (QK^T, PV), dQ 3 (QK^T, dO V^T,
 dS K), dK/dV 4 (K Q^T, V dO^T, P^T dO, dS^T Q); the GEMM 2 * M * N * K.
 
@@ -445,7 +445,7 @@ def family_line(report, family):
 def _time_each(items, records, errors, device, dry_run, reps, spent):
     """Time each compiled (launch, config) into its record, in order, until spent() (the budget);
     in a dry run, launch each once (its host path; the driver launches nothing) and time none."""
-    from tools.benchmarks.timing import Timing, device_times
+    from bench.timing import Timing, device_times
 
     ran_before = set()
     for i, ((launch, config, _), record) in enumerate(zip(items, records)):
@@ -485,7 +485,7 @@ def _rule_variant(launch):
 def best_per_pass(records):
     """Per (family, pass): the rule's pick and the fastest timed record, and the fastest's speed-up
     over the pick with its interval ({} for a pass with no timed pick)."""
-    from tools.benchmarks.timing import Ratio, Timing
+    from bench.timing import Ratio, Timing
 
     rows = []
     keys = dict.fromkeys((r.family, r.pass_name) for r in records)

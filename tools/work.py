@@ -6,7 +6,7 @@
 For MovieClassification with the tutorial's config, a train step (forward, loss, backward, the
 optimizer) and an inference step, fastformer's (the Triton backend under bf16 autocast, as the
 default CUDA job runs) and the fp32 reference's, on three workloads: the bench batch (128 reviews
-of 8 to 128 pieces padded to the longest, tools.benchmarks.cases.review_batch), and the default
+of 8 to 128 pieces padded to the longest, bench.cases.review_batch), and the default
 job's batches of the demo set and of Rotten Tomatoes (length buckets of 128 reviews padded to a
 multiple of 16, fastformer.train.job.loaders; one step per distinct batch shape, weighted by how
 many batches of the epoch have it).
@@ -284,7 +284,7 @@ class Workload:
 
 def bench_workload(quick):
     import fastformer
-    from tools.benchmarks.cases import review_batch
+    from bench.cases import review_batch
 
     config = fastformer.Config.tutorial(**(QUICK_CONFIG if quick else {}))
     enc, dec, labels = review_batch(config, BATCH, False, "cpu")
@@ -461,7 +461,7 @@ def measure(workloads, providers=PROVIDERS, quick=False, rotten_tomatoes=None, p
     the two optimizers) and the inference step."""
     import torch
 
-    from tools.benchmarks.common import environment, model_flops
+    from bench.common import environment, model_flops
 
     report = {
         "env": environment(torch.device("cpu")),

@@ -37,13 +37,13 @@ runs; --stage picks among them):
                + causal at L 4096, D128, fp16, the model's own attention call, the FFN, add +
                LayerNorm), fastformer against the peers in the same run (SDPA with PyTorch's choice
                of backend and each backend pinned, FlexAttention, torch.compile default and
-               max-autotune, Liger-Kernel), each by device time (tools.benchmarks.timing: CUDA
+               max-autotune, Liger-Kernel), each by device time (bench.timing: CUDA
                events, L2 flushed, 25+ calls, median and p20-p80) as called and replayed from a CUDA
                graph; then the kernels of the pairs the targets judge (KERNEL_PROFILE), device time
                per kernel per call under torch.profiler
   model        MovieClassification with the tutorial's config on batches of NSMC-like reviews (8 to
                128 tokens, padded): train step and inference by wall time per step (10+ steps,
-               median and p20-p80) for every way of running it (tools.benchmarks.cases.MODEL_WAYS):
+               median and p20-p80) for every way of running it (bench.cases.MODEL_WAYS):
                fastformer eager, replayed from CUDA graphs, under torch.compile (fullgraph, and
                mode="reduce-overhead") and with the fused AdamW; the reference in fp32 and bf16, written
                with SDPA, compiled (default and reduce-overhead) and replayed from CUDA graphs:
@@ -138,7 +138,7 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                     first_step_seconds (the job's own, metrics.json), train_seconds, tokens_per_s,
                     accuracy, steps, step_mode, eager_because, kernels, amp, device, max_steps (or
                     error and last_lines)
-  targets               tools.benchmarks.targets judged on this run's records: [{target, kind,
+  targets               bench.targets judged on this run's records: [{target, kind,
                         required, cases, worst, low, high, basis, peer, verdict, met}]; worst is the
                         worst case's figure and [low, high] its interval, basis the figure compared
                         (graph, events, wall), verdict met, not met, within noise or not measured
@@ -146,7 +146,7 @@ results.json, schema "fastformer.gpu_check/1" (every key is always present; null
                         false where the verdict is met or not met, else null
   targets_note          null on a GPU
   report                bench.report's schema ({env, results, skipped, failed}) holding the bench
-                        and model stages' records (tools.benchmarks.common.RECORD_KEYS, mfu, and
+                        and model stages' records (bench.common.RECORD_KEYS, mfu, and
                         kernels where profiled; model's first where both measured a case), so
                         `python -m bench.report --from results.json` writes bench/results/<gpu>.json
   plots                 names of the PNGs written

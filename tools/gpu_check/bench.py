@@ -1,12 +1,12 @@
 """The bench stage: the kernel cases the targets are judged on, fastformer against the peers
-measured in the same run (tools.benchmarks); then, for the pairs where fastformer trailed a peer on
+measured in the same run (bench/'s cases); then, for the pairs where fastformer trailed a peer on
 the last GPU run (KERNEL_PROFILE), each one's kernels under torch.profiler: device time per kernel
 per call, the most first (where the time goes, ours beside the peer's)."""
 
 from collections import Counter
 
-from tools.benchmarks import cases as suite
-from tools.benchmarks.targets import judged
+from bench import cases as suite
+from bench.targets import judged
 from tools.gpu_check.run import CPU_TARGETS, measure_cases, raise_for_cases
 
 
@@ -34,7 +34,7 @@ def targets_note(targets):
 
 
 # The bench cases whose kernels the bench stage lists (torch.profiler, device time per kernel per
-# call, tools.benchmarks.common.profile_kernels), fastformer's beside a peer's, for each pair the
+# call, bench.common.profile_kernels), fastformer's beside a peer's, for each pair the
 # targets judge: (bench, the mask or the op, providers). Each takes the stage's first case of its
 # bench and mask or op (in --quick: D 64, L 4096; the model's call at L 64; the tutorial's FFN layer).
 KERNEL_PROFILE = (
@@ -59,7 +59,7 @@ def _profiled_cases(cases):
 
 
 # the long attention shape the kernel targets are judged at (B * L = 16384 tokens, H 16), as
-# tools.benchmarks.cases.attention_cases builds it
+# bench.cases.attention_cases builds it
 LONG = dict(B=4, H=16, L=4096)
 SDPA = ("sdpa", *suite.SDPA_BACKENDS)
 MODEL_CALL_LENGTHS = (64, 128, 256)

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
+from bench import cases as suite
+from bench.common import synchronize, time_ms
 from fastformer.compat.aladdinpersson import Transformer as AladdinTransformer
 from fastformer.train.loop import autocast, sequence_cross_entropy
-from tools.benchmarks import cases as suite
-from tools.benchmarks.common import synchronize, time_ms
 from tools.gpu_check.run import ROOT, Failed, Skipped, error_text, first_line
 
 

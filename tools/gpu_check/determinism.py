@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
+from bench import cases as suite
 from fastformer import kernels
 from fastformer.train.loop import autocast
-from tools.benchmarks import cases as suite
 from tools.gpu_check.run import Failed
 
 

@@ -8,7 +8,7 @@ import subprocess
 
 import torch
 
-from tools.benchmarks.common import time_ms
+from bench.common import time_ms
 from tools.gpu_check.run import ROOT, Failed
 
 

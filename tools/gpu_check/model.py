@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 
 import fastformer
+from bench import cases as suite
+from bench.cases import MODEL_PROVIDERS, TRAIN_ONLY
+from bench.common import model_flops, synchronize
+from bench.targets import ratio_text, speedup
 from fastformer import kernels
-from tools.benchmarks import cases as suite
-from tools.benchmarks.cases import MODEL_PROVIDERS, TRAIN_ONLY
-from tools.benchmarks.common import model_flops, synchronize
-from tools.benchmarks.targets import ratio_text, speedup
 from tools.convergence import CONVERGENCE_LR, LOSS_ATOL, compare_curves, convergence_curves, convergence_setup
 from tools.gpu_check.run import ROOT, Failed, error_text, measure_cases, raise_for_cases
 
@@ -224,7 +224,7 @@ def _where(file, line, name):
 
 def model_cases(run):
     """MovieClassification's train step and inference on review batches for each of the plan's
-    providers in its order (tools.benchmarks.cases.model_case), each credited its model FLOPs
+    providers in its order (bench.cases.model_case), each credited its model FLOPs
     (model_flops) so the report computes TFLOP/s and MFU."""
     config = fastformer.Config.tutorial(**run.plan.config)
     amp = None if run.cuda else False  # None: each provider's own (fastformer bf16, reference_fp32 fp32, ...)

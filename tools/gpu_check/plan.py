@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 STAGES = ("env", "sweep", "tests", "compile", "determinism", "bench", "model", "job")
 ONE_SECONDS = 540  # the one run's plan: tools/gpu_run.sh stops it at 570 s, the device tool's command at 600
 # the model stage's providers in the order it measures them, the ones the targets read first, so
-# that a budget spent leaves out the least needed (tools.benchmarks.cases.MODEL_WAYS says what each is)
+# that a budget spent leaves out the least needed (bench.cases.MODEL_WAYS says what each is)
 MODEL_ORDER = (
     "fastformer_graphs",
     "reference_fp32",

@@ -3,7 +3,7 @@ each stage's details as tables, the benchmark tables, every traceback)."""
 
 import json
 
-from tools.benchmarks import report as bench_report
+from bench import reporting as bench_report
 
 
 def note(entry):

@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from tools.benchmarks import report as bench_report
-from tools.benchmarks.common import environment, gemm_tflops
-from tools.benchmarks.targets import evaluate_targets
+from bench import reporting as bench_report
+from bench.common import environment, gemm_tflops
+from bench.targets import evaluate_targets
 from tools.gpu_check.report import summary_markdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,9 +31,9 @@ UNITS = {
     "ms, *_ms": (
         "milliseconds per call: the median of the timed calls, and p20_ms / p80_ms their 20th and 80th "
         "percentiles; a kernel case's ms is device time as called (CUDA events, L2 flushed), graph_ms the "
-        "same replayed from a CUDA graph; a step's ms is wall time (tools.benchmarks.timing)"
+        "same replayed from a CUDA graph; a step's ms is wall time (bench.timing)"
     ),
-    "flops": "floating-point operations of one call, a multiply-add counting 2 (tools.benchmarks.common)",
+    "flops": "floating-point operations of one call, a multiply-add counting 2 (bench.common)",
     "tflops, *_tflops": "TFLOP/s: 1e12 floating-point operations per second, a multiply-add counting 2",
     "*_gbps": "GB/s: 1e9 bytes per second; a copy counts the bytes read and the bytes written",
     "*_gib": "GiB (2**30 bytes)",
@@ -153,7 +153,7 @@ class Run:
         return dict(merged, env=self.env)
 
     def targets(self):
-        """The targets judged on this run's records (tools.benchmarks.targets); on a CPU, ratios
+        """The targets judged on this run's records (bench.targets); on a CPU, ratios
         only, judged nowhere (verdict "not judged (CPU)")."""
         targets = evaluate_targets(self.report()["results"])
         if not self.cuda:
@@ -190,12 +190,12 @@ class Run:
         write_text(os.path.join(self.out, "summary.md"), summary_markdown(document))
 
     def _write_plots(self, union):
-        """At most the plan's `plots` PNGs through bench.report.plot: model tokens/s, and attention
+        """At most the plan's `plots` PNGs through bench.reporting.plot: model tokens/s, and attention
         TFLOP/s for the (bench, head dim) groups measured, head dim 64 first."""
         results = union["results"]
         if self._plotted == len(results):
             return
-        sweeps = ("attention_fwd", "attention_fwd_bwd")  # the benches bench.report.plot draws
+        sweeps = ("attention_fwd", "attention_fwd_bwd")  # the benches bench.reporting.plot draws
         groups = sorted(
             {(r["bench"], r["params"]["D"]) for r in results if r["bench"] in sweeps and r["tflops"]},
             key=lambda g: (g[1] != 64, g),
@@ -346,7 +346,7 @@ def _wind_down(process):
 
 
 def measure_cases(run, stage, cases, rep, profiled=frozenset()):
-    """bench.report.run, one case at a time (the plan's warm-up calls, then `rep` timed ones; the
+    """bench.reporting.run, one case at a time (the plan's warm-up calls, then `rep` timed ones; the
     cases whose ids are in `profiled` also record their kernels), into run.reports[stage]: the
     budget is checked and results.json rewritten after each case. Each case starts from a reset
     Dynamo, so no shared compiled function reaches Dynamo's recompile limit (past it, Dynamo

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.autograd import DeviceType
 
-from tools.benchmarks.timing import Timing, device_times, graph_times, synchronize, wall_times
+from bench.timing import Timing, device_times, graph_times, synchronize, wall_times
 
 
 def attention_flops(B, H, Lq, Lk, D, causal, mode):
@@ -191,7 +191,7 @@ def kernel_rows(events, device_type, calls):
 
 
 def measure(case, device, warmup=3, rep=25, profile=False):
-    """Run a case: check it, time it (tools.benchmarks.timing: a kernel case by device time as called
+    """Run a case: check it, time it (bench.timing: a kernel case by device time as called
     and replayed from a CUDA graph, a step by wall time; `rep` repetitions after `warmup` calls),
     and its memory: peak_mem_mb, allocated at the peak of a timed call above what was allocated before
     it, and resident_mb, allocated and held once the case is set up and has run (inputs, weights,

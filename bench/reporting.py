@@ -9,14 +9,14 @@
 
 Writes into --out (default bench/results/):
     <gpu>.json   {"env": {gpu, torch, triton, cuda, date, bf16_gemm_tflops},
-                  "results": [a record per case: tools.benchmarks.common.RECORD_KEYS, and mfu],
+                  "results": [a record per case: bench.common.RECORD_KEYS, and mfu],
                   "skipped": [{bench, provider, params, reason}], "failed": [...]}
     <gpu>.md     tables: each case's time as called and replayed (median and p20-p80), the speed-ups
                  against every peer measured in this run with their intervals, and the targets
     <gpu>-attention_<mode>_d<D>.png   TFLOP/s against sequence length per provider, one panel per mask
     <gpu>-model.png                   model tokens/s per provider
-How a case is timed and how two are compared: tools.benchmarks.timing and tools.benchmarks.targets.
-The providers are tools.benchmarks.cases' (its docstring lists them per bench).
+How a case is timed and how two are compared: bench.timing and bench.targets.
+The providers are bench.cases' (its docstring lists them per bench).
 A case whose result fails its check is listed under "failed" and makes the command exit 1.
 `--from` reads reports already measured (this schema, or the "report" of a `tools.gpu_check`
 results.json), merges them and writes the same files, measuring nothing.
@@ -33,9 +33,9 @@ from collections import Counter
 
 import torch
 
-from tools.benchmarks import cases as suite
-from tools.benchmarks.common import Skip, environment, gemm_tflops, measure
-from tools.benchmarks.targets import case_key, evaluate_targets, groups, judged, ratio_text, speedup
+from bench import cases as suite
+from bench.common import Skip, environment, gemm_tflops, measure
+from bench.targets import case_key, evaluate_targets, groups, judged, ratio_text, speedup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
@@ -241,7 +241,7 @@ def run(cases, device, warmup=3, rep=25, log=print, gemm_rate=None, profiled=fro
 
     `gemm_rate` is the bf16 GEMM TFLOP/s used as the MFU denominator; when None it is measured
     here on CUDA (and left None on a CPU). The cases whose ids are in `profiled` also record
-    their kernels (tools.benchmarks.common.profile_kernels)."""
+    their kernels (bench.common.profile_kernels)."""
     env = environment(device)
     if gemm_rate is None and torch.device(device).type == "cuda":
         gemm_rate = gemm_tflops(device)

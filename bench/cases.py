@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fastformer
+from bench.common import Case, Skip, assert_close_to, attention_flops, ffn_flops, profiling
 from fastformer import kernels
 from fastformer.train.graphs import GraphedSteps, make_capturable
 from fastformer.train.loop import adamw, autocast
-from tools.benchmarks.common import Case, Skip, assert_close_to, attention_flops, ffn_flops, profiling
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the tolerance of a benchmark's check against fp32, per dtype: loose enough for rounding, far
@@ -513,7 +513,7 @@ def ffn_cases(device, providers=FFN_PROVIDERS, norm_providers=ADD_LAYER_NORM_PRO
 class Way:
     """How one provider runs MovieClassification's step."""
 
-    backend: str  # "triton", "reference", or "sdpa": tools.benchmarks.sdpa_model, the model written with SDPA
+    backend: str  # "triton", "reference", or "sdpa": bench.sdpa_model, the model written with SDPA
     amp: bool  # bf16 autocast (else fp32), unless the case is given another
     run: str  # "eager", "graphs" (fastformer.train.graphs), or torch.compile: COMPILED_RUNS
     optimizer: str = "adamw"  # torch.optim.AdamW's default (foreach), or "fused": `fastformer train`'s
@@ -586,7 +586,7 @@ def _network(way, config, weights, device):
     """The module a Way runs: fastformer's MovieClassification (on the Triton or the reference
     backend), or the model written with SDPA, holding `weights`."""
     if way.backend == "sdpa":
-        from tools.benchmarks.sdpa_model import SdpaMovieClassification
+        from bench.sdpa_model import SdpaMovieClassification
 
         net = SdpaMovieClassification(config).to(device)
     else:

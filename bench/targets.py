@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tools.benchmarks.timing import MET, NOT_MEASURED, NOT_MET, WITHIN_NOISE, Ratio, Timing, verdict
+from bench.timing import MET, NOT_MEASURED, NOT_MET, WITHIN_NOISE, Ratio, Timing, verdict
 
 # params that describe how a provider ran, not the case: the SDPA backend that ran, and autocast
 # (reference_fp32 is the model without it; the other providers run under bf16 autocast)
