@@ -2,7 +2,10 @@
 
 Two Triton paths:
 - `feed_forward`: `linear_gelu` (GEMM with bias + activation in its epilogue) then a GEMM with
-  bias; it has a backward and serves training.
+  bias; it has a backward and serves training, in which the GEMM for dH = dOut @ W2 makes dPre =
+  dH * act'(pre) in its epilogue (kernels/linear_gelu.py, `_ffn_act_grad_kernel`). In eager mode
+  by the first product's plan (`_PlannedFeedForward`), else by the registered op
+  `fastformer::feed_forward_forward`, whose backward is the same.
 - `feed_forward_fused`: inference only. Each program owns a (BLOCK_M, BLOCK_N) tile of the output
   and streams over d_ff in chunks: it computes act(x @ W1[chunk].T + b1[chunk]) on chip and
   accumulates its product with W2[:, chunk].T, so the (M, d_ff) activation never goes to memory.
@@ -18,8 +21,10 @@ Two Triton paths:
 import torch
 import torch.nn.functional as F
 
+from . import linear_gelu as _linear
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, gemm_tile_warps, switches
+from ._gemm_choice import use_cublas
 from ._layout import rows_view, vector_stride
 from ._runtime import (
     INTERPRET,
@@ -27,9 +32,12 @@ from ._runtime import (
     autocast_inputs,
     autocast_state,
     autograd_apply,
+    call_op,
     cdiv,
     defer_ops,
     dot_precision,
+    eager,
+    eager_twin,
     kept,
     needs_grad,
     next_power_of_2,
@@ -42,11 +50,14 @@ from ._runtime import (
 )
 from .linear_gelu import (
     TORCH_ACTIVATIONS,
+    _activation_backward,
+    _ffn_activation_backward,
+    _linear_gelu_forward,
+    _prefers_cublas,
     apply_activation,
     check_activation,
     check_linear_args,
     make_linear_gelu_plan,
-    run_linear_gelu,
 )
 
 
@@ -293,7 +304,69 @@ def feed_forward(x, w1, b1, w2, b2, *, activation="gelu"):
                 return _planned_feed_forward(x, w1, b1, w2, b2, plan)
             return F.linear(plan.run(x, w1, b1)[0], w2, b2)
     check_feed_forward_args(x, w1, b1, w2, b2, activation)
-    return F.linear(run_linear_gelu(x, w1, b1, activation, "feed_forward"), w2, b2)
+    x, w1, b1, w2, b2 = autocast_inputs(x, w1, b1, w2, b2)
+    require_launchable("feed_forward", x, w1, b1, w2, b2)
+    store_pre = needs_grad(x, w1, b1)
+    keep_h = not store_pre and needs_grad(w2)  # else h is not needed, or its backward writes it again
+    forward = _feed_forward_forward_eager if eager() else _feed_forward_forward_op
+    out, _, _ = forward(rows_view(x), w1, b1, w2, b2, activation, store_pre, keep_h)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _feed_forward_forward(
+    x2: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None,
+    activation: str, store_pre: bool, keep_h: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FFN's forward on (M, d) rows: out = act(x2 @ w1.T + b1) @ w2.T + b2 (linear_gelu's
+    forward, then a cuBLAS product with bias), the pre-activation (M, d_ff) when store_pre (else
+    (0, d_ff)) and the activation h when keep_h (else (0, d_ff)): what the backward reads."""
+    h, pre = _linear_gelu_forward(x2, w1, b1, activation, store_pre)
+    out = torch.mm(h, w2.t()) if b2 is None else torch.addmm(b2, h, w2.t())
+    return out, pre, h if keep_h else h.new_empty(0, h.shape[1])
+
+
+def _setup_context(ctx, inputs, output):
+    x2, w1, _b1, w2, _b2, activation, _store_pre, keep_h = inputs
+    _, pre, h = output
+    ctx.save_for_backward(x2, w1, w2, pre, h)
+    ctx.mark_non_differentiable(pre, h)  # saved for the backward, never differentiated
+    ctx.set_materialize_grads(False)
+    ctx.activation, ctx.keep_h = activation, keep_h
+
+
+def _backward(ctx, dout, _dpre, _dh):
+    """The gradients feed_forward's ordinary path takes: those of _PlannedFeedForward, by the
+    registered ops where a dispatch mode, transform or torch.compile is over the backward."""
+    if dout is None:
+        return (None,) * 8
+    x2, w1, w2, pre, h = ctx.saved_tensors
+    needs_dx, needs_dw1, needs_db1, needs_dw2, needs_db2 = ctx.needs_input_grad[:5]
+    dx = dw1 = db1 = None
+    if needs_dx or needs_dw1 or needs_db1:
+        if pre.numel() == 0 and x2.numel() != 0:
+            raise RuntimeError(
+                "feed_forward: backward through a forward run without gradients (no pre-activation saved)"
+            )
+        write_h = needs_dw2 and not ctx.keep_h
+        if use_cublas(_prefers_cublas(x2, w1, ctx.activation, True)):  # the cuBLAS way: dH by cuBLAS too
+            op, impl, args = _linear._activation_backward_op, _activation_backward, (torch.mm(dout, w2),)
+        else:
+            op, impl, args = _linear._ffn_activation_backward_op, _ffn_activation_backward, (dout, w2)
+        dpre, db1, h_again = call_op(op, impl, *args, pre, ctx.activation, needs_db1, write_h)
+        h = h_again if write_h else h
+        dx = torch.mm(dpre, w1) if needs_dx else None
+        dw1 = torch.mm(dpre.t(), x2) if needs_dw1 else None
+    dw2 = torch.mm(dout.t(), h) if needs_dw2 else None
+    db2 = dout.sum(0) if needs_db2 else None
+    return dx, dw1, db1 if needs_db1 else None, dw2, db2, None, None, None
+
+
+_feed_forward_forward_op = None  # the torch.library op, bound by defer_ops below
+defer_ops(
+    globals(), {"_feed_forward_forward_op": ("feed_forward_forward", _feed_forward_forward)},
+    autograd=(_backward, _setup_context),
+)
+_feed_forward_forward_eager = eager_twin(_feed_forward_forward, _setup_context, _backward)
 
 
 def _make_plan(x, w1, b1, w2, b2, activation, store_pre):
@@ -347,7 +420,7 @@ class _PlannedFeedForward(torch.autograd.Function):
             dout = dout.reshape(-1, dout.shape[-1])
         dx = dw1 = db1 = None
         if needs_dx or needs_dw1 or needs_db1:
-            dpre, db1, h = ctx.plan.activation_grad(torch.mm(dout, w2), pre, needs_db1, needs_dw2 and h2 is None)
+            dpre, db1, h = ctx.plan.ffn_activation_grad(dout, w2, pre, needs_db1, needs_dw2 and h2 is None)
             h2 = h if h2 is None else h2
             if needs_dx:
                 dx = torch.mm(dpre, w1) if ctx.shape is None else torch.mm(dpre, w1).view(ctx.shape)

@@ -5,11 +5,13 @@ The forward is a GEMM whose epilogue adds the bias and applies the activation to
 rounded to the output's dtype (as eager PyTorch's linear then gelu does), so the pre-activation
 never makes a round trip through memory before it. (cuBLASLt,
 Apex and TransformerEngine epilogues offer only the tanh GELU, which is not the tutorial's.) For
-training it also writes the pre-activation; the backward turns dY into dPre = dY * act'(pre) in one
-fused elementwise kernel, which also sums dPre's columns over its slab of rows for db (a second small
-kernel adds the slabs in a fixed order) and, for feed_forward, writes act(pre) again, the same bits
-as the forward's, so that the FFN keeps one (M, d_ff) tensor for its backward where it kept two;
-then dX and dW come from tensor-core GEMMs.
+training it also writes the pre-activation; linear_gelu's backward turns dY into dPre = dY * act'(pre)
+in one fused elementwise kernel, which also sums dPre's columns over its slab of rows for db (a
+second small kernel adds the slabs in a fixed order); then dX and dW come from tensor-core GEMMs.
+The FFN's backward (kernels/feed_forward.py) makes dPre where dY is made: `_ffn_act_grad_kernel`
+is the GEMM dH = dOut @ W2 with dPre = dH * act'(pre), db's column partials and act(pre) again
+(the same bits as the forward's, so that the FFN keeps one (M, d_ff) tensor for its backward where
+it kept two) in its epilogue, so dH never goes to memory.
 ReLU serves the models that use it (Aladdin Persson's seq2seq Transformer, the TensorFlow/Keras
 tutorial's) through the same kernels.
 
@@ -103,6 +105,14 @@ def apply_activation(a, ACTIVATION: tl.constexpr):
     if ACTIVATION == "relu":
         return tl.maximum(a, 0.0)
     return 0.5 * a * (1.0 + tl.erf(a * SQRT1_2))
+
+
+@triton.jit
+def activation_derivative(a, ACTIVATION: tl.constexpr):
+    """act'(a) in fp32 for ACTIVATION "gelu" (exact erf): Phi(a) + a * phi(a), or "relu": [a > 0]."""
+    if ACTIVATION == "relu":
+        return tl.where(a > 0.0, 1.0, 0.0)
+    return 0.5 * (1.0 + tl.erf(a * SQRT1_2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
 
 
 # The rows M bound masks only (the offsets of a row take their alignment from the strides), and
@@ -235,8 +245,7 @@ def _activation_grad_kernel(
     activation act(pre) again, which the forward wrote from the same PRE, so the same bits: a
     backward that needs it (the FFN's second product's weight gradient) reads PRE where the forward
     would have saved both. The slab's rows are loaded two steps ahead (a loop without a dot is
-    pipelined only when asked).
-    GELU'(a) = Phi(a) + a * phi(a); ReLU'(a) = [a > 0].
+    pipelined only when asked). The derivative: activation_derivative.
     Grid: (cdiv(M, rows_per_program), cdiv(N, BLOCK_N)). Launched by _activation_backward.
 
     Args:
@@ -268,11 +277,7 @@ def _activation_grad_kernel(
         ok = (i + tl.arange(0, BLOCK_M) < n_mine)[:, None] & col_ok[None, :]
         dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         a = tl.load(PRE + rows[:, None] * stride_pre + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        if ACTIVATION == "relu":
-            grad = tl.where(a > 0.0, 1.0, 0.0)
-        else:
-            grad = 0.5 * (1.0 + tl.erf(a * SQRT1_2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
-        dpre = (dy * grad).to(DPRE.dtype.element_ty)
+        dpre = (dy * activation_derivative(a, ACTIVATION)).to(DPRE.dtype.element_ty)
         tl.store(DPRE + rows[:, None] * stride_dpre + cols[None, :], dpre, mask=ok)
         if WRITE_H:
             h = apply_activation(a, ACTIVATION).to(H.dtype.element_ty)
@@ -281,6 +286,103 @@ def _activation_grad_kernel(
             db += dpre.to(tl.float32)  # masked elements are 0
     if BIAS_GRAD:
         tl.store(DB_PARTIAL + pid_m * N + cols, tl.sum(db, 0), mask=col_ok)
+
+
+# The rows M bound masks only, and M_BUCKET only keys the configs (as the forward GEMM's).
+@triton.jit(do_not_specialize=["M", "M_BUCKET"])
+def _ffn_act_grad_kernel(
+    DOUT, W2, PRE, DPRE, DB_PARTIAL, H,
+    stride_dm, stride_wk, stride_wn, stride_pm, stride_dpm, stride_hm,
+    M, N, K,
+    M_BUCKET,  # config key only
+    ACTIVATION: tl.constexpr, BIAS_GRAD: tl.constexpr, WRITE_H: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PARTIAL_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
+):
+    """The FFN's activation gradient in the epilogue of the GEMM that makes it: one (BLOCK_M, BLOCK_N)
+    tile of dPre = (dOut @ W2) * act'(pre), where the product dH = dOut @ W2 is rounded to dPre's
+    dtype first (as torch.mm's result would be before the activation's backward reads it), so dH
+    never goes to memory; (WRITE_H) act(pre) again, the forward's bits, for W2's gradient; and
+    (BIAS_GRAD) the tile's column sums of dPre as stored, for db1. Grid: cdiv(M, BLOCK_M) *
+    cdiv(N, BLOCK_N) programs on one axis, in grouped order. Launched by _ffn_activation_backward
+    and LinearGeluPlan.ffn_activation_grad.
+
+    Args:
+        DOUT: (M, K) the gradient of the FFN's output, fp16, bf16 or fp32, unit column stride.
+        W2: (K, N) the second product's weight in DOUT's dtype, nn.Linear layout (d, d_ff), any
+            strides (a Conv1d weight's view).
+        PRE: (M, N) the forward's pre-activation, unit column stride.
+        DPRE: (M, N) output in PRE's dtype, unit column stride.
+        DB_PARTIAL: (cdiv(M, PARTIAL_ROWS), N) fp32, contiguous, output: a program's column sums in
+            row pid_m * (BLOCK_M // PARTIAL_ROWS), zeros in the rows after it that its tile covers
+            (so that the sum over the rows, in their order, is db1 whatever BLOCK_M the config
+            has); None when BIAS_GRAD is off.
+        H: (M, N) output in PRE's dtype, unit column stride: act(pre); None when WRITE_H is off.
+        stride_dm: DOUT's row stride in elements.
+        stride_wk, stride_wn: W2's strides in elements (row k of d, column n of d_ff).
+        stride_pm, stride_dpm, stride_hm: the row strides in elements of PRE, DPRE and H (0 when absent).
+        M: rows; bounds the masks only, not specialized (it changes with every batch).
+        N, K: d_ff and d.
+        M_BUCKET: next_power_of_2(M): a key of the config choice only, unused by the code, not specialized.
+        ACTIVATION: "gelu" (exact erf) or "relu": which derivative (activation_derivative).
+        BIAS_GRAD: DB_PARTIAL is written (b1 needs a gradient).
+        WRITE_H: H is written.
+        DOT_PRECISION: tl.dot's input_precision, "ieee" or "tf32" (dot_precision; it matters for fp32 only).
+        PARTIAL_ROWS: rows of DOUT per row of DB_PARTIAL: the smallest BLOCK_M of the configs, which
+            divides every BLOCK_M.
+        BLOCK_M, BLOCK_N: the output tile.
+        BLOCK_K: the step of the loop over K.
+        GROUP_M: row blocks that take each column block of W2 in turn, while it is in L2.
+        TMA: DOUT and W2 tiles load through tensor descriptors made per program (kernels/_tma.py:
+            unit column strides, 16-byte aligned bases and row strides), else through pointers.
+    """
+    pid = tl.program_id(0)
+    n_m_blocks = tl.cdiv(M, BLOCK_M)
+    n_n_blocks = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * n_n_blocks)
+    first_m = group * GROUP_M
+    group_size = tl.minimum(n_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * n_n_blocks)) % group_size
+    pid_n = (pid % (GROUP_M * n_n_blocks)) // group_size
+
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if TMA:  # tiles past M, N or K read as zeros, as the masked loads below
+        d_desc = tl.make_tensor_descriptor(DOUT, shape=[M, K], strides=[stride_dm, 1], block_shape=[BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(W2, shape=[K, N], strides=[stride_wk, 1], block_shape=[BLOCK_K, BLOCK_N])
+    for k in range(0, K, BLOCK_K):
+        # (BLOCK_M, BLOCK_K) of dOut and (BLOCK_K, BLOCK_N) of W2
+        if TMA:
+            a = d_desc.load([pid_m * BLOCK_M, k])
+            b = w_desc.load([k, pid_n * BLOCK_N])
+        else:
+            ks = k + offs_k
+            a = tl.load(DOUT + offs_m[:, None] * stride_dm + ks[None, :],
+                        mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
+            b = tl.load(
+                W2 + ks[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                mask=(ks[:, None] < K) & (offs_n[None, :] < N),
+                other=0.0,
+            )
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    dh = acc.to(DPRE.dtype.element_ty).to(tl.float32)  # rows and columns past the ends are 0
+    a = tl.load(PRE + offs_m[:, None] * stride_pm + offs_n[None, :], mask=out_mask, other=0.0).to(tl.float32)
+    dpre = (dh * activation_derivative(a, ACTIVATION)).to(DPRE.dtype.element_ty)
+    tl.store(DPRE + offs_m[:, None] * stride_dpm + offs_n[None, :], dpre, mask=out_mask)
+    if WRITE_H:
+        h = apply_activation(a, ACTIVATION).to(H.dtype.element_ty)
+        tl.store(H + offs_m[:, None] * stride_hm + offs_n[None, :], h, mask=out_mask)
+    if BIAS_GRAD:
+        col_ok = offs_n < N
+        first = pid_m * (BLOCK_M // PARTIAL_ROWS)
+        tl.store(DB_PARTIAL + first * N + offs_n, tl.sum(dpre.to(tl.float32), 0), mask=col_ok)
+        for j in tl.static_range(1, BLOCK_M // PARTIAL_ROWS):
+            row = (first + j).to(tl.int64)
+            tl.store(DB_PARTIAL + row * N + offs_n, tl.zeros([BLOCK_N], dtype=tl.float32),
+                     mask=col_ok & (row * PARTIAL_ROWS + tl.zeros([BLOCK_N], dtype=tl.int64) < M))
 
 
 _linear_gelu_fwd = Configs(
@@ -303,6 +405,17 @@ _activation_fwd = Configs(
 # otherwise): not until a GPU has timed both (python -m tools.sweep), so the Triton GEMM, which
 # moves M * N elements less with the pre-activation kept and 2 * M * N without (docs/kernels.md).
 PREFERS_CUBLAS = False
+# The FFN's dH GEMM with the activation gradient in its epilogue: the forward GEMM's configs and rule
+# (its N is d_ff, its K is d). Its db1 partial sums go one row per PARTIAL_ROWS rows, the smallest
+# BLOCK_M of the configs, so that the partials' buffer is sized before a config is picked (or while
+# the autotuner picks one per call).
+_ffn_act_grad = Configs(
+    _ffn_act_grad_kernel, "ffn activation gradient", _gemm_candidates(),
+    ["M_BUCKET", "N", "K", "ACTIVATION", "BIAS_GRAD", "WRITE_H", "DOT_PRECISION", "TMA"],
+    _gemm_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
+    tma_bases=("DOUT", "W2"),
+)
+PARTIAL_ROWS = 16 if INTERPRET else min(meta["BLOCK_M"] for meta, _, _ in _ffn_act_grad.candidates)
 
 
 def _forward_outputs(x2, N, store_pre):
@@ -387,14 +500,15 @@ def _linear_gelu_forward(
     return y, pre
 
 
-def _activation_outputs(pre, bias_grad, write_h):
-    """Empty dpre (pre's shape and dtype), the fp32 partial sums of its columns (None without
-    bias_grad), db ((N,), or (0,) without bias_grad) and h (pre's shape, or (0, N) without write_h)."""
+def _activation_outputs(pre, bias_grad, write_h, rows_per_partial=GRAD_ROWS_PER_PROGRAM):
+    """Empty dpre (pre's shape and dtype), the fp32 partial sums of its columns, a row per
+    rows_per_partial rows (None without bias_grad), db ((N,), or (0,) without bias_grad) and h
+    (pre's shape, or (0, N) without write_h)."""
     M, N = pre.shape
     dpre = torch.empty_like(pre)
     partial = None
     if bias_grad:
-        partial = torch.empty(cdiv(M, GRAD_ROWS_PER_PROGRAM), N, dtype=torch.float32, device=pre.device)
+        partial = torch.empty(cdiv(M, rows_per_partial), N, dtype=torch.float32, device=pre.device)
     db = torch.empty(N if bias_grad else 0, dtype=pre.dtype, device=pre.device)
     return dpre, partial, db, torch.empty(M if write_h else 0, N, dtype=pre.dtype, device=pre.device)
 
@@ -426,17 +540,52 @@ def _activation_backward(
     dy = last_dim_contiguous(dy)
     dpre, partial, db, h = _activation_outputs(pre, bias_grad, write_h)
     launches = _activation_launches(dy, pre, dpre, partial, db, h, activation, bias_grad, write_h)
-    if compiling_only() and not write_h:
-        # a warm-up (fastformer.train.warmup) runs the ops' ordinary paths, which never write h; the
-        # planned FFN's backward does: compile that form too, or the first real step would
-        _, _, _, h_too = _activation_outputs(pre, False, True)
-        launches.append(_activation_launches(dy, pre, dpre, partial, db, h_too, activation, bias_grad, True)[0])
     for kernel, grid, args, kwargs in launches:
         launch(kernel)[grid](*args, **kwargs)
     return dpre, db, h
 
 
-_linear_gelu_forward_op = _activation_backward_op = None  # the torch.library ops, bound by defer_ops below
+def _ffn_act_grad_launches(dout, w2, pre, dpre, partial, db, h, activation, bias_grad, write_h):
+    """[(kernel, grid, args, kwargs)] of the FFN's activation gradient by the dH GEMM: the GEMM with
+    its epilogue (which writes h with write_h), then (with bias_grad) the sum of its partials into
+    db. dout has a unit last stride."""
+    M, N = pre.shape
+    K = dout.shape[1]
+    args = (
+        dout, w2, pre, dpre, partial, h if write_h else None,
+        dout.stride(0), w2.stride(0), w2.stride(1), pre.stride(0), dpre.stride(0), h.stride(0) if write_h else 0,
+        M, N, K, next_power_of_2(M),
+    )  # fmt: skip
+    kwargs = {
+        "ACTIVATION": activation, "BIAS_GRAD": bias_grad, "WRITE_H": write_h,
+        "DOT_PRECISION": dot_precision(dout.dtype), "PARTIAL_ROWS": PARTIAL_ROWS,
+    }  # fmt: skip
+    # a dOut whose rows are one row repeated (stride 0) reads through pointers: a descriptor's strides are not 0
+    rule = _ffn_act_grad.prefers_tma(args, kwargs, PREFERS_TMA)
+    kwargs["TMA"] = dout.stride(0) != 0 and use_tma(rule, dout, w2)
+    grid = lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
+    gemm = (_ffn_act_grad, grid, args, kwargs)
+    return [gemm, (_sum_partials_kernel, *sum_partials_launch(partial, db))] if bias_grad else [gemm]
+
+
+def _ffn_activation_backward(
+    dout: torch.Tensor, w2: torch.Tensor, pre: torch.Tensor, activation: str, bias_grad: bool, write_h: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The FFN's backward through its activation: dPre = (dout @ w2) * act'(pre) for (M, d) dout,
+    (d, d_ff) w2 and (M, d_ff) pre, (bias_grad) db1 = dPre summed over rows, in pre's dtype (else an
+    empty (0,) tensor), and (write_h) act(pre), the forward's activation again (else an empty
+    (0, d_ff) tensor): the dH GEMM with its epilogue, and the sum of its partials."""
+    dout = last_dim_contiguous(dout)
+    dpre, partial, db, h = _activation_outputs(pre, bias_grad, write_h, PARTIAL_ROWS)
+    for kernel, grid, args, kwargs in _ffn_act_grad_launches(
+        dout, w2, pre, dpre, partial, db, h, activation, bias_grad, write_h
+    ):
+        (kernel if isinstance(kernel, Configs) else launch(kernel))[grid](*args, **kwargs)
+    return dpre, db, h
+
+
+# the torch.library ops, bound by defer_ops below
+_linear_gelu_forward_op = _activation_backward_op = _ffn_activation_backward_op = None
 
 
 def _setup_context(ctx, inputs, output):
@@ -467,6 +616,7 @@ defer_ops(
     {
         "_linear_gelu_forward_op": ("linear_gelu_forward", _linear_gelu_forward),
         "_activation_backward_op": ("activation_backward", _activation_backward),
+        "_ffn_activation_backward_op": ("ffn_activation_backward", _ffn_activation_backward),
     },
     autograd=(_backward, _setup_context),
 )
@@ -548,6 +698,33 @@ class LinearGeluPlan(Plan):
     def _activation_launches(self, dy, pre, dpre, partial, db, h, bias_grad, write_h):
         launches = _activation_launches(dy, pre, dpre, partial, db, h, self.activation, bias_grad, write_h)
         return [PreparedLaunch(*launch) for launch in launches]
+
+    def ffn_activation_grad(self, dout, w2, pre, bias_grad, write_h):
+        """dpre, db and (write_h) h of the FFN's backward through this plan's activation, given the
+        gradient of the FFN's output and its second weight: where the forward's product runs by
+        cuBLAS, dH by cuBLAS too and then activation_grad; else by the dH GEMM with the activation
+        gradient in its epilogue (_ffn_act_grad_kernel), by prepared launches, or when a dispatch
+        mode or transform is over the backward, through the registered op, which it sees."""
+        if self.cublas:
+            return self.activation_grad(torch.mm(dout, w2), pre, bias_grad, write_h)
+        if not planning():
+            return _ffn_activation_backward_op(dout, w2, pre, self.activation, bias_grad, write_h)
+        dout = last_dim_contiguous(dout)
+        dpre, partial, db, h = _activation_outputs(pre, bias_grad, write_h, PARTIAL_ROWS)
+        key = ("ffn", dout.stride(), w2.stride(), dout.dtype, bias_grad, write_h)
+        launches = kept(
+            self.backwards, key, self._ffn_act_grad_launches, dout, w2, pre, dpre, partial, db, h, bias_grad, write_h
+        )
+        launches[0](dout, w2, pre, dpre, partial, h if write_h else None)
+        if bias_grad:
+            launches[1](partial, db)
+        return dpre, db, h
+
+    def _ffn_act_grad_launches(self, dout, w2, pre, dpre, partial, db, h, bias_grad, write_h):
+        (gemm, *grid_args), *rest = _ffn_act_grad_launches(
+            dout, w2, pre, dpre, partial, db, h, self.activation, bias_grad, write_h
+        )
+        return [gemm.prepare(*grid_args)] + [PreparedLaunch(*launch) for launch in rest]
 
 
 class _PlannedLinearGelu(torch.autograd.Function):

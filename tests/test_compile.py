@@ -41,17 +41,18 @@ def results(tmp_path_factory):
     return {(r["model"], r.get("backend", r.get("loop"))): r for r in found}
 
 
-# the kernels a train step of each model launches: attention both ways, the FFN, add + LayerNorm
+# the kernels a train step of each model launches: attention both ways, the FFN both ways (its
+# backward's dH GEMM with the activation gradient), add + LayerNorm
 KERNELS = {
     "movie": {
         "_attn_fwd_kernel",
         "_attn_bwd_kernel",
         "_linear_gelu_fwd_kernel",
-        "_activation_grad_kernel",
+        "_ffn_act_grad_kernel",
         "_add_ln_fwd_kernel",
         "_add_ln_bwd_kernel",
     },
-    "seq2seq": {"_attn_fwd_kernel", "_attn_bwd_kernel", "_linear_gelu_fwd_kernel", "_activation_grad_kernel"},
+    "seq2seq": {"_attn_fwd_kernel", "_attn_bwd_kernel", "_linear_gelu_fwd_kernel", "_ffn_act_grad_kernel"},
 }
 
 

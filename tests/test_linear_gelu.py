@@ -1,6 +1,7 @@
 """The Triton linear + activation kernel (`linear_gelu`, GELU or ReLU) and the FFN built
 on it, against fp64 references."""
 
+import contextlib
 import functools
 import importlib
 import itertools
@@ -315,3 +316,193 @@ def test_feed_forward_checks_its_arguments_once(monkeypatch, device):
     for op in (kernels.feed_forward, kernels.feed_forward_fused):
         with pytest.raises(ValueError, match="activation must be one of"):
             op(x, w1, b1, w2, b2, activation="tanh")
+
+
+# ----------------------------------------------------------------------------------------------
+# The FFN's backward through its activation: the dH GEMM with dPre in its epilogue
+# ----------------------------------------------------------------------------------------------
+def ffn_backward_inputs(M, d, d_ff, device, seed=3):
+    """dout (M, d), w2 (d, d_ff) and pre (M, d_ff) in fp64, scaled as the FFN's backward sees them."""
+    g = torch.Generator().manual_seed(seed)
+    dout = torch.randn(M, d, generator=g, dtype=torch.float64)
+    w2 = torch.randn(d, d_ff, generator=g, dtype=torch.float64) / d_ff**0.5
+    pre = torch.randn(M, d_ff, generator=g, dtype=torch.float64) * 2
+    return [t.to(device) for t in (dout, w2, pre)]
+
+
+def ffn_backward_reference(dout, w2, pre, activation):
+    """dPre, db1 and h by PyTorch: dH = dout @ w2 in the inputs' dtype, then the activation's backward."""
+    pre = pre.detach().requires_grad_()
+    h = TORCH_ACTIVATIONS[activation](pre)
+    (dpre,) = torch.autograd.grad(h, pre, dout @ w2)
+    return dpre, dpre.sum(0), h.detach()
+
+
+TORCH_ACTIVATIONS = {"gelu": torch.nn.functional.gelu, "relu": torch.nn.functional.relu}
+
+
+def ffn_activation_backward(*args):
+    return torch.ops.fastformer.ffn_activation_backward(*args)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("dtype, atol", [FP32, FP16, BF16])
+@pytest.mark.parametrize("M, d, d_ff", [(1, 32, 48), (37, 24, 40), (64, 16, 96)])
+def test_ffn_activation_backward_parity(M, d, d_ff, dtype, atol, activation, device):
+    """dPre, db1 and h again of the fused kernel by the parity rule, for one row, rows and widths
+    that are not block multiples, and whole blocks."""
+    inputs = ffn_backward_inputs(M, d, d_ff, device)
+    reference = ffn_backward_reference(*inputs, activation)
+    low = [t.to(dtype) for t in inputs]
+    torch_same = ffn_backward_reference(*low, activation)
+    ours = ffn_activation_backward(*low, activation, True, True)
+    for name, a, r, t in zip(("dpre", "db1", "h"), ours, reference, torch_same):
+        assert a.dtype == dtype, name
+        assert_within_torch_error(name, a, r, t, atol)
+
+
+@pytest.mark.parametrize("layout", ["padded_rows", "expanded", "conv1d_weight", "transposed_weight", "padded_pre"])
+def test_ffn_activation_backward_reads_every_argument_as_laid_out(layout, device):
+    """dOut with rows further apart than their length or one row repeated (stride 0), w2 as a Conv1d
+    weight's view or a transposed copy, pre with padded rows: the result of contiguous copies."""
+    dout, w2, pre = (t.half() for t in ffn_backward_inputs(40, 32, 48, device))
+    if layout == "padded_rows":
+        dout = torch.cat([dout, torch.ones_like(dout[:, :5])], 1)[:, :32]
+    elif layout == "expanded":
+        dout = dout[:1].expand(40, 32)
+    elif layout == "conv1d_weight":
+        w2 = w2.unsqueeze(-1).contiguous().squeeze(-1)
+    elif layout == "transposed_weight":
+        w2 = w2.t().contiguous().t()
+    else:
+        pre = torch.cat([pre, torch.zeros_like(pre[:, :3])], 1)[:, :48]
+    got = ffn_activation_backward(dout, w2, pre, "gelu", True, True)
+    expected = ffn_activation_backward(dout.contiguous(), w2.contiguous(), pre.contiguous(), "gelu", True, True)
+    for name, a, e in zip(("dpre", "db1", "h"), got, expected):
+        assert torch.equal(a, e), name
+
+
+def test_ffn_activation_backward_sums_db1_in_rows_of_partials_whatever_the_tile(monkeypatch, device):
+    """A config whose tiles are taller than a row of partial sums (PARTIAL_ROWS) writes its column
+    sums in its first row and zeros in the others it covers, the last tile's past M masked off:
+    db1 as the one-row-a-tile config gives it, within rounding, and dPre and h bit for bit."""
+    linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")
+    if not INTERPRET:
+        pytest.skip("the interpreter's config is patched; a GPU runs its configs' own tiles")
+    dout, w2, pre = (t.float() for t in ffn_backward_inputs(37, 32, 48, device))
+    one_row = ffn_activation_backward(dout, w2, pre, "gelu", True, True)
+    tall = dict(linear_gelu._ffn_act_grad.interpreter_meta, BLOCK_M=4 * linear_gelu.PARTIAL_ROWS)
+    monkeypatch.setattr(linear_gelu._ffn_act_grad, "interpreter_meta", tall)
+    taller = ffn_activation_backward(dout, w2, pre, "gelu", True, True)
+    assert torch.equal(taller[0], one_row[0]) and torch.equal(taller[2], one_row[2])
+    torch.testing.assert_close(taller[1], one_row[1], rtol=1e-6, atol=1e-6)
+    reference = ffn_backward_reference(*(t.double() for t in (dout, w2, pre)), "gelu")[1]
+    torch.testing.assert_close(taller[1].double(), reference, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("M", [0, 1])
+def test_ffn_activation_backward_of_no_rows_and_one_row(M, device):
+    dout, w2, pre = (t.float() for t in ffn_backward_inputs(M, 16, 32, device))
+    dpre, db1, h = ffn_activation_backward(dout, w2, pre, "relu", True, True)
+    expected = ffn_backward_reference(dout, w2, pre, "relu")
+    for name, a, e in zip(("dpre", "db1", "h"), (dpre, db1, h), expected):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5, msg=name)
+    assert db1.shape == (32,) and (M or torch.equal(db1, torch.zeros(32, device=device)))
+
+
+def test_ffn_activation_backward_deterministic_and_optional_outputs(device):
+    dout, w2, pre = (t.half() for t in ffn_backward_inputs(70, 32, 48, device))
+    first, second = (ffn_activation_backward(dout, w2, pre, "gelu", True, True) for _ in range(2))
+    for name, a, b in zip(("dpre", "db1", "h"), first, second):
+        assert torch.equal(a, b), name
+    dpre, db1, h = ffn_activation_backward(dout, w2, pre, "gelu", False, False)
+    assert torch.equal(dpre, first[0]) and db1.shape == (0,) and h.shape == (0, 48)
+
+
+def test_ffn_activation_backward_op_schema(device):
+    dout, w2, pre = (t.float() for t in ffn_backward_inputs(6, 16, 32, device))
+    torch.library.opcheck(
+        torch.ops.fastformer.ffn_activation_backward.default, (dout, w2, pre, "gelu", True, True),
+        test_utils=("test_schema",),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("trained", ["all", "frozen b1", "frozen w2", "x only", "w2 only"])
+def test_ffn_backward_takes_dpre_from_the_dh_gemm_epilogue(trained, device):
+    """The FFN's backward makes dPre (and h again for dW2, and db1's partials) in the dH GEMM's
+    epilogue: no activation-gradient pass, no product for dH; a frozen b1 gets no reduction, a
+    frozen weight no product, and an FFN whose first product needs no gradient keeps h."""
+    x, w1, b1, w2, b2 = (t.half() for t in make_inputs((37, 32), [32, 48, 32], device))
+    x.requires_grad_(trained != "w2 only")
+    w1.requires_grad_(trained in ("all", "frozen b1", "frozen w2"))
+    b1.requires_grad_(trained in ("all", "frozen w2"))
+    w2.requires_grad_(trained not in ("frozen w2", "x only"))
+    y = kernels.feed_forward(x, w1, b1, w2, b2)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y)
+    counts = kernels_of(lambda: y.backward(dy))
+    first = trained != "w2 only"
+    products = {"all": 3, "frozen b1": 3, "frozen w2": 2, "x only": 1, "w2 only": 1}[trained]
+    expected = {"aten.mm": products}
+    if first:
+        expected["triton._ffn_act_grad_kernel"] = 1
+    if b1.requires_grad:
+        expected["triton._sum_partials_kernel"] = 1
+    assert counts == expected
+    for t in (x, w1, b1, w2):
+        assert (t.grad is None) == (not t.requires_grad)
+
+
+def test_feed_forward_op_schema_and_autograd(device):
+    x, w1, b1, w2, b2 = (t.float().requires_grad_() for t in make_inputs((6, 32), [32, 16, 32], device))
+    for store_pre, keep_h in ((True, False), (False, True)):
+        torch.library.opcheck(
+            torch.ops.fastformer.feed_forward_forward.default, (x, w1, b1, w2, b2, "gelu", store_pre, keep_h),
+            test_utils=("test_schema", "test_autograd_registration"),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("trained", ["all", "w2 only"])
+def test_feed_forward_registered_op_gives_the_plans_bits(trained, device):
+    """Under a dispatch mode (as tools.launches counts, and as fake tensors and torch.compile see
+    it) feed_forward runs its registered op, whose backward is the plan's: the same kernels and
+    configs, so the same output and gradients bit for bit, h kept or written again."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    inputs = make_inputs((2, 19, 32), [32, 48, 32], device)
+
+    def run_ffn(mode):
+        leaves = [t.detach().half().clone() for t in inputs]
+        for i, t in enumerate(leaves):
+            t.requires_grad_(trained == "all" or i == 3)
+        with mode:
+            y = kernels.feed_forward(*leaves)
+            y.backward(torch.ones_like(y))
+        return [y.detach()] + [t.grad for t in leaves if t.requires_grad]
+
+    planned, registered = run_ffn(contextlib.nullcontext()), run_ffn(PassThrough())
+    assert len(planned) == len(registered)
+    for i, (a, b) in enumerate(zip(planned, registered)):
+        assert torch.equal(a, b), i
+
+
+def test_planned_feed_forward_backward_prepares_the_dh_gemm_not_the_activation_pass(monkeypatch, device):
+    """In eager mode the plan's backward prepares the dH GEMM's launches, never the activation
+    gradient pass's (the tests make a plan's launches again on every call: FASTFORMER_CHECK_PLANS)."""
+    linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")
+    prepared = []
+    for name in ("_ffn_act_grad_launches", "_activation_launches"):
+        original = getattr(linear_gelu.LinearGeluPlan, name)
+
+        def recorded(self, *args, _name=name, _original=original):
+            prepared.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(linear_gelu.LinearGeluPlan, name, recorded)
+    inputs = [t.half().requires_grad_() for t in make_inputs((23, 32), [32, 80, 32], device, seed=11)]
+    for _ in range(2):
+        kernels.feed_forward(*inputs).sum().backward()
+    assert prepared and set(prepared) == {"_ffn_act_grad_launches"}

@@ -124,3 +124,20 @@ def test_a_quick_count_sees_the_kernels_tools_launches_counts(quick):
     replayed = ours["train_replayed"]["by_phase"]["optimizer"]["kernels"]
     assert replayed > step["by_phase"]["optimizer"]["kernels"]  # foreach: ops x chunks, against fused's few
     assert "| fastformer | train, replayed |" in stdout
+
+
+def test_the_ffn_op_makes_dpre_in_the_dh_gemm_and_moves_no_dh(quick):
+    """The FFN op alone: its backward is the dH GEMM with the activation gradient in its epilogue
+    (no activation-gradient pass, no product for dH: three products, for dX, dW1 and dW2), whose
+    first-touch bytes are dOut, W2, pre, dPre, h and db1's partials, and no dH."""
+    report, stdout = quick
+    op = report["ops"]["feed_forward"]
+    M, d, d_ff = op["M"], op["d"], op["d_ff"]
+    kernels = {(k["kernel"], k["phase"]): k for k in op["largest"]}
+    assert ("triton._activation_grad_kernel", "backward") not in kernels
+    assert kernels["aten.mm", "backward"]["kernels"] == 3
+    fused = kernels["triton._ffn_act_grad_kernel", "backward"]
+    partial_rows = -(-M // 64) * d_ff * 4  # fp32, a row per 64 rows (linear_gelu.PARTIAL_ROWS on sm_90a)
+    assert fused["kernels"] == 1 and fused["bytes"] == 2 * (M * d + d * d_ff + 3 * M * d_ff) + partial_rows
+    assert fused["flops"] == 2 * M * d * d_ff
+    assert "### feed_forward, forward + backward, alone" in stdout

@@ -94,9 +94,10 @@ def _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk,
 
 def ffn_case(dtype, activation, train, d, d_ff, M, tma=False, autotune=True, cublas=False):
     """The model's FFN: Conv1d weights (out, in, 1) read as (out, in) views; training stores the
-    pre-activation and runs the activation-gradient kernel as the FFN's backward does (the
-    activation written again for the second product's weight gradient) and as linear_gelu's does
-    (not); inference also runs the fused FFN. The first product by the Triton GEMM, or (`cublas`)
+    pre-activation and runs the FFN's backward through it (the dH GEMM with the activation gradient
+    in its epilogue) and linear_gelu's (the activation-gradient kernel), each with the activation
+    written again (for the second product's weight gradient) and without; inference also runs the
+    fused FFN. The first product by the Triton GEMM, or (`cublas`)
     by cuBLAS and the activation kernel (kernels/_gemm_choice.py), that forward alone (the
     backward and the fused FFN are the other cases'), under kernels.compile_only: cuBLAS has no
     kernel to compile, and no record needs its product, which would run on these CPU tensors.
@@ -131,6 +132,14 @@ def _ffn_launches(linear_gelu, feed_forward, dtype, activation, train, d, d_ff, 
     if cublas:
         return
     if train:
+        # the FFN's backward (the dH GEMM with the activation gradient in its epilogue) with h written
+        # again, as the model's, and without (a frozen W2) in the rule's config only: one store less
+        # in the epilogue; and linear_gelu's (the activation-gradient kernel, one config) both ways
+        kernels = _module("fastformer.kernels")
+        dout = torch.zeros(M, d, dtype=t)
+        linear_gelu._ffn_activation_backward_op(dout, w2, pre, activation, True, True)
+        with kernels.autotuning(False):
+            linear_gelu._ffn_activation_backward_op(dout, w2, pre, activation, True, False)
         for write_h in (True, False):
             linear_gelu._activation_backward_op(torch.zeros_like(pre), pre, activation, True, write_h)
     else:

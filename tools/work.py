@@ -30,6 +30,10 @@ each aten op, Triton's launches are hooked), with:
   step's capturable foreach AdamW (fastformer.train.graphs), its _foreach ops counted per CUDA
   launch (multi_tensor_apply's chunks: foreach_launches) on fake CUDA tensors.
 
+And the FFN op alone (FFN_OP: M 32768 rows, d 256, d_ff 1024, bf16, the shape of the kernel
+review's roofline), its forward and backward with every gradient, kernel by kernel: the cut of
+the FFN's backward is counted there (docs/launches.md).
+
 How: under tools.sm90's dry-run sm_90a driver, so the Triton kernels compile for Hopper and launch
 nothing, with PyTorch's matrix products uncomputed (tools.sm90.no_matmuls): every shape, stride and
 mask is the step's own, no value but the token ids and masks is. Written to tools/results/work.json
@@ -261,7 +265,7 @@ def _foreach_bytes(name, lists, outputs):
 
 def triton_gemm_flops(name, named):
     """FLOPs of the Triton GEMMs (2 M N K; the fused FFN's two products), 0 for the other kernels."""
-    if name == "_linear_gelu_fwd_kernel":
+    if name in ("_linear_gelu_fwd_kernel", "_ffn_act_grad_kernel"):  # the FFN's dH GEMM: M d_ff d
         return 2 * named["M"] * named["N"] * named["K"]
     if name == "_ffn_fused_fwd_kernel":
         return 2 * named["M"] * named["N"] * named["K"] * 2
@@ -376,6 +380,46 @@ def _step(model, step, labels, enc, dec, amp, counter):
         phase("backward")
         loss.backward()
         model.zero_grad(set_to_none=True)
+
+
+# the FFN op on its own at the shape the kernel review's roofline takes (M rows of d_hidn 256, d_ff 1024)
+FFN_OP = {"M": 32768, "d": 256, "d_ff": 1024, "dtype": "bf16"}
+FFN_OP_QUICK = {"M": 256, "d": 64, "d_ff": 128, "dtype": "bf16"}
+
+
+def count_ffn_op(M, d, d_ff, dtype):
+    """[Kernel] of kernels.feed_forward's forward and backward (GELU, every input needing its
+    gradient, the weights as the model's Conv1d views) on (M, d) rows, as the training step calls
+    it, under the dry-run driver: counted after one uncounted call."""
+    import torch
+
+    from fastformer import kernels
+    from tools import sm90
+    from tools.launches import counting
+
+    t = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    x = torch.zeros(M, d, dtype=t, requires_grad=True)
+    w1 = torch.zeros(d_ff, d, 1, dtype=t).squeeze(-1).requires_grad_()
+    w2 = torch.zeros(d, d_ff, 1, dtype=t).squeeze(-1).requires_grad_()
+    b1, b2 = (torch.zeros(n, dtype=t, requires_grad=True) for n in (d_ff, d))
+    dout = torch.zeros(M, d, dtype=t)
+
+    def step(counter):
+        for t in (x, w1, b1, w2, b2):
+            t.grad = None  # as a step's zero_grad(set_to_none=True): no gradient accumulates
+        if counter is not None:
+            counter.phase = "forward"
+        y = kernels.feed_forward(x, w1, b1, w2, b2)
+        if counter is not None:
+            counter.phase = "backward"
+        y.backward(dout)
+
+    with sm90.no_matmuls():
+        step(None)
+        counter = _work_counter("cpu")
+        with counting("cpu", counter):
+            step(counter)
+    return counter.records
 
 
 def count_optimizers(config):
@@ -500,6 +544,9 @@ def measure(workloads, providers=PROVIDERS, quick=False, rotten_tomatoes=None, p
                 "infer": summarize(steps["infer"], None, real["infer"]),
             }
         report["workloads"][name] = entry
+    shape = FFN_OP_QUICK if quick else FFN_OP
+    progress(f"work: the FFN op at {shape}")
+    report["ops"] = {"feed_forward": {**shape, **summarize([(1, count_ffn_op(**shape))], None, 0.0)}}
     return report
 
 
@@ -534,6 +581,23 @@ def tables(report):
                     f"{k['bound_ms']:.3f} |"
                 )
         out.append("")
+    for name, op in report.get("ops", {}).items():
+        out += [
+            f"### {name}, forward + backward, alone: M {op['M']}, d {op['d']}, d_ff {op['d_ff']}, {op['dtype']}",
+            "",
+            "| kernel | phase | launches | GFLOP | MB | bound ms |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for k in op["largest"]:
+            out.append(
+                f"| {k['kernel']} | {k['phase']} | {k['kernels']:.0f} | {k['flops'] / 1e9:.1f} | "
+                f"{k['bytes'] / 2**20:.0f} | {k['bound_ms']:.3f} |"
+            )
+        out += [
+            f"| all | | {op['kernels']:.0f} | {op['flops'] / 1e9:.1f} | {op['bytes'] / 2**20:.0f} | "
+            f"{op['bound_ms']:.3f} |",
+            "",
+        ]
     return "\n".join(out)
 
 
