@@ -10,6 +10,9 @@ Two ways to compute y = act(x @ W.T + b) for training and inference:
   the activation is written over the pre-activation, in place.
 Both round the pre-activation to the output's dtype before the activation, as eager PyTorch's
 linear then gelu does, so the backward (which reads the pre-activation) is the same for both.
+The FFN's backward makes the same choice for its dH product apart, by the same switch and its own
+rule and table entry (linear_gelu._prefers_cublas_backward): the dH GEMM with the activation
+gradient in its epilogue, or cuBLAS's dH and then the activation-gradient pass.
 
 Which: the choice of `set_ffn_gemm` or FASTFORMER_FFN_GEMM (triton, cublas, or auto) when one is
 made, else linear_gelu's rule (`PREFERS_CUBLAS`); and cuBLAS only in eager calls (CUDA-graph

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from . import linear_gelu as _linear
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, gemm_tile_warps, switches
-from ._gemm_choice import use_cublas
 from ._layout import rows_view, vector_stride
 from ._runtime import (
     INTERPRET,
@@ -52,8 +51,8 @@ from .linear_gelu import (
     TORCH_ACTIVATIONS,
     _activation_backward,
     _ffn_activation_backward,
+    _ffn_backward_uses_cublas,
     _linear_gelu_forward,
-    _prefers_cublas,
     apply_activation,
     check_activation,
     check_linear_args,
@@ -348,7 +347,7 @@ def _backward(ctx, dout, _dpre, _dh):
                 "feed_forward: backward through a forward run without gradients (no pre-activation saved)"
             )
         write_h = needs_dw2 and not ctx.keep_h
-        if use_cublas(_prefers_cublas(x2, w1, ctx.activation, True)):  # the cuBLAS way: dH by cuBLAS too
+        if _ffn_backward_uses_cublas(dout, pre, ctx.activation, needs_db1, write_h):  # dH by cuBLAS, then the pass
             op, impl, args = _linear._activation_backward_op, _activation_backward, (torch.mm(dout, w2),)
         else:
             op, impl, args = _linear._ffn_activation_backward_op, _ffn_activation_backward, (dout, w2)

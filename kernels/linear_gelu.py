@@ -568,6 +568,27 @@ def _ffn_act_grad_launches(dout, w2, pre, dpre, partial, db, h, activation, bias
     return [gemm, (_sum_partials_kernel, *sum_partials_launch(partial, db))] if bias_grad else [gemm]
 
 
+def _prefers_cublas_backward(dout, pre, activation, bias_grad, write_h):
+    """Whether the FFN's dH product would run by cuBLAS, then the activation-gradient pass, in place
+    of the dH GEMM with its epilogue: as the tuned table's entry for the dH GEMM's launch says
+    (kernels/_tuned.py; a GPU's sweep times both ways, tools.sweep's "dH" pass), else as
+    PREFERS_CUBLAS, the forward's rule. kernels._gemm_choice.use_cublas then applies the choice
+    made and says whether cuBLAS can serve."""
+    M, N = pre.shape
+    key = {
+        "M_BUCKET": next_power_of_2(M), "N": N, "K": dout.shape[1], "ACTIVATION": activation,
+        "BIAS_GRAD": bias_grad, "WRITE_H": write_h, "DOT_PRECISION": dot_precision(dout.dtype),
+    }  # fmt: skip
+    entry = _ffn_act_grad.tuned((dout,), key)
+    return PREFERS_CUBLAS if entry is None else entry.variant == "cublas"
+
+
+def _ffn_backward_uses_cublas(dout, pre, activation, bias_grad, write_h):
+    """Whether this FFN backward takes cuBLAS's dH and the activation pass (the choice made, or the
+    rule's and the table's, where cuBLAS can serve)."""
+    return use_cublas(_prefers_cublas_backward(dout, pre, activation, bias_grad, write_h))
+
+
 def _ffn_activation_backward(
     dout: torch.Tensor, w2: torch.Tensor, pre: torch.Tensor, activation: str, bias_grad: bool, write_h: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -701,11 +722,13 @@ class LinearGeluPlan(Plan):
 
     def ffn_activation_grad(self, dout, w2, pre, bias_grad, write_h):
         """dpre, db and (write_h) h of the FFN's backward through this plan's activation, given the
-        gradient of the FFN's output and its second weight: where the forward's product runs by
-        cuBLAS, dH by cuBLAS too and then activation_grad; else by the dH GEMM with the activation
-        gradient in its epilogue (_ffn_act_grad_kernel), by prepared launches, or when a dispatch
-        mode or transform is over the backward, through the registered op, which it sees."""
-        if self.cublas:
+        gradient of the FFN's output and its second weight: where cuBLAS serves dH
+        (_ffn_backward_uses_cublas), dH by cuBLAS and then activation_grad; else by the dH GEMM
+        with the activation gradient in its epilogue (_ffn_act_grad_kernel), by prepared launches,
+        or when a dispatch mode or transform is over the backward, through the registered op,
+        which it sees."""
+        key = ("ffn by cuBLAS", dout.dtype, bias_grad, write_h)
+        if kept(self.backwards, key, _ffn_backward_uses_cublas, dout, pre, self.activation, bias_grad, write_h):
             return self.activation_grad(torch.mm(dout, w2), pre, bias_grad, write_h)
         if not planning():
             return _ffn_activation_backward_op(dout, w2, pre, self.activation, bias_grad, write_h)

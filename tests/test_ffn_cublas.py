@@ -27,17 +27,23 @@ linear_gelu_module = importlib.import_module("fastformer.kernels.linear_gelu")
 @pytest.fixture
 def cublas_used(monkeypatch):
     """use_cublas's answer for every linear_gelu forward the test makes, in order (a plan is made
-    again on every call: tests/conftest.py sets FASTFORMER_CHECK_PLANS), and the count of the
-    products cuBLAS ran (`cublas_used.products`)."""
+    again on every call: tests/conftest.py sets FASTFORMER_CHECK_PLANS), the count of the
+    products cuBLAS ran (`cublas_used.products`), and apart, the answers for the FFN backward's
+    dH product (`cublas_used.backward`)."""
 
     class Flags(list):
         products = 0
 
     flags = Flags()
+    flags.backward = []
 
     def recording(rule):
         flags.append(_gemm_choice.use_cublas(rule))
         return flags[-1]
+
+    def recording_backward(*args):
+        flags.backward.append(_gemm_choice.use_cublas(linear_gelu_module._prefers_cublas_backward(*args)))
+        return flags.backward[-1]
 
     real_product = linear_gelu_module._cublas_product
 
@@ -46,6 +52,8 @@ def cublas_used(monkeypatch):
         return real_product(*args)
 
     monkeypatch.setattr(linear_gelu_module, "use_cublas", recording)
+    for module in (linear_gelu_module, importlib.import_module("fastformer.kernels.feed_forward")):
+        monkeypatch.setattr(module, "_ffn_backward_uses_cublas", recording_backward)
     monkeypatch.setattr(linear_gelu_module, "_cublas_product", counted)
     monkeypatch.delenv(_gemm_choice.ENV_VAR, raising=False)
     return flags
@@ -141,6 +149,7 @@ def test_feed_forward_parity_by_cublas(x_shape, dtype, atol, activation, device,
         expected, torch_same = reference(*inputs), reference(*(t.to(dtype) for t in inputs))
     assert_within_torch_error("y (no_grad)", y, expected, torch_same, atol)
     assert cublas_used == [True, True] and cublas_used.products == 2
+    assert cublas_used.backward == [True]  # the backward's dH by cuBLAS too, then the activation pass
 
 
 def test_the_activation_kernel_writes_the_epilogues_bits(device):

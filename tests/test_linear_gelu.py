@@ -489,9 +489,11 @@ def test_feed_forward_registered_op_gives_the_plans_bits(trained, device):
         assert torch.equal(a, b), i
 
 
-def test_planned_feed_forward_backward_prepares_the_dh_gemm_not_the_activation_pass(monkeypatch, device):
+@pytest.mark.parametrize("gemm", ["auto", "cublas"])
+def test_planned_feed_forward_backward_prepares_the_dh_gemm_not_the_activation_pass(gemm, monkeypatch, device):
     """In eager mode the plan's backward prepares the dH GEMM's launches, never the activation
-    gradient pass's (the tests make a plan's launches again on every call: FASTFORMER_CHECK_PLANS)."""
+    gradient pass's (the tests make a plan's launches again on every call: FASTFORMER_CHECK_PLANS);
+    where cuBLAS is chosen (kernels.ffn_gemm), cuBLAS's dH and the pass."""
     linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")
     prepared = []
     for name in ("_ffn_act_grad_launches", "_activation_launches"):
@@ -503,6 +505,8 @@ def test_planned_feed_forward_backward_prepares_the_dh_gemm_not_the_activation_p
 
         monkeypatch.setattr(linear_gelu.LinearGeluPlan, name, recorded)
     inputs = [t.half().requires_grad_() for t in make_inputs((23, 32), [32, 80, 32], device, seed=11)]
-    for _ in range(2):
-        kernels.feed_forward(*inputs).sum().backward()
-    assert prepared and set(prepared) == {"_ffn_act_grad_launches"}
+    with kernels.ffn_gemm(gemm):
+        for _ in range(2):
+            kernels.feed_forward(*inputs).sum().backward()
+    expected = "_activation_launches" if gemm == "cublas" else "_ffn_act_grad_launches"
+    assert prepared and set(prepared) == {expected}

@@ -52,20 +52,23 @@ def test_a_dry_run_compiles_every_variant_and_config_each_rule_keeps(dry_run):
     for r in records:
         passes[(r["family"], r["pass_name"])].add(r["variant"])
     expected = {(f, p) for f in DRY_RUN_FAMILIES[:2] for p in ("forward", "dQ", "dK/dV")} | {
-        (DRY_RUN_FAMILIES[2], "forward")
+        (DRY_RUN_FAMILIES[2], p) for p in ("forward", "dH")
     }
     assert set(passes) == expected
     # the GEMM's third variant: cuBLAS's product (not run in a dry run), then the activation kernel
+    # (the forward) or the activation-gradient pass (dH), each named by the Triton GEMM's choice
     variants = {key: set(sweep.VARIANTS["gemm" if key[0].startswith("gemm") else "attention"]) for key in passes}
     assert passes == variants and sweep.VARIANTS["gemm"] == ("pointer", "tma", "cublas"), passes
     cublas = [r for r in records if r["variant"] == "cublas"]
-    assert len(cublas) == 1 and not cublas[0]["rule_pick"], cublas  # one config; PREFERS_CUBLAS is False
+    assert [r["pass_name"] for r in cublas] == ["forward", "dH"], cublas  # one config each
+    assert not any(r["rule_pick"] for r in cublas)  # PREFERS_CUBLAS is False
+    assert [r["kernel"] for r in cublas] == ["linear_gelu", "ffn activation gradient"]
 
 
 def test_each_pass_has_one_rule_pick_in_the_variant_its_kernel_prefers(dry_run):
     report, _ = dry_run
     picks = collections.Counter((r["family"], r["pass_name"]) for r in report["records"] if r["rule_pick"])
-    assert set(picks.values()) == {1} and len(picks) == 7
+    assert set(picks.values()) == {1} and len(picks) == 8
     assert {r["variant"] for r in report["records"] if r["rule_pick"]} == {"pointer"}  # PREFERS_TMA is False
 
 

@@ -147,6 +147,26 @@ def test_the_ffn_gemm_takes_cublas_where_the_table_says(compiled, monkeypatch):
         assert linear_gelu._linear_gelu_fwd.pick(args, kwargs) == config
 
 
+def test_the_ffn_backward_takes_cublas_dh_where_the_table_says(compiled):
+    """The dH GEMM's entry decides the FFN backward's way apart from the forward's: cuBLAS's dH and
+    the activation pass (variant "cublas"), or the GEMM in the entry's config; no entry, the rule."""
+    dout = torch.randn(512, 256, dtype=torch.bfloat16)
+    w2 = torch.randn(256, 1024, dtype=torch.bfloat16)
+    pre = torch.randn(512, 1024, dtype=torch.bfloat16)
+    outputs = linear_gelu._activation_outputs(pre, True, True, linear_gelu.PARTIAL_ROWS)
+    (configs, _, args, kwargs), _ = linear_gelu._ffn_act_grad_launches(dout, w2, pre, *outputs, "gelu", True, True)
+    assert configs is linear_gelu._ffn_act_grad
+    assert not linear_gelu._prefers_cublas_backward(dout, pre, "gelu", True, True)
+    with kernels.tuned(_table(_entry(configs, args, kwargs, "cublas", None))):
+        assert linear_gelu._prefers_cublas_backward(dout, pre, "gelu", True, True)
+        assert not linear_gelu._prefers_cublas_backward(dout, pre, "gelu", True, False)  # another flag: the rule
+        assert not linear_gelu._prefers_cublas(dout, torch.randn(1024, 256, dtype=torch.bfloat16), "gelu", True)
+    config = next(c for c in configs.candidates if c[0]["BLOCK_N"] == 64)
+    with kernels.tuned(_table(_entry(configs, args, kwargs, "pointer", config))):
+        assert not linear_gelu._prefers_cublas_backward(dout, pre, "gelu", True, True)
+        assert configs.pick(args, kwargs) == config
+
+
 def test_what_the_sweep_records_is_what_the_kernels_look_up(compiled):
     """A sweep's report adopted into a table, then read by the kernels: the sweep's record of a
     launch (tools.sweep.launch_match) names the entry a launch like it finds."""

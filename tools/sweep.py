@@ -8,7 +8,9 @@ What: every kernel launch that has a choice to make, on the shapes its targets a
 the tutorial's (FAMILIES, in bf16): the attention forward and the backward's dQ and dK/dV passes,
 causal and padding + causal at B4 H16 L4096 D64, and the model's own call (B128 H4 D64 on a fused
 QKV projection, key padding, dropout 0.1) at L 64, 128 and 256; and the FFN's first GEMM with its
-GELU (d 256 -> d_ff 1024, M 32768 and 8192). Each in both variants, its tiles loaded through
+GELU (d 256 -> d_ff 1024, M 32768 and 8192) and its backward's "dH" pass (dH = dOut @ W2 with the
+activation gradient in the GEMM's epilogue; its "cublas" variant: cuBLAS's dH, then the
+activation-gradient pass). Each in both variants, its tiles loaded through
 pointers and through tensor descriptors (kernels/_tma.py), with every config its kernel's rule
 keeps for the launch (kernels._configs.Configs' `fits`); the GEMM also in a third, "cublas": the
 product and its bias by cuBLAS (torch.addmm), then the activation kernel reading it back
@@ -202,7 +204,7 @@ def attention_launches(family, shape, variant, device):
 def gemm_launches(family, shape, variant, device):
     """The FFN's first GEMM with its GELU, storing the pre-activation (a training forward): the
     Triton GEMM, or (variant "cublas") cuBLAS's product into the pre-activation, run on a GPU only,
-    then the activation kernel."""
+    then the activation kernel; and its backward's dH pass (dh_launch) in the same variant."""
     import importlib
 
     import torch
@@ -235,9 +237,47 @@ def gemm_launches(family, shape, variant, device):
                 2.0 * M * N * K,
                 product=product,
                 match=match,
-            )
+            ),
+            dh_launch(family, shape, variant, device),
         ]
-    return [Launch(family.name, "forward", variant, gemm, grid, args, kwargs, 2.0 * M * N * K)]
+    return [
+        Launch(family.name, "forward", variant, gemm, grid, args, kwargs, 2.0 * M * N * K),
+        dh_launch(family, shape, variant, device),
+    ]
+
+
+def dh_launch(family, shape, variant, device):
+    """The FFN backward's dH = dOut @ W2 with the activation gradient (GELU, db1's partials, h
+    written again, as the model's backward): the dH GEMM with its epilogue, or (variant "cublas")
+    cuBLAS's product into dH, run on a GPU only, then the activation-gradient pass, timed together,
+    whose one config is the pass's. d is the family's K, d_ff its N."""
+    import importlib
+
+    import torch
+
+    from fastformer import kernels
+    from fastformer.kernels._configs import Configs
+
+    linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")
+    M, d, d_ff = shape["M"], shape["K"], shape["N"]
+    dout = torch.randn(M, d, dtype=torch.bfloat16, device=device)
+    w2 = torch.randn(d, d_ff, 1, dtype=torch.bfloat16, device=device)[..., 0]  # a Conv1d weight's view
+    pre = torch.randn(M, d_ff, dtype=torch.bfloat16, device=device)
+    outputs = linear_gelu._activation_outputs(pre, True, True, linear_gelu.PARTIAL_ROWS)
+    with kernels.tma_loads(variant == "tma"):
+        gemm, grid, args, kwargs = linear_gelu._ffn_act_grad_launches(dout, w2, pre, *outputs, "gelu", True, True)[0]
+    flops = 2.0 * M * d_ff * d
+    if variant != "cublas":
+        return Launch(family.name, "dH", variant, gemm, grid, args, kwargs, flops)
+    match = launch_match(gemm, args, kwargs)  # the dH GEMM's choice: its launch's key names the entry
+    dh = torch.empty(M, d_ff, dtype=torch.bfloat16, device=device)
+    dpre, partial, db, h = linear_gelu._activation_outputs(pre, True, True)
+    kernel, grid, args, kwargs = linear_gelu._activation_launches(dh, pre, dpre, partial, db, h, "gelu", True, True)[0]
+    meta = {name: kwargs.pop(name) for name in ("BLOCK_M", "BLOCK_N")}
+    # the pass's one config, as its launcher launches it (Triton's default 4 warps and 3 stages)
+    configs = Configs(kernel, "ffn activation pass", [(meta, 4, 3)], ["N", "ACTIVATION"], interpreter_meta=meta)
+    product = None if device.type != "cuda" else functools.partial(torch.mm, dout, w2, out=dh)
+    return Launch(family.name, "dH", variant, configs, grid, args, kwargs, flops, product=product, match=match)
 
 
 def launches(family, quick, device):
