@@ -115,6 +115,22 @@ def activation_derivative(a, ACTIVATION: tl.constexpr):
     return 0.5 * (1.0 + tl.erf(a * SQRT1_2)) + a * INV_SQRT_2PI * tl.exp(-0.5 * a * a)
 
 
+@triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The (row block, column block) of this program of a GEMM's one-axis grid, in grouped order:
+    GROUP_M row blocks take each column block in turn while its tile of the right operand is in L2
+    (Triton's matmul tutorial, 03). Shared by the forward GEMM and the backward's dH GEMM."""
+    pid = tl.program_id(0)
+    n_m_blocks = tl.cdiv(M, BLOCK_M)
+    n_n_blocks = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * n_n_blocks
+    first_m = (pid // in_group) * GROUP_M
+    group_size = tl.minimum(n_m_blocks - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_size
+    pid_n = (pid % in_group) // group_size
+    return pid_m, pid_n
+
+
 # The rows M bound masks only (the offsets of a row take their alignment from the strides), and
 # M_BUCKET only keys the configs: specialized, a batch whose rows are not a multiple of 16 compiles anew.
 @triton.jit(do_not_specialize=["M", "M_BUCKET"])
@@ -156,15 +172,7 @@ def _linear_gelu_fwd_kernel(
         TMA: X and W tiles load through tensor descriptors made per program (kernels/_tma.py: unit
             column strides, 16-byte aligned bases and row strides), else through pointers.
     """
-    # grouped ordering: GROUP_M row blocks share each column block of W while it is in L2
-    pid = tl.program_id(0)
-    n_m_blocks = tl.cdiv(M, BLOCK_M)
-    n_n_blocks = tl.cdiv(N, BLOCK_N)
-    group = pid // (GROUP_M * n_n_blocks)
-    first_m = group * GROUP_M
-    group_size = tl.minimum(n_m_blocks - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * n_n_blocks)) % group_size
-    pid_n = (pid % (GROUP_M * n_n_blocks)) // group_size
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -336,14 +344,7 @@ def _ffn_act_grad_kernel(
         TMA: DOUT and W2 tiles load through tensor descriptors made per program (kernels/_tma.py:
             unit column strides, 16-byte aligned bases and row strides), else through pointers.
     """
-    pid = tl.program_id(0)
-    n_m_blocks = tl.cdiv(M, BLOCK_M)
-    n_n_blocks = tl.cdiv(N, BLOCK_N)
-    group = pid // (GROUP_M * n_n_blocks)
-    first_m = group * GROUP_M
-    group_size = tl.minimum(n_m_blocks - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * n_n_blocks)) % group_size
-    pid_n = (pid % (GROUP_M * n_n_blocks)) // group_size
+    pid_m, pid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
