@@ -46,6 +46,8 @@ setup(
             "mkdocs-material",
             "ruff==0.17.6",
             "setuptools>=70.1",
+            # torchao: tests/test_module_semantics.py quantizes the model with it (a wheel, no dependencies)
+            "torchao>=0.18,<0.19",
         ],
         "bench": ["pytest", "pytest-benchmark"],
         "docs": ["mkdocs", "mkdocs-material"],

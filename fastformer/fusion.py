@@ -14,7 +14,12 @@ included):
   by a forward pre-hook, quantization observers by hooks), nor a forward of its own set on the
   instance (`layer.forward = partial(checkpoint, layer.forward)`, activation checkpointing's way,
   which must be called with the tutorial's arguments: reentrant checkpointing passes no keywords);
-- no global module hook is set (torch.nn.modules.module.register_module_forward_hook and its kin).
+- no global module hook is set (torch.nn.modules.module.register_module_forward_hook and its kin);
+- every parameter and buffer is a plain tensor: a tensor subclass (torchao's quantized weights, a
+  DTensor, any `__torch_dispatch__` subclass) has kernels of its own for the products, which the
+  fused code, reading the weights' storage, would skip; the model says so once. The fake and
+  functional tensors that tracing puts in the parameters' place (torch.export, torch.compile,
+  FakeTensorMode) are plain here.
 
 Where it is False the model runs that piece module by module, as the tutorial does.
 
@@ -31,8 +36,12 @@ and a forward set on a stock torch module (a Linear) after the last walk.
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 from torch.nn.modules import module as _module
 from torch.utils.hooks import RemovableHandle
+
+from fastformer.kernels._runtime import warn_once
 
 _registrations = 0  # submodules and parameters registered by any module since import
 
@@ -52,6 +61,8 @@ _GLOBAL_HOOKS = (
     _module._global_backward_hooks,
 )
 _KEPT = "_fastformer_fusable"  # the kept answer, in the module's __dict__ (not its state_dict)
+# the tensor types the fused code reads as they are (see the module docstring)
+PLAIN_TENSORS = (torch.Tensor, nn.Parameter, FakeTensor, FunctionalTensor)
 
 
 def fusable(module, roles):
@@ -101,7 +112,30 @@ def _walk(module, roles):
             role = "[i]"
         if type(sub) is not roles.get(role) or has_hooks(sub) or "forward" in sub.__dict__ or not _fits(sub):
             return False
+        if _holds_subclass(module, name, sub):
+            return False
     return True
+
+
+def _holds_subclass(root, name, module):
+    """Whether one of module's own parameters or buffers is a tensor subclass (not PLAIN_TENSORS),
+    saying once per subclass that such weights run module by module (not while compiling, where a
+    warning would break the graph)."""
+    for kind, tensors in (("parameter", module._parameters), ("buffer", module._buffers)):
+        for tensor_name, tensor in tensors.items():
+            if tensor is None or type(tensor) in PLAIN_TENSORS:
+                continue
+            if not torch.compiler.is_compiling():
+                where = ".".join(filter(None, [name, tensor_name]))
+                subclass = type(tensor).__name__
+                warn_once(
+                    ("fusion", "subclass", type(tensor)),
+                    f"fastformer: the {kind} {where} of the {type(root).__name__} is of type {subclass}, a tensor "
+                    "subclass with kernels of its own, so these modules run module by module, as the tutorial's do, "
+                    f"their products by {subclass}'s kernels (the fused kernels read plain tensors)",
+                )
+            return True
+    return False
 
 
 def has_hooks(module):
