@@ -21,7 +21,10 @@ included):
   functional tensors that tracing puts in the parameters' place (torch.export, torch.compile,
   FakeTensorMode) are plain here.
 
-Where it is False the model runs that piece module by module, as the tutorial does.
+Where it is False the model runs that piece module by module, as the tutorial does. FSDP's
+fully_shard of a layer is such a swap (the layer's class becomes FSDP's, with hooks): the model says
+so once, and that fully_shard of the whole model, one group, keeps every fusion (the weights it
+gathers before the forward are plain tensors; tests/test_module_semantics.py trains both ways).
 
 The walk over the subtree runs once per state of the process: the answer is kept on the module and
 reused while no hook handle has been made since (every hook registration makes a RemovableHandle,
@@ -33,6 +36,8 @@ model then keeps running module by module, which is correct, until the next regi
 cannot see: a hook written into a module's hook dict by hand, a module's class assigned by hand,
 and a forward set on a stock torch module (a Linear) after the last walk.
 """
+
+import sys
 
 import torch
 import torch.nn as nn
@@ -111,10 +116,29 @@ def _walk(module, roles):
         if role.isdigit():
             role = "[i]"
         if type(sub) is not roles.get(role) or has_hooks(sub) or "forward" in sub.__dict__ or not _fits(sub):
+            _say_if_sharded(sub)
             return False
         if _holds_subclass(module, name, sub):
             return False
     return True
+
+
+def _say_if_sharded(module):
+    """Say once that FSDP has wrapped one of the model's modules (fully_shard per layer: the layer's
+    class FSDP's, its hooks FSDP's), which turns off the fusions across that module's children,
+    and how to keep them. Not while compiling; FSDP not imported, nothing can be wrapped by it."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None or torch.compiler.is_compiling():
+        return
+    wrappers = tuple(getattr(fsdp, name) for name in ("FSDPModule", "FullyShardedDataParallel") if hasattr(fsdp, name))
+    if not isinstance(module, wrappers):
+        return
+    warn_once(
+        ("fusion", "fsdp"),
+        f"fastformer: FSDP has wrapped the model's layers ({type(module).__name__}), so they run module by module "
+        "without the fused add + LayerNorm, QKV projection and weight casts (each attention and feed-forward still "
+        "runs fused): shard the model as one group, fully_shard(model) alone, to keep every fusion",
+    )
 
 
 def _holds_subclass(root, name, module):

@@ -380,6 +380,63 @@ def test_torchao_quantized_weights_run_module_by_module_as_the_tutorials_do(sche
     assert len(said) == 1 and type(weight).__name__ in said[0] and "module by module" in said[0], said
 
 
+@pytest.fixture
+def process_group():
+    """A gloo process group of this one process, as torchrun's rank 0 of 1 has (no port taken)."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("this torch build has no gloo process groups")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("per_layer", [True, False], ids=["fully_shard per layer", "fully_shard the model"])
+def test_fsdp2_trains_as_the_plain_model_and_says_when_it_turns_the_fusions_off(process_group, per_layer, monkeypatch):
+    """FSDP2's fully_shard of each layer changes the layer's class and hooks it, so the layers run
+    module by module (no fused add + LayerNorm: its calls counted), said once in one line that
+    names the way out; fully_shard of the model alone keeps every fusion, silently. Both train as
+    the unwrapped model does, step for step (AdamW)."""
+    fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
+    monkeypatch.setattr(fastformer.kernels._runtime, "_warned", set())
+    calls = []
+    for name in ("add_layer_norm", "add_layer_norm_reference"):  # what a layer plan's add + LayerNorm calls
+        op = getattr(fastformer.kernels, name)
+        monkeypatch.setattr(fastformer.kernels, name, lambda *a, op=op, **k: calls.append(1) or op(*a, **k))
+    _, sharded, (enc, dec) = paired()
+    plain = copy.deepcopy(sharded)
+    if per_layer:
+        for layer in [*sharded.transformer.encoder.layers, *sharded.transformer.decoder.layers]:
+            fully_shard(layer)
+    fully_shard(sharded)
+    labels = torch.arange(enc.size(0)) % 2
+    optimizers = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (sharded, plain)}
+    n_layer = sharded.config.n_layer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            losses = []
+            for model in (sharded, plain):
+                before = len(calls)
+                loss = torch.nn.functional.cross_entropy(model(enc, dec)[0], labels)
+                fused = len(calls) - before
+                loss.backward()
+                optimizers[id(model)].step()
+                optimizers[id(model)].zero_grad()
+                losses.append(loss.detach())
+                if model is plain or not per_layer:
+                    assert fused == 2 * n_layer + 3 * n_layer, (step, model is plain)  # encoder 2 a layer, decoder 3
+                else:
+                    assert fused == 0, step
+            assert_max_diff(f"loss at step {step}", losses[0], losses[1], TOL)
+    said = [str(w.message) for w in caught if "FSDP" in str(w.message)]
+    if per_layer:
+        assert len(said) == 1 and "module by module" in said[0] and "fully_shard(model)" in said[0], said
+        assert "\n" not in said[0]
+    else:
+        assert said == []
+
+
 def test_stock_unhooked_layers_keep_their_fusions():
     """Nothing observed, the layers fuse; a hook or a swap anywhere in them, or a global module hook,
     and they do not; removing the hook and the swap brings the fusions back (on the next registration
