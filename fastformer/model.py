@@ -307,6 +307,15 @@ class MultiHeadAttention(WatchedModule):
         return F.linear(context, weight, bias), attn_prob
 
 
+def tutorial_strides(output):
+    """The feed-forward's output (bs, n_seq, d_hidn) with the strides of the tutorial's, conv2's
+    (bs, d_hidn, n_seq) output transposed: the same values, copied. torch's dropout draws a mask in
+    an order that depends on its input's layout (its memory order on a CPU; on CUDA its fused kernel
+    takes another path for a strided tensor than for a contiguous one), so a dropout of this draws
+    the tutorial's mask from the same generator state."""
+    return output.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 class PoswiseFeedForwardNet(WatchedModule):
     """conv2(act(conv1(x))): act is the tutorial's exact GELU, or ReLU with config.ffn_activation = "relu"."""
 
@@ -340,8 +349,16 @@ class PoswiseFeedForwardNet(WatchedModule):
         low = inputs.low.to(plan.w1.dtype)
         output = plan.ops.feed_forward(low, plan.w1, plan.b1, plan.w2, plan.b2, activation=self.activation)
         if alone:
-            return self.dropout(output)
-        return Pending(output, self.conv2.bias, active_p(self.dropout), plan.out_seed)
+            return self.dropout(tutorial_strides(output) if active_p(self.dropout) else output)
+        p = active_p(self.dropout)
+        if p and plan.ops.add_layer_norm is not backend.kernels.add_layer_norm:
+            # the reference's add + LayerNorm would drop out the rows; here torch's dropout sees the
+            # tutorial's tensor, so a seeded run draws the tutorial's mask: (bs * n_seq, d_hidn) ->
+            # (bs, n_seq, d_hidn) in the tutorial's strides, which add + LayerNorm takes as it is
+            rows = output + self.conv2.bias
+            dropped = F.dropout(tutorial_strides(rows.view(-1, plan.seq_len, rows.size(-1))), p, training=True)
+            return Pending(dropped, None, 0.0, None)
+        return Pending(output, self.conv2.bias, p, plan.out_seed)
 
     def own_plan(self, inputs):
         """The FeedForwardPlan of this feed-forward called alone: its parameters as they are

@@ -56,8 +56,10 @@ class Hidden(NamedTuple):
 class Pending(NamedTuple):
     """A sublayer's output before its last bias and its dropout, which add + LayerNorm applies."""
 
-    x: torch.Tensor  # (bs * n_seq, d_hidn)
-    bias: torch.Tensor  # (d_hidn,)
+    # (bs * n_seq, d_hidn); or (bs, n_seq, d_hidn) in the tutorial's strides, dropped out already
+    # (PoswiseFeedForwardNet on the reference)
+    x: torch.Tensor
+    bias: torch.Tensor | None  # (d_hidn,)
     dropout_p: float
     seed: torch.Tensor | None  # the dropout kernel's, or None
 
@@ -93,6 +95,7 @@ class FeedForwardPlan:
     w2: torch.Tensor  # (d_hidn, d_ff)
     out_seed: torch.Tensor | None = None
     b2: torch.Tensor | None = None  # conv2's bias in its product: a feed-forward alone
+    seq_len: int | None = None  # n_seq of the rows (bs * n_seq, d_hidn) a layer's plan hands it
 
 
 @dataclass
@@ -110,9 +113,10 @@ class LayerPlan:
         """layer_norm(residual + dropout(sublayer + its bias)) through the fused op, with its copy
         in the autocast dtype. sublayer: Pending; residual: Hidden. Returns a Hidden."""
         x, bias, dropout_p, seed = sublayer
+        rows = residual.x.shape
         out = self.ops.add_layer_norm(
             x,
-            residual.x,
+            residual.x.view(x.shape),  # the reference adds it first: its output is rows again
             layer_norm.weight,
             layer_norm.bias,
             layer_norm.eps,
@@ -121,7 +125,9 @@ class LayerPlan:
             seed=seed,
             lowp_dtype=self.dtype,
         )
-        return Hidden.of(out) if self.dtype is None else Hidden(*out)
+        if self.dtype is None:
+            return Hidden.of(out.view(rows))
+        return Hidden(*(t.view(rows) for t in out))
 
 
 def autocast_dtype(groups, like):
@@ -292,7 +298,7 @@ class ForwardPlan:
             seed = layer_seeds(seeds, i)
             self_attn = AttentionPlan(ops, *take(weights, 3), *take(seed, 2), seq_len=seq_len)
             cross = AttentionPlan(ops, *take(weights, 3), *take(seed, 2), keys_values[i], seq_len) if decoder else None
-            pos_ffn = FeedForwardPlan(ops, *take(weights, 3), next(seed))
+            pos_ffn = FeedForwardPlan(ops, *take(weights, 3), next(seed), seq_len=seq_len)
             self.layers.append(LayerPlan(ops, dtype, self_attn, pos_ffn, cross))
 
     def hidden(self, inputs):
