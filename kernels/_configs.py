@@ -28,7 +28,17 @@ import torch
 
 from . import _tuned
 from ._gemm_choice import ffn_gemm_choice
-from ._runtime import HAS_TRITON, INTERPRET, Choice, PreparedLaunch, aligned, ensure_allocator, launch, triton
+from ._runtime import (
+    HAS_TRITON,
+    INTERPRET,
+    Choice,
+    PreparedLaunch,
+    aligned,
+    allow_tf32,
+    ensure_allocator,
+    launch,
+    triton,
+)
 from ._tma import tma_choice
 
 ENV_VAR = "FASTFORMER_AUTOTUNE"
@@ -77,14 +87,14 @@ def switches(t):
     the choice of tile loads (kernels/_tma.py), the choice of the FFN's first GEMM
     (kernels/_gemm_choice.py), the tuned table chosen (kernels/_tuned.py; the installed one follows
     from the device, which the signature holds), TF32 for fp32 products, and the autocast dtype in
-    force for t's device. (autocast_state and allow_tf32 written out: this runs on every planned call.)"""
+    force for t's device. (autocast_state written out: this runs on every planned call.)"""
     device_type = "cuda" if t.is_cuda else t.device.type
     return (
         autotune_enabled(),
         tma_choice(),
         ffn_gemm_choice(),
         _tuned.tuned_choice(),
-        torch._C._get_cublas_allow_tf32(),
+        allow_tf32(),
         torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None,
     )
 

@@ -490,8 +490,13 @@ def autocast_state(t):
 
 
 def allow_tf32():
-    """torch.backends.cuda.matmul.allow_tf32, read without the backends module's attribute lookup."""
-    return torch._C._get_cublas_allow_tf32()
+    """Whether PyTorch's fp32 matmuls on CUDA may use TF32: torch.backends.cuda.matmul.fp32_precision
+    is "tf32", which torch.set_float32_matmul_precision("high" or "medium"), the legacy
+    `torch.backends.cuda.matmul.allow_tf32 = True` and `torch.backends.fp32_precision = "tf32"` all
+    make it. Read as that attribute reads it (the same getter, without the module's attribute
+    lookup: this runs on every planned call), never through the legacy allow_tf32, which raises
+    once the new API has set the precision (torch 2.11 to 2.13)."""
+    return torch._C._get_fp32_precision_getter("cuda", "matmul") == "tf32"
 
 
 def kept(cache, key, make, *args):
@@ -866,6 +871,6 @@ def autocast_inputs(*tensors):
 
 def dot_precision(dtype):
     """tl.dot's input precision: IEEE for fp32 unless the user allowed TF32 for matmuls."""
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    if dtype == torch.float32 and not allow_tf32():
         return "ieee"
     return "tf32"

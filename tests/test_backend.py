@@ -324,3 +324,24 @@ def test_fp32_attention_and_ffn_on_cuda_run_the_reference_and_warn_once(monkeypa
             backend.feed_forward(x32, x32, None, x32, None)
             backend.attention(x16, x16, x16)
     assert calls == ["attention_reference", "feed_forward_reference", "attention"]
+
+
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+def test_the_kernels_read_pytorchs_newer_fp32_precision_api(precision):
+    """torch.backends.cuda.matmul.fp32_precision (PyTorch's newer API) set, PyTorch's legacy
+    allow_tf32 raises when read; the kernels read the precision by the newer API's getter, so a
+    planned call (kernels._configs.switches) and dot_precision work under it. Before, every planned
+    Triton call raised 'PyTorch is checking whether allow_tf32_new is enabled ...'."""
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        torch.backends.cuda.matmul.fp32_precision = precision
+        assert kernels._runtime.dot_precision(torch.float32) == precision
+        assert kernels._runtime.dot_precision(torch.bfloat16) == "tf32"  # half precision: no question
+        x = torch.randn(5, 8)
+        assert kernels._configs.switches(x)[4] is (precision == "tf32")
+        with fastformer.use_backend("triton"):
+            y = kernels.add_layer_norm(x, x, None, None, 1e-5)  # a planned Triton call
+        assert torch.allclose(y, kernels.add_layer_norm_reference(x, x, None, None, 1e-5), atol=1e-5)
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # the legacy reads work again once it is back
