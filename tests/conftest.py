@@ -118,5 +118,16 @@ def uncorrected_interpreter(monkeypatch):
 
 
 @pytest.fixture
+def tf32():
+    """PyTorch's fp32 CUDA matmuls, and with them the kernels' fp32 products, in TF32 for the test,
+    as torch.set_float32_matmul_precision("high") makes them; the precision before restored by the
+    same API (restored by the newer fp32_precision one, the legacy flag's reads would raise)."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.fixture
 def device():
     return torch.device("cuda" if HAS_CUDA else "cpu")

@@ -46,6 +46,17 @@ def check_parity(q, k, v, do, dtype, atol, **kwargs):
         assert_within_torch_error(name, a, r, t, atol)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["pad", "pad+causal"])
+def test_parity_fp32_in_tf32(causal, tf32, device):
+    """fp32 attention where PyTorch's fp32 matmuls take TF32 (set_float32_matmul_precision("high"):
+    the kernels' products are then TF32 too, dot_precision): against fp64, within twice the error
+    of the reference in fp32 under the same setting, whose products cuBLAS runs in TF32. (Triton's
+    interpreter computes IEEE fp32 whatever the precision: on a CPU both errors are fp32's.)"""
+    assert kernels._runtime.dot_precision(torch.float32) == "tf32"
+    q, k, v, do = make_inputs(2, 3, 70, 70, 64, device, seed=4)
+    check_parity(q, k, v, do, torch.float32, 1e-5, key_padding_mask=padding(2, 70, "end", device), causal=causal)
+
+
 def padding(B, Lk, where, device):
     """(B, Lk) key-padding mask with padding at the end, start, middle, or a sequence all padding."""
     pad = torch.zeros(B, Lk, dtype=torch.bool)

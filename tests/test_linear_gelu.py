@@ -82,6 +82,15 @@ def test_feed_forward_parity(x_shape, dtype, atol, activation, device):
     check_parity(op, reference_op, inputs, dtype, atol, names)
 
 
+def test_feed_forward_parity_fp32_in_tf32(tf32, device):
+    """The FFN in fp32 where PyTorch's fp32 matmuls take TF32 (as test_attention's TF32 case): its
+    error against fp64 within twice the reference's under the same setting."""
+    assert kernels._runtime.dot_precision(torch.float32) == "tf32"
+    inputs = make_inputs((3, 37, 64), [64, 256, 64], device)
+    names = ("y", "dx", "dw1", "db1", "dw2", "db2")
+    check_parity(kernels.feed_forward, kernels.feed_forward_reference, inputs, torch.float32, 1e-5, names)
+
+
 def run_no_grad(op, inputs, dtype):
     with torch.no_grad():
         return op(*(t.to(dtype) for t in inputs))
