@@ -48,6 +48,11 @@ setup(
             "setuptools>=70.1",
             # torchao: tests/test_module_semantics.py quantizes the model with it (a wheel, no dependencies)
             "torchao>=0.18,<0.19",
+            # tests/test_export.py exports the model to ONNX and runs it back (torch.onnx's dynamo exporter
+            # needs onnxscript); bounded, as torchao, to the releases the tests have run on
+            "onnx>=1.23,<1.24",
+            "onnxscript>=0.7,<0.8",
+            "onnxruntime>=1.32,<1.33",
         ],
         "bench": ["pytest", "pytest-benchmark"],
         "docs": ["mkdocs", "mkdocs-material"],

@@ -25,6 +25,7 @@ Encoder or Decoder forward (fastformer.plan) through `ops`, which picks the same
 all its layers.
 """
 
+import sys
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -82,8 +83,9 @@ def use_backend(name):
 def uses_triton(tensor, matmul=True):
     """Whether an op on `tensor` runs the Triton kernels under the current backend; `matmul` says
     the op is built on matrix products (attention, the feed-forward), which "auto" keeps off fp32.
-    Under torch.jit.trace (the kernels' ops do not trace) and under a torch.func transform (vmap,
-    grad, jacrev...: they have no batching rules) the reference runs, with a one-time warning where
+    Under torch.jit.trace (the kernels' ops do not trace), under torch.onnx.export (ONNX has no
+    function for them) and under a torch.func transform (vmap, grad, jacrev...: they have no
+    batching rules) the reference runs, with a one-time warning where
     the kernels would have run; where the reference runs anyway, nothing is said. So does a
     floating dtype the kernels do not take (float64), with a one-time warning naming it."""
     if not _kernels_take(tensor, matmul):
@@ -95,6 +97,13 @@ def uses_triton(tensor, matmul=True):
             "the Triton kernels' ops do not trace (torch.compile and torch.export take them)",
         )
         return False
+    if _onnx_exporting():  # ONNX has no function for the kernels' ops; the reference's are standard
+        warn_once(
+            ("backend", "onnx"),
+            "fastformer: under torch.onnx.export the model exports the PyTorch reference: ONNX has no function for "
+            "the Triton kernels' ops",
+        )
+        return False
     if not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None:
         warn_once(
             ("backend", "functorch"),
@@ -103,6 +112,12 @@ def uses_triton(tensor, matmul=True):
         )
         return False
     return True
+
+
+def _onnx_exporting():
+    """Whether torch.onnx.export (either exporter) is running: never before torch.onnx is imported."""
+    onnx = sys.modules.get("torch.onnx")
+    return onnx is not None and onnx.is_in_onnx_export()
 
 
 def _kernels_take(tensor, matmul):

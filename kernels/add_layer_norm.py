@@ -763,5 +763,8 @@ def add_layer_norm_reference(x, residual, weight, bias, eps, dropout_p=0.0, *, x
         x = x + x_bias
     if dropout_p > 0.0:
         x = F.dropout(x, p=dropout_p, training=True)
-    y = F.layer_norm(residual + x, (x.shape[-1],), weight, bias, eps)
+    # the weight's shape where there is one: a constant when traced (torch.jit.trace, the legacy
+    # ONNX exporter, whose LayerNormalization takes no shape computed from x)
+    normalized_shape = weight.shape if weight is not None else (x.shape[-1],)
+    y = F.layer_norm(residual + x, normalized_shape, weight, bias, eps)
     return y if lowp_dtype is None else (y, y.to(lowp_dtype))

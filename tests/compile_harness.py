@@ -31,6 +31,9 @@ fastformer.pad_to_bucket: what Dynamo compiles per batch, which must be one grap
 length and none again for a batch of a bucket met before. Dynamo's part of that mode (its
 tracing, guards and recompiles) is the same whatever the backend: aot_eager runs the graphs here;
 Inductor's CUDA graphs need a GPU (tests/test_cuda_graphs.py checks them there).
+
+With --export it also exports the classifier with torch.export on the same path, and lists the
+fastformer ops the exported program holds.
 """
 
 import argparse
@@ -218,6 +221,25 @@ def run_bucketed():
     return result
 
 
+def run_export():
+    """torch.export of the tutorial's classifier (eval, bf16 autocast) on the Triton path, as a GPU
+    user exports it: the fastformer ops the program holds; the error, if any."""
+    torch.manual_seed(0)
+    config = small_config(dropout=0.1, d_head=16, n_layer=1)
+    model = fastformer.MovieClassification(config).eval()
+    enc, dec = token_batch(config, enc_len=LENGTHS[0], dec_len=1)
+    result = {"model": "movie", "loop": "torch.export"}
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    with sm90.dry_run(time_configs=False), fastformer.use_backend("triton"), autocast:
+        try:
+            program = torch.export.export(model, (enc, dec))
+            result["ops"] = sorted({str(n.target) for n in program.graph.nodes if "fastformer" in str(n.target)})
+        except Exception as error:  # noqa: BLE001  (reported in the result)
+            traceback.print_exc()
+            result["error"] = f"{type(error).__name__}: {error}"[:4000]
+    return result
+
+
 LAUNCHED = []  # names of the Triton kernels launched (dry), in order, by every run of this process
 
 
@@ -249,10 +271,12 @@ def main(argv=None):
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
     parser.add_argument("--backends", nargs="+", choices=("aot_eager", "inductor"), default=("aot_eager", "inductor"))
     parser.add_argument("--bucketed", action="store_true", help="also the drop-in loop over bucketed batches")
+    parser.add_argument("--export", action="store_true", help="also torch.export of the classifier")
     args = parser.parse_args(argv)
     torch._inductor.config.compile_threads = 1  # compile in this process, where triton.compile is replaced
     results = [run(model, backend) for model in args.models for backend in args.backends]
-    print(json.dumps(results + ([run_bucketed()] if args.bucketed else [])))
+    results += [run_bucketed()] if args.bucketed else []
+    print(json.dumps(results + ([run_export()] if args.export else [])))
     sys.stdout.flush()
 
 

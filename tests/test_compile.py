@@ -18,6 +18,7 @@ pytestmark = pytest.mark.versions
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("movie", "seq2seq")
 BACKENDS = ("aot_eager", "inductor")
+EXTRAS = ("--bucketed", "--export")  # the drop-in loop over bucketed batches, and torch.export
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def results(tmp_path_factory):
     caches = tmp_path_factory.mktemp("compile-caches")
     env.update(TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), TRITON_CACHE_DIR=str(caches / "triton"))
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.compile_harness", "--models", *MODELS, "--backends", *BACKENDS, "--bucketed"],
+        [sys.executable, "-m", "tests.compile_harness", "--models", *MODELS, "--backends", *BACKENDS, *EXTRAS],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -119,3 +120,13 @@ def test_the_drop_in_loop_compiles_once_per_bucket(results):
     assert "error" not in result, result["error"]
     batches = [(b["longest"], b["bucket"], b["frames"]) for b in result["batches"]]
     assert batches == [(5, 16, 1), (9, 16, 1), (14, 16, 1), (20, 24, 2), (3, 16, 2), (24, 24, 2), (12, 16, 2)]
+
+
+def test_the_classifier_exports_with_fastformers_ops(results):
+    """torch.export on the Triton path (the dry-run driver's, as on a GPU) holds fastformer's
+    registered ops, so the exported program runs the kernels (docs/drop-in.md, Export)."""
+    result = results[("movie", "torch.export")]
+    assert "error" not in result, result.get("error")
+    ops = ("attention_forward", "add_layer_norm_forward", "feed_forward_forward")
+    expected = {f"fastformer.{op}.default" for op in ops}
+    assert expected <= set(result["ops"]), result["ops"]
