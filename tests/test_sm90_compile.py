@@ -18,6 +18,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 
@@ -85,6 +86,23 @@ def test_each_worker_takes_whole_families_of_cases():
                    [name for name in names if name.startswith("model/")]):  # fmt: skip
         assert len({worker[name] for name in family}) == 1, family
     assert 0.8 < len(shards[0]) / len(shards[1]) < 1.25, [len(shard) for shard in shards]
+
+
+def test_the_tf32_matrix_compiles_fp32_products_as_tf32():
+    """tools.sm90_cases.tf32_cases (python -m tools.sm90_report --tf32, not CI's): fp32 cases only,
+    named apart, each compiling its products as TF32 inside its run (dot_precision) and leaving
+    PyTorch's precision as it found it."""
+    from fastformer.kernels._runtime import dot_precision
+    from tools.sm90_cases import tf32_cases, tf32_precision
+
+    names = [case.name for case in tf32_cases()]
+    assert len(set(names)) == len(names) and all("/fp32/" in name for name in names)
+    before = torch.backends.cuda.matmul.fp32_precision
+    with tf32_precision("fp32"):
+        assert dot_precision(torch.float32) == "tf32"
+    with tf32_precision("fp16"):
+        assert torch.backends.cuda.matmul.fp32_precision == before  # half precision: untouched
+    assert torch.backends.cuda.matmul.fp32_precision == before
 
 
 def test_every_case_launches_and_compiles_something(records):

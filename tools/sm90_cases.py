@@ -3,7 +3,9 @@ real launcher, with tensors laid out as the model lays them out.
 
 `ci_cases()` is the matrix `tests/test_sm90_compile.py` runs on every CI run; `full_cases()` adds
 the rest of the product (every head dim in both dtypes with every mask, odd lengths) for
-`python -m tools.sm90_report --full`. Tensors are CPU tensors: nothing is launched (see tools.sm90).
+`python -m tools.sm90_report --full`; `tf32_cases()` is fp32 with TF32 products (`--tf32`), for
+the rules that would send an fp32 model's products to the kernels. Tensors are CPU tensors: nothing
+is launched (see tools.sm90).
 """
 
 import contextlib
@@ -56,11 +58,30 @@ def _qkv(B, H, Lq, Lk, D, dtype, layout):
     return [t.transpose(1, 2) for t in (q, k, v)]
 
 
+@contextlib.contextmanager
+def tf32_precision(dtype):
+    """For an fp32 case, PyTorch's fp32 CUDA matmuls in TF32 inside the block (the newer API,
+    restored by it), so the kernels' fp32 products compile as TF32 (kernels._runtime.dot_precision):
+    the products an fp32 model would give them where PyTorch's matmuls take TF32. Other dtypes:
+    nothing changes."""
+    if dtype != "fp32":
+        yield
+        return
+    before = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+
+
 def attention_case(
     dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, H=4, probs=False, tma=False, autotune=True
 ):
     """The attention passes on one call; `tma`: their tile loads through tensor descriptors
-    (kernels/_tma.py, set_tma(True)), where the default is the kernels' rule; `autotune` as Case's."""
+    (kernels/_tma.py, set_tma(True)), where the default is the kernels' rule; `autotune` as Case's.
+    In fp32 the products are TF32 (tf32_precision), as PyTorch's matmuls under
+    set_float32_matmul_precision("high")."""
     attention = _module("fastformer.kernels.attention")
     pad, causal, dense = MASKS[mask]
     Lk = L if Lk is None else Lk
@@ -71,7 +92,8 @@ def attention_case(
     def run():
         _module("fastformer.kernels").set_tma(True if tma else None)
         try:
-            _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk, B, H, probs)
+            with tf32_precision(dtype):
+                _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk, B, H, probs)
         finally:
             _module("fastformer.kernels").set_tma(None)
 
@@ -112,7 +134,7 @@ def ffn_case(dtype, activation, train, d, d_ff, M, tma=False, autotune=True, cub
         kernels.set_tma(True if tma else None)
         kernels.set_ffn_gemm("cublas" if cublas else "triton")
         try:
-            with kernels.compile_only() if cublas else contextlib.nullcontext():
+            with kernels.compile_only() if cublas else contextlib.nullcontext(), tf32_precision(dtype):
                 _ffn_launches(linear_gelu, feed_forward, dtype, activation, train, d, d_ff, M, cublas)
         finally:
             kernels.set_tma(None)
@@ -320,4 +342,26 @@ def full_cases():
         cases.append(ffn_case(dtype, activation, train, *TUTORIAL_FFN, cublas=True))
         cases.append(ffn_case(dtype, activation, train, LARGE["d_hidn"], LARGE["d_ff"], LARGE["M"], cublas=True))
     cases.append(model_case(tma=True))
+    return cases
+
+
+def tf32_cases():
+    """fp32 with TF32 products, every config (`python -m tools.sm90_report --tf32`): the attention
+    passes at every head dim with the model's masks, with and without dropout, a long causal call,
+    and the FFN at both sizes, training and inference. Not in CI: the rules do not send fp32
+    products to the kernels yet (fastformer/backend.py); this is the table they would be written
+    from. Seen on 2026-12-02 with each rule's pick, Triton 3.6 (a fresh cache; a first look, not
+    this matrix): the forward spills (68 B at head dim 64 with key padding in the 128 x 128 tile,
+    4 B at 32 with both masks, 16 to 48 B at 128, where 3.9 also overflows shared memory); every
+    backward dot loop is unpipelined (presumably wgmma's rule that 32-bit operands be K-major,
+    which puts a transposed tile through registers: not yet read in the TTGIR); the FFN's dH GEMM
+    spills 60 B in its 128 x 128 tile.
+    """
+    cases = []
+    for D, mask, dropout in itertools.product(HEAD_DIMS, ("pad", "pad+causal"), (False, True)):
+        cases.append(attention_case("fp32", D, mask, dropout))
+    cases.append(attention_case("fp32", 64, "causal", False, layout="contiguous", L=4096))
+    large = (LARGE["d_hidn"], LARGE["d_ff"], LARGE["M"])
+    for (d, d_ff, M), train in itertools.product((TUTORIAL_FFN, large), (True, False)):
+        cases.append(ffn_case("fp32", "gelu", train, d, d_ff, M))
     return cases
