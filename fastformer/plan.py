@@ -113,10 +113,13 @@ class LayerPlan:
         """layer_norm(residual + dropout(sublayer + its bias)) through the fused op, with its copy
         in the autocast dtype. sublayer: Pending; residual: Hidden. Returns a Hidden."""
         x, bias, dropout_p, seed = sublayer
-        rows = residual.x.shape
+        # x (bs, n_seq, d_hidn) in the tutorial's strides (PoswiseFeedForwardNet on the reference):
+        # the residual viewed so too, which the reference adds first, so its output is rows again.
+        # Otherwise rows as they are: no views on the kernels' path.
+        tutorial_layout = x.dim() != residual.x.dim()
         out = self.ops.add_layer_norm(
             x,
-            residual.x.view(x.shape),  # the reference adds it first: its output is rows again
+            residual.x.view(x.shape) if tutorial_layout else residual.x,
             layer_norm.weight,
             layer_norm.bias,
             layer_norm.eps,
@@ -125,9 +128,10 @@ class LayerPlan:
             seed=seed,
             lowp_dtype=self.dtype,
         )
-        if self.dtype is None:
-            return Hidden.of(out.view(rows))
-        return Hidden(*(t.view(rows) for t in out))
+        if tutorial_layout:
+            rows = residual.x.shape
+            out = out.view(rows) if self.dtype is None else tuple(t.view(rows) for t in out)
+        return Hidden.of(out) if self.dtype is None else Hidden(*out)
 
 
 def autocast_dtype(groups, like):
