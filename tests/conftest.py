@@ -121,11 +121,21 @@ def uncorrected_interpreter(monkeypatch):
 def tf32():
     """PyTorch's fp32 CUDA matmuls, and with them the kernels' fp32 products, in TF32 for the test,
     as torch.set_float32_matmul_precision("high") makes them; the precision before restored by the
-    same API (restored by the newer fp32_precision one, the legacy flag's reads would raise)."""
+    same API (restored by the newer fp32_precision one, the legacy flag's reads would raise).
+    Without a GPU, TF32 is emulated on both sides (tests/tf32_emulation.py): the interpreter's TF32
+    dots and torch's CPU matmuls round their fp32 operands to TF32, as a GPU's would."""
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
-    yield
-    torch.set_float32_matmul_precision(before)
+    try:
+        if HAS_CUDA or not interpreter_requested():
+            yield
+        else:
+            from tests import tf32_emulation
+
+            with tf32_emulation.emulated():
+                yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 @pytest.fixture
