@@ -99,6 +99,15 @@ def switches(t):
     )
 
 
+def fp32_launch(launch, name):
+    """Whether the launch's tensor argument `name` is fp32 (its products TF32 or IEEE): a rule's
+    fp32 tiles hold twice the bytes of fp16/bf16 ones in registers and shared memory, so the rules
+    take fewer of them there. A launch described without its tensors (a rule asked by name) is
+    taken as fp16/bf16."""
+    tensor = launch.get(name)
+    return isinstance(tensor, torch.Tensor) and tensor.dtype == torch.float32
+
+
 def gemm_tile_warps(meta):
     """The GEMM tile rule of every matrix-product kernel here: an output tile of 128 x 128 or more
     takes 8 warps (two warp groups, each a 64-row wgmma), a smaller one 4 (one warp group). Fewer

@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
-from ._configs import Configs, switches
+from ._configs import Configs, fp32_launch, switches
 from ._dropout import (
     attention_keep,
     attention_mask,
@@ -190,6 +190,35 @@ def _read_rows(
     else:
         rows = _load_block(source, start + tl.arange(0, BLOCK_ROWS), stride, offs_d, HEAD_DIM, ROW_ALIGN, BLOCK_D)
     return rows
+
+
+@triton.jit
+def _read_columns(
+    source, rows, start, stride, n, offs_d,
+    MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, TMA: tl.constexpr,
+):
+    """The (BLOCK_D, BLOCK_ROWS) transpose of `rows`, the tile _read_rows read from `source`, for a
+    second product that takes the tile the other way round (`x @ rows^T` beside `y @ rows`).
+
+    For fp32 tiles (TF32 products) it is read from memory a second time, already transposed: wgmma
+    takes 32-bit operands from shared memory only K-major, so one tile feeding two products in
+    opposite orders cannot sit in shared memory in a single layout, and Triton then runs both
+    products of the loop unpipelined (tools/results/sm90-compile-tf32.md, 2026-12-03). The second
+    read comes from L2 and gives each product its own pipelined tile. 16-bit tiles, and TMA's
+    descriptor loads, take tl.trans of the tile they have."""
+    if TMA or rows.dtype != tl.float32:
+        columns = tl.trans(rows)
+    else:
+        offs = start + tl.arange(0, BLOCK_ROWS)
+        pointers = source + tl.multiple_of(offs * stride, ROW_ALIGN)[None, :] + offs_d[:, None]
+        if MASKED:
+            columns = tl.load(pointers, mask=(offs[None, :] < n) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        elif HEAD_DIM == BLOCK_D:
+            columns = tl.load(pointers)
+        else:
+            columns = tl.load(pointers, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+    return columns
 
 
 @triton.jit
@@ -392,7 +421,8 @@ def _dq_step(
         keep = attention_keep(seed, bh, start_m, start_n, dropout_p, BLOCK_M, BLOCK_N, False)
     k = _read_rows(k_src, start_n, stride_kn, Lk, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
     v = _read_rows(v_src, start_n, stride_vn, Lk, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    kt = _read_columns(k_src, k, start_n, stride_kn, Lk, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
+    qk = tl.dot(q, kt, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     p = tl.exp2(qk * qk_scale - lse[:, None])  # the scale in one FFMA per score
     if MASKED:
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -429,14 +459,16 @@ def _dkdv_step(
         lse = tl.load(LSE + bh * Lq + offs_m)
         delta = tl.load(DELTA + bh * Lq + offs_m)
     # (BLOCK_N, BLOCK_M)
-    st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    qt = _read_columns(q_src, q, m, stride_qm, Lq, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
+    st = tl.dot(k, qt, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     pt = tl.exp2(st * qk_scale - lse[None, :])  # the scale in one FFMA per score
     if MASKED:
         valid = _tile_valid(
             offs_m, offs_n, pad, Lq, Lk, mask_bh, stride_mm, stride_mn, HAS_PAD, IS_CAUSAL, HAS_MASK, KEYS_FIRST=True
         )
         pt = tl.where(valid, pt, 0.0)
-    dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    do_t = _read_columns(do_src, do, m, stride_dom, Lq, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
+    dpt = tl.dot(v, do_t, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     if HAS_DROPOUT:  # dS^T = P^T (keep dP^T - (1 - p) delta): the kept P^T times dP^T, one select
         pt_kept = tl.where(keep, pt, 0.0)
         dst = pt_kept * dpt - pt * (delta * (1.0 - dropout_p))[None, :]
@@ -484,10 +516,23 @@ def _fwd_fits(meta, num_warps, num_stages, launch):
     (padding and causal, on 3.6), so it takes one kind of mask at most. At head dim 128 (72 to 128)
     the 128 x 128 tile spills and overflows shared memory, 64 x 64 spills (in 3 stages; with
     dropout; in the full matrix, in 2 stages at head dims 72 and 80 with Lq != Lk), and 128 x 64
-    with dropout spills in 2 stages."""
+    with dropout spills in 2 stages.
+
+    fp32 (TF32 products: python -m tools.sm90_report --tf32, tools/results/sm90-compile-tf32*.md)
+    takes 2 stages only (in 3, 128 x 64 overflows shared memory at head dim 128 and spills at 64,
+    64 x 64 and 64 x 32 spill); at head dims above 32 not 128 x 128 (it spills at 64 with key
+    padding); at 64 with dropout not 64 x 64 (24 B on Triton 3.9); at 128 (72 to 128) 128 x 32,
+    and 64 x 32 without dropout or for queries that fit in 64 rows (on Triton 3.9, 128 x 64 spills
+    80 B, and 64 x 32 with dropout 28 B: kept where 128 rows would compute padding only)."""
     if not _fits_lengths(meta, launch, _FWD_TILES):
         return False
     tile, dropout = (meta["BLOCK_M"], meta["BLOCK_N"]), launch["HAS_DROPOUT"]
+    if fp32_launch(launch, "Q"):
+        block_d = launch["BLOCK_D"]
+        if num_stages != 2 or (block_d > 32 and tile == (128, 128)) or (block_d == 64 and dropout and tile == (64, 64)):
+            return False
+        if block_d == 128 and tile != (128, 32):
+            return tile == (64, 32) and (not dropout or launch["LQ_BUCKET"] <= 64)
     if dropout and meta["BLOCK_N"] > 64:
         return False
     masks = launch["HAS_PAD"] + launch["IS_CAUSAL"] + launch["HAS_MASK"]
@@ -648,9 +693,25 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
     64 x 64 in 4 warps holds 238 to 255 registers at D64: in 2 stages with dropout and neither a
     causal nor a dense mask it compiles clean on both versions; in 3 stages, or with key padding but
     no dropout, it spills (24 to 56 B on Triton 3.9), and through tensor descriptors (TMA) too
-    (16 B on Triton 3.9, the model's call)."""
+    (16 B on Triton 3.9, the model's call).
+
+    fp32 (TF32 products: python -m tools.sm90_report --tf32, tools/results/sm90-compile-tf32*.md):
+    not 64 x 64 in 4 warps (it spills with dropout); at head dims from 32, 32 query rows a block (64
+    x 64 spills 28 to 200 B, 32 B at head dim 32 on Triton 3.9; 64 x 128 168 B); from 64, 2 stages
+    (32 x 64 spills 16 B in 3 with dropout on 3.9); at 128 (72 to 128) 32 x 64 (32 x 128 spills,
+    and in 3 stages overflows shared memory). That last tile compiles clean on Triton 3.6, the GPU
+    machines', and is the one fp32 launch with no clean config on 3.9: it spills 80 to 332 B there,
+    and every other tile overflows shared memory; it is kept, as the only one that compiles."""
     if not _fits_lengths(meta, launch, _DKDV_TILES):
         return False
+    if fp32_launch(launch, "Q"):
+        block_d = launch["BLOCK_D"]
+        if (meta["BLOCK_M"], meta["BLOCK_N"], num_warps) == (64, 64, 4):
+            return False
+        if (block_d >= 32 and meta["BLOCK_M"] != 32) or (block_d >= 64 and num_stages != 2):
+            return False
+        if block_d == 128 and meta["BLOCK_N"] != 64:
+            return False
     tile = (meta["BLOCK_M"], meta["BLOCK_N"])
     if tile == (64, 64) and num_warps == 4:  # at the register limit: where it compiles clean
         dropout_only = launch["HAS_DROPOUT"] and not (launch["IS_CAUSAL"] or launch["HAS_MASK"])
@@ -675,9 +736,20 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     and with padding spills in 2 stages, so it runs in 2 stages without padding only, and through
     tensor descriptors (TMA) not with a dense mask either (12 B of spills on Triton 3.9); with dropout
     the 128 x 64 tile is at the register limit (with padding alone it spills on Triton 3.6), so
-    64-row tiles only, and with a causal or dense mask 64 x 64 spills too, so 64 x 32 it is."""
+    64-row tiles only, and with a causal or dense mask 64 x 64 spills too, so 64 x 32 it is.
+
+    fp32 (TF32 products: python -m tools.sm90_report --tf32, tools/results/sm90-compile-tf32*.md):
+    2 stages (128 x 64 spills in 3 with dropout); 64 x 128 at head dims up to 32 only (at 64 it
+    spills 240 B and more); at 64 not 64 x 64 (28 B with both masks on Triton 3.9); at 128 (72 to
+    128) 64 x 32 only (the larger tiles overflow shared memory)."""
     if not _fits_lengths(meta, launch, _DQ_TILES):
         return False
+    if fp32_launch(launch, "Q"):
+        tile, block_d = (meta["BLOCK_M"], meta["BLOCK_N"]), launch["BLOCK_D"]
+        if num_stages != 2 or (block_d > 32 and meta["BLOCK_N"] == 128):
+            return False
+        if (block_d == 64 and tile == (64, 64)) or (block_d == 128 and tile != (64, 32)):
+            return False
     dropout = launch["HAS_DROPOUT"]
     if dropout and meta["BLOCK_N"] > 64:
         return False

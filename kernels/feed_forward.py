@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from . import linear_gelu as _linear
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
-from ._configs import Configs, gemm_tile_warps, switches
+from ._configs import Configs, fp32_launch, gemm_tile_warps, switches
 from ._layout import rows_view, vector_stride
 from ._runtime import (
     INTERPRET,
@@ -79,7 +79,11 @@ def _fused_candidates():
 
 
 def _fused_fits(meta, num_warps, num_stages, launch):
-    """No output tile wider than d needs (rounded up to a power of two; the 64-wide tiles always fit)."""
+    """No output tile wider than d needs (rounded up to a power of two; the 64-wide tiles always fit).
+    In fp32 (TF32 products: python -m tools.sm90_report --tf32) no 64-row tile with 64-wide hidden
+    chunks: beside a 128-wide output tile it spills, beside a 256-wide one in 2 stages on Triton 3.9."""
+    if fp32_launch(launch, "X") and (meta["BLOCK_M"], meta["BLOCK_F"]) == (64, 64):
+        return False
     return meta["BLOCK_N"] <= max(64, next_power_of_2(launch["D"]))
 
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
-from ._configs import Configs, gemm_tile_warps, switches
+from ._configs import Configs, fp32_launch, gemm_tile_warps, switches
 from ._gemm_choice import use_cublas
 from ._layout import last_dim_contiguous, rows_view, vector_stride
 from ._reduce import _sum_partials_kernel, sum_partials_launch
@@ -97,6 +97,25 @@ def _gemm_fits(meta, num_warps, num_stages, launch):
     return meta["BLOCK_N"] <= max(64, next_power_of_2(launch["N"])) and meta["BLOCK_K"] <= max(
         32, next_power_of_2(launch["K"])
     )
+
+
+def _linear_gelu_fits(meta, num_warps, num_stages, launch):
+    """_gemm_fits, and in fp32 (TF32 products: python -m tools.sm90_report --tf32) not 64 x 256 with
+    64-deep K blocks (its 3 stages overflow shared memory), nor 128 x 128 where the pre-activation
+    is stored (ptxas serializes its wgmma: C7515)."""
+    if fp32_launch(launch, "X"):
+        tile = (meta["BLOCK_M"], meta["BLOCK_N"])
+        if (tile == (64, 256) and meta["BLOCK_K"] == 64) or (tile == (128, 128) and launch["STORE_PRE"]):
+            return False
+    return _gemm_fits(meta, num_warps, num_stages, launch)
+
+
+def _act_grad_fits(meta, num_warps, num_stages, launch):
+    """_gemm_fits, and in fp32 (TF32 products: python -m tools.sm90_report --tf32) the 64 x 64 tile
+    only: with the fp32 pre-activation its epilogue reads, every larger tile spills 60 to 88 B."""
+    if fp32_launch(launch, "DOUT") and (meta["BLOCK_M"], meta["BLOCK_N"]) != (64, 64):
+        return False
+    return _gemm_fits(meta, num_warps, num_stages, launch)
 
 
 @triton.jit
@@ -389,7 +408,8 @@ def _ffn_act_grad_kernel(
 _linear_gelu_fwd = Configs(
     _linear_gelu_fwd_kernel, "linear_gelu", _gemm_candidates(),
     ["M_BUCKET", "N", "K", "ACTIVATION", "STORE_PRE", "DOT_PRECISION", "TMA"],
-    _gemm_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}, tma_bases=("X", "W"),
+    _linear_gelu_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
+    tma_bases=("X", "W"),
 )
 # Whether the GEMM loads its X and W tiles through tensor descriptors where TMA can serve
 # (kernels/_tma.py; set_tma or FASTFORMER_TMA choose otherwise): not until a GPU has timed both
@@ -407,13 +427,14 @@ _activation_fwd = Configs(
 # moves M * N elements less with the pre-activation kept and 2 * M * N without (docs/kernels.md).
 PREFERS_CUBLAS = False
 # The FFN's dH GEMM with the activation gradient in its epilogue: the forward GEMM's configs and rule
+# (with its own for fp32)
 # (its N is d_ff, its K is d). Its db1 partial sums go one row per PARTIAL_ROWS rows, the smallest
 # BLOCK_M of the configs, so that the partials' buffer is sized before a config is picked (or while
 # the autotuner picks one per call).
 _ffn_act_grad = Configs(
     _ffn_act_grad_kernel, "ffn activation gradient", _gemm_candidates(),
     ["M_BUCKET", "N", "K", "ACTIVATION", "BIAS_GRAD", "WRITE_H", "DOT_PRECISION", "TMA"],
-    _gemm_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
+    _act_grad_fits, interpreter_meta={"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2},
     tma_bases=("DOUT", "W2"),
 )
 PARTIAL_ROWS = 16 if INTERPRET else min(meta["BLOCK_M"] for meta, _, _ in _ffn_act_grad.candidates)
@@ -518,7 +539,9 @@ def _activation_launches(dy, pre, dpre, partial, db, h, activation, bias_grad, w
     """[(kernel, grid, args, kwargs)] of the activation gradient's launches: the slabs (which write h
     with write_h), then (with bias_grad) the sum of their partials into db. dy has a unit last stride."""
     M, N = pre.shape
-    block_n = 16 if INTERPRET else 128
+    # 128 columns of 16-bit rows; 64 of fp32, whose three steps of two tiles in flight spill at 128
+    # on Triton 3.9 (8 B: python -m tools.sm90_report --tf32)
+    block_n = 16 if INTERPRET else 128 // (pre.element_size() // 2)
     slabs = (
         _activation_grad_kernel,
         (cdiv(M, GRAD_ROWS_PER_PROGRAM), cdiv(N, block_n)),

@@ -224,27 +224,30 @@ def dropout_mask_case():
     return Case("dropout_mask", run, "")
 
 
-def model_case(B=32, L=64, tma=False):
+def model_case(B=32, L=64, tma=False, dtype="bf16"):
     """One train step and one evaluation of the tutorial's MovieClassification as `fastformer train`
     runs them on a GPU: the tutorial config, bf16 autocast, dropout 0.1, reviews padded to L
     tokens (lengths spread up to L) and the one-token [BOS] decoder input. It runs without
     autotuning, as a default GPU run does: what it compiles is the config each launch's rule picks
-    for the model's own layouts and flags. `tma`: with tile loads through tensor descriptors."""
+    for the model's own layouts and flags. `tma`: with tile loads through tensor descriptors.
+    dtype "fp32": the tutorial's own fp32 model, no autocast, with TF32 allowed (tf32_precision),
+    as the "auto" backend runs it on the kernels."""
     fastformer = _module("fastformer")
-    name = f"model/tutorial/bf16/train+eval/B{B}xL{L}" + ("/tma" if tma else "")
+    name = f"model/tutorial/{dtype}/train+eval/B{B}xL{L}" + ("/tma" if tma else "")
 
     def run():
         _module("fastformer.kernels").set_tma(True if tma else None)
         try:
-            _model_step(fastformer, B, L)
+            with tf32_precision(dtype):
+                _model_step(fastformer, B, L, autocast=dtype != "fp32")
         finally:
             _module("fastformer.kernels").set_tma(None)
 
-    return Case(name, run, "bfloat16", autotune=False)
+    return Case(name, run, _name(dtype), autotune=False)
 
 
-def _model_step(fastformer, B, L):
-    """model_case's train step and evaluation."""
+def _model_step(fastformer, B, L, autocast=True):
+    """model_case's train step and evaluation (under bf16 autocast, or as the model's fp32)."""
     torch.manual_seed(0)
     config = fastformer.Config.tutorial()
     model = fastformer.MovieClassification(config)
@@ -252,7 +255,7 @@ def _model_step(fastformer, B, L):
     enc = torch.randint(4, config.n_enc_vocab, (B, L)).masked_fill(torch.arange(L) >= lengths[:, None], config.i_pad)
     dec = torch.full((B, 1), 2)  # [BOS]
     labels = torch.randint(0, config.n_output, (B,))
-    with fastformer.use_backend("triton"), torch.autocast("cpu", dtype=torch.bfloat16):
+    with fastformer.use_backend("triton"), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model.train()(enc, dec)[0]
         torch.nn.functional.cross_entropy(logits.float(), labels).backward()
         with torch.no_grad():
@@ -275,7 +278,8 @@ def _common_cases(dtypes):
 def ci_cases():
     """Sized for CI: in fp16 every op variant, every mask and dropout at the tutorial's head dim and
     every head dim with the model's masks, each with every config; in bf16 the model's masks and
-    the tutorial's FFN with the config each rule picks, and the model; LayerNorm in fp32 too; the
+    the tutorial's FFN with the config each rule picks, and the model; in fp32 (TF32) the model and
+    its encoder's attention and the FFN with the rules' picks; LayerNorm in fp32 too; the
     other layouts, an odd length and Lq != Lk once each. bf16 compiles as fp16 does (same tiles,
     same instructions but the type): on the 2026-11-29 tables, 112 (kernel, config) pairs of bf16
     and fp16 cases had the same shared memory, spills, wgmma and pipelining and verdict on both
@@ -303,6 +307,12 @@ def ci_cases():
     cases.append(attention_case("fp16", 64, "causal", False, layout="contiguous", L=4096))
     cases.append(attention_case("fp16", 72, "pad", False, layout="contiguous"))  # rows 144 B apart: ROW_ALIGN
     cases.append(model_case())
+    # fp32 with TF32 products, as the "auto" backend runs an fp32 model where PyTorch's matmuls take
+    # TF32: the model, its encoder's call at 256 tokens and the FFN, with the rules' picks; tf32_cases
+    # compiles every config (tests/test_kernel_configs.py holds the fp32 rules to its tables)
+    cases.append(model_case(dtype="fp32"))
+    cases.append(attention_case("fp32", TUTORIAL["D"], "pad", True, autotune=False))
+    cases.append(ffn_case("fp32", "gelu", True, *TUTORIAL_FFN, autotune=False))  # linear_gelu's backward too
     # tile loads through tensor descriptors (kernels/_tma.py), each launch with its rule's pick: every
     # mask, with and without dropout, at the tutorial's head dim, the other head dims with the
     # model's masks, and the model; full_cases compiles every config
@@ -348,14 +358,11 @@ def full_cases():
 def tf32_cases():
     """fp32 with TF32 products, every config (`python -m tools.sm90_report --tf32`): the attention
     passes at every head dim with the model's masks, with and without dropout, a long causal call,
-    and the FFN at both sizes, training and inference. Not in CI: the rules do not send fp32
-    products to the kernels yet (fastformer/backend.py); this is the table they would be written
-    from. Seen on 2026-12-02 with each rule's pick, Triton 3.6 (a fresh cache; a first look, not
-    this matrix): the forward spills (68 B at head dim 64 with key padding in the 128 x 128 tile,
-    4 B at 32 with both masks, 16 to 48 B at 128, where 3.9 also overflows shared memory); every
-    backward dot loop is unpipelined (presumably wgmma's rule that 32-bit operands be K-major,
-    which puts a transposed tile through registers: not yet read in the TTGIR); the FFN's dH GEMM
-    spills 60 B in its 128 x 128 tile.
+    the FFN at both sizes, training and inference. Not in CI (ci_cases has the
+    fp32 rules' picks); what the fp32 rules are written from: tools/results/sm90-compile-tf32.md and
+    its Triton 3.6 twin, generated 2026-12-03 before those rules narrowed the lists, so that they
+    show every config of the fp16/bf16 lists (a run now compiles only what the fp32 rules keep; the
+    activation-gradient kernel's rows show its 128-column tile, which fp32 no longer takes).
     """
     cases = []
     for D, mask, dropout in itertools.product(HEAD_DIMS, ("pad", "pad+causal"), (False, True)):
