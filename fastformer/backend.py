@@ -9,13 +9,14 @@ two threads in blocks of their own each run on theirs. set_backend's holds in ev
 in no block.
 
 "auto" (the default) runs the Triton kernels on CUDA tensors and the reference elsewhere, with one
-exception: attention and the feed-forward in fp32 (not under torch.autocast) run the reference on
-CUDA too, with a one-time warning. Their kernels are built on tensor-core matrix products, which
-take fp16/bf16: an fp32 `tl.dot` is either IEEE, which compiles to CUDA-core FMA loops that spill
-registers on Hopper, or TF32, whose backward the sm_90a compile check shows unpipelined. cuBLAS is
-the better fp32 engine; for the kernels, run the model under
-`torch.autocast("cuda", dtype=torch.bfloat16)`, as `fastformer train` does. The add + LayerNorm
-kernel has no matrix product and takes fp32 as it is.
+exception: attention and the feed-forward in fp32 run their kernels only where PyTorch's own fp32
+matmuls would take TF32 (torch.set_float32_matmul_precision("high") or "medium", or
+torch.backends.cuda.matmul.allow_tf32 = True), by the same contract: TF32 products, fp32
+accumulation and softmax. At PyTorch's default precision, "highest", they run the reference
+(cuBLAS in IEEE fp32), with a one-time warning: an IEEE-fp32 `tl.dot` compiles to CUDA-core FMA
+loops, no match for cuBLAS. Under torch.autocast in bf16/fp16, as `fastformer train` runs, the
+kernels run whatever the fp32 precision. The add + LayerNorm kernel has no matrix product and
+takes fp32 as it is.
 "triton" always runs the kernels: on a CPU that needs TRITON_INTERPRET=1 set before `fastformer.kernels` is
 imported (Triton's interpreter; this is how the tests check the kernels without a GPU).
 Under either, a model in a dtype the kernels do not take (float64: they take fp16, bf16 and fp32) runs
@@ -35,7 +36,7 @@ import torch
 
 from fastformer import kernels
 from fastformer.environment import BACKEND_ENV, BACKENDS
-from fastformer.kernels._runtime import EnvSetting, warn_once
+from fastformer.kernels._runtime import EnvSetting, allow_tf32, warn_once
 
 ENV_VAR = BACKEND_ENV
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the Triton kernels take
@@ -134,7 +135,13 @@ def _kernels_take(tensor, matmul):
                 "PyTorch reference: use model.float() for the kernels, or fastformer.set_backend('reference')",
             )
         return False
-    return backend == "triton" or not matmul or in_half_precision(tensor)
+    return backend == "triton" or not matmul or in_half_precision(tensor) or in_tf32(tensor)
+
+
+def in_tf32(tensor):
+    """Whether matrix products on fp32 `tensor` may take TF32, as PyTorch's fp32 CUDA matmuls would
+    (kernels._runtime.allow_tf32): the kernels' fp32 products are then TF32 too (dot_precision)."""
+    return tensor.dtype == torch.float32 and allow_tf32()
 
 
 def in_half_precision(tensor):
@@ -152,15 +159,18 @@ def in_half_precision(tensor):
 
 def _matmul_uses_triton(tensor):
     """uses_triton for attention and the feed-forward, warning once when "auto" keeps fp32 on CUDA
-    off the kernels (see the module docstring); not while compiling, where a warning breaks the graph."""
+    off the kernels (at the "highest" fp32 precision: see the module docstring); not while compiling,
+    where a warning breaks the graph."""
     if uses_triton(tensor):
         return True
     fp32 = tensor.dtype == torch.float32  # other dtypes: uses_triton has said why
     if fp32 and get_backend() == "auto" and kernels.HAS_TRITON and tensor.is_cuda and not torch.compiler.is_compiling():
         warn_once(
             ("backend", "fp32"),
-            "fastformer: float32 attention and feed-forward run the PyTorch reference on CUDA; the Triton kernels "
-            'take fp16/bf16: use torch.autocast("cuda", dtype=torch.bfloat16)',
+            "fastformer: float32 attention and feed-forward run the PyTorch reference on CUDA at PyTorch's default "
+            'fp32 precision ("highest"); for the Triton kernels, run under torch.autocast("cuda", '
+            "dtype=torch.bfloat16), or allow TF32 as for PyTorch's own matmuls: "
+            'torch.set_float32_matmul_precision("high")',
         )
     return False
 

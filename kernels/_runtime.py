@@ -499,6 +499,13 @@ def allow_tf32():
     return torch._C._get_fp32_precision_getter("cuda", "matmul") == "tf32"
 
 
+# Dynamo cannot trace the getter (a torch.* call returning no tensor): a compiled model takes its
+# result as a constant, which torch.compiler.assume_constant_result marks this way (set here so that
+# importing fastformer does not import torch._dynamo, 1.5 s). Dynamo's global-state guard covers the
+# precision, so a compiled graph is made again when it changes (tests/test_backend.py).
+allow_tf32._dynamo_marked_constant = True
+
+
 def kept(cache, key, make, *args):
     """cache[key], made by make(*args) on its first use (a cache that somehow holds MAX_KEPT starts
     again); None for an unhashable key. Under CHECK_PLANS it is made again on every use and must

@@ -237,15 +237,58 @@ def fake_cuda(dtype):
     [
         (torch.bfloat16, True, True),
         (torch.float16, True, True),
-        (torch.float32, True, False),  # attention / FFN in fp32: the reference (cuBLAS)
+        (torch.float32, True, False),  # attention / FFN in fp32 at "highest": the reference (cuBLAS)
         (torch.float32, False, True),  # add + LayerNorm has no matrix product: its kernel takes fp32
     ],
 )
 def test_auto_keeps_fp32_matrix_products_on_cuda_off_the_kernels(dtype, matmul, expected):
+    assert torch.get_float32_matmul_precision() == "highest"  # PyTorch's default, the suite's
     with FakeTensorMode():
         assert backend.uses_triton(fake_cuda(dtype), matmul=matmul) == expected
         with fastformer.use_backend("triton"):  # forcing the kernels still runs them in fp32
             assert backend.uses_triton(fake_cuda(dtype), matmul=matmul)
+
+
+@pytest.mark.parametrize("allow", ["high", "medium", "legacy"])
+def test_auto_runs_fp32_matrix_products_on_the_kernels_where_pytorch_takes_tf32(allow):
+    """Where PyTorch's own fp32 matmuls would take TF32 (either precision API), "auto" runs fp32
+    attention and the FFN on the kernels, whose fp32 products are then TF32 (issue 68, item 1);
+    back at "highest", the reference again. Each API restored by itself: PyTorch refuses legacy
+    reads once the two are mixed."""
+    assert torch.get_float32_matmul_precision() == "highest"
+    try:
+        if allow == "legacy":
+            torch.backends.cuda.matmul.allow_tf32 = True
+        else:
+            torch.set_float32_matmul_precision(allow)
+        assert kernels._runtime.dot_precision(torch.float32) == "tf32"
+        with FakeTensorMode():
+            assert backend.uses_triton(fake_cuda(torch.float32))
+            assert backend.ops(fake_cuda(torch.float32)).feed_forward is kernels.feed_forward
+            assert not backend.uses_triton(torch.zeros(2, 3))  # a CPU tensor: the reference, as always
+    finally:
+        if allow == "legacy":
+            torch.backends.cuda.matmul.allow_tf32 = False
+        else:
+            torch.set_float32_matmul_precision("highest")
+    with FakeTensorMode():
+        assert not backend.uses_triton(fake_cuda(torch.float32))
+
+
+def test_the_tf32_choice_compiles_in_one_graph_and_follows_the_precision():
+    """backend.in_tf32 inside torch.compile(fullgraph=True), where "auto" asks it of an fp32 model
+    on CUDA: no graph break (Dynamo cannot trace PyTorch's precision getter; it takes its result as
+    a constant), and the graph is made again when the precision changes."""
+    x = torch.zeros(2)
+    compiled = torch.compile(lambda t: t + 1 if backend.in_tf32(t) else t - 1, fullgraph=True, backend="eager")
+    assert torch.get_float32_matmul_precision() == "highest"
+    try:
+        assert compiled(x).tolist() == [-1.0, -1.0]
+        torch.set_float32_matmul_precision("high")
+        assert compiled(x).tolist() == [1.0, 1.0]
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert compiled(x).tolist() == [-1.0, -1.0]
 
 
 def test_half_precision_follows_autocast():
@@ -317,7 +360,11 @@ def test_fp32_attention_and_ffn_on_cuda_run_the_reference_and_warn_once(monkeypa
     monkeypatch.setattr(kernels._runtime, "_warned", set())
     with FakeTensorMode():
         x32, x16 = fake_cuda(torch.float32), fake_cuda(torch.float16)
-        with pytest.warns(UserWarning, match=r"float32 attention and feed-forward run the PyTorch reference on CUDA"):
+        with pytest.warns(
+            UserWarning,
+            match=r"float32 attention and feed-forward run the PyTorch reference on CUDA.*"
+            r'torch.autocast.*set_float32_matmul_precision\("high"\)',
+        ):
             backend.attention(x32, x32, x32)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once per process: the second call is silent
