@@ -24,7 +24,7 @@ the tests to exercise every code path of the report without a GPU.
 
 import math
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -518,6 +518,25 @@ class Way:
     run: str  # "eager", "graphs" (fastformer.train.graphs), or torch.compile: COMPILED_RUNS
     optimizer: str = "adamw"  # torch.optim.AdamW's default (foreach), or "fused": `fastformer train`'s
     autotune: bool = False  # every kernel config timed (kernels.autotuning) in place of the rules' picks
+    tf32: bool = False  # fp32 matmuls in TF32 (torch.set_float32_matmul_precision("high")), the kernels' too
+
+
+def matmul_precision(tf32):
+    """torch.set_float32_matmul_precision("high") inside the block where `tf32`, restored by the
+    same API after it; nothing otherwise."""
+    if not tf32:
+        return nullcontext()
+    return _high_precision()
+
+
+@contextmanager
+def _high_precision():
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 # torch.compile(model, **options) per Way.run
@@ -536,6 +555,10 @@ MODEL_WAYS = {
     "fastformer_compile": Way("triton", True, "compile_fullgraph"),
     "fastformer_reduce_overhead": Way("triton", True, "reduce_overhead"),
     "reference_fp32": Way("reference", False, "eager"),  # the tutorial as it runs
+    # the tutorial's fp32 model where PyTorch's matmuls take TF32: the kernels under "auto", and the
+    # tutorial under the same setting (cuBLAS in TF32), its peer
+    "fastformer_tf32": Way("triton", False, "eager", tf32=True),
+    "reference_tf32": Way("reference", False, "eager", tf32=True),
     "reference": Way("reference", True, "eager"),
     "reference_sdpa": Way("sdpa", True, "eager"),
     "reference_compiled": Way("reference", True, "compile"),
@@ -571,6 +594,8 @@ def _cuda_reason(way):
         return "on a CPU, python -m tools.host_overhead times the optimizer's step"
     if way.autotune:
         return "under Triton's interpreter autotuning picks one config: it would time fastformer's case again"
+    if way.tf32:
+        return "a CPU has no TF32: it would time the fp32 case again"
     return None
 
 
@@ -612,6 +637,8 @@ def model_case(kind, provider, device, B=128, config=None, amp=None, scenario="c
     config = config or fastformer.Config.tutorial()
     amp = way.amp if amp is None else amp
     params = {"scenario": scenario, "B": B, "n_layer": config.n_layer, "d_hidn": config.d_hidn, "amp": amp}
+    if way.tf32:
+        params["tf32"] = True  # how the provider ran (bench.targets.PROVIDER_PARAMS), as amp
     case = Case(f"model_{kind}", provider, params, setup=None, timing="wall")
     amp_name = "bf16" if amp else "off"
     backend_name = "triton" if way.backend == "triton" else "reference"
@@ -635,19 +662,19 @@ def model_case(kind, provider, device, B=128, config=None, amp=None, scenario="c
             forward = torch.compile(net, **COMPILED_RUNS[way.run])
 
         def ways():
-            return fastformer.use_backend(backend_name), kernels.autotuning(way.autotune)
+            return fastformer.use_backend(backend_name), kernels.autotuning(way.autotune), matmul_precision(way.tf32)
 
         def logits():
-            backend, tuning = ways()
-            with backend, tuning:
+            backend, tuning, precision = ways()
+            with backend, tuning, precision:
                 if graphs is not None:
                     return graphs.logits(enc, dec)
                 with torch.no_grad(), autocast(device, amp_name):
                     return forward(enc, dec)[0]
 
         def step():
-            backend, tuning = ways()
-            with backend, tuning:
+            backend, tuning, precision = ways()
+            with backend, tuning, precision:
                 if graphs is not None:
                     return graphs.train_step((labels, enc, dec))[0]
                 if way.run == "reduce_overhead":
@@ -671,7 +698,9 @@ def model_case(kind, provider, device, B=128, config=None, amp=None, scenario="c
             net.load_state_dict(trained)
             net.train(kind == "train")
             scale = expected.abs().max().item() or 1.0
-            assert_close_to("logits", got, expected, (ATOL["bf16"] if amp else ATOL["fp32"]) * 4 * scale)
+            # TF32 keeps fp16's 10 mantissa bits (and fp32's exponent): fp16's tolerance
+            atol = ATOL["bf16"] if amp else ATOL["fp16"] if way.tf32 else ATOL["fp32"]
+            assert_close_to("logits", got, expected, atol * 4 * scale)
             if kind == "train":
                 assert bool(torch.isfinite(step())), "training loss is not finite"
 

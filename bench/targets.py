@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 from bench.timing import MET, NOT_MEASURED, NOT_MET, WITHIN_NOISE, Ratio, Timing, verdict
 
-# params that describe how a provider ran, not the case: the SDPA backend that ran, and autocast
-# (reference_fp32 is the model without it; the other providers run under bf16 autocast)
-PROVIDER_PARAMS = ("sdpa_backend", "amp")
+# params that describe how a provider ran, not the case: the SDPA backend that ran, autocast
+# (reference_fp32 is the model without it; the other providers run under bf16 autocast) and TF32
+# (fastformer_tf32 and reference_tf32: the fp32 model with TF32 matmuls)
+PROVIDER_PARAMS = ("sdpa_backend", "amp", "tf32")
 SDPA_PEERS = ("sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
 REFERENCE_BEST = ("reference_compiled", "reference_reduce_overhead", "reference_graphs")
 

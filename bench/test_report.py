@@ -198,7 +198,7 @@ def test_pytest_bench_skips_cleanly_without_a_gpu():
 
 def test_every_model_provider_is_a_case_of_the_same_bench_and_params():
     """Each way of running the step (MODEL_WAYS) shares the eager fastformer case's bench and params
-    but for autocast (so the report groups them); on a CPU, the ways that need CUDA skip saying why;
+    but for autocast and TF32 (so the report groups them); on a CPU, the ways that need CUDA skip saying why;
     the fused optimizer is a way of stepping, with no inference case."""
     config = fastformer.Config.tutorial(
         n_layer=1, d_hidn=32, n_head=2, d_head=16, d_ff=64, n_enc_vocab=50, n_dec_vocab=50, n_enc_seq=12, n_dec_seq=12
@@ -212,7 +212,8 @@ def test_every_model_provider_is_a_case_of_the_same_bench_and_params():
                     cases.model_case(kind, provider, "cpu", B=2, config=config, amp=False)
                 continue
             case = cases.model_case(kind, provider, "cpu", B=2, config=config, amp=False)
-            assert (case.bench, case.params, case.timing) == (eager.bench, eager.params, "wall")
+            assert (case.bench, case.timing) == (eager.bench, "wall")
+            assert {**case.params, "tf32": False} == {**eager.params, "tf32": False}  # how it ran: TF32 or not
             if provider not in cpu_only:
                 with pytest.raises(Skip, match=f"^{provider} is benchmarked on CUDA only "):
                     case.setup()

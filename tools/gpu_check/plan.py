@@ -34,6 +34,8 @@ MODEL_ORDER = (
     "reference_fp32",
     "fastformer",
     "reference_graphs",
+    "fastformer_tf32",
+    "reference_tf32",
     "fastformer_graphs_fused",
     "reference_compiled",
     "reference_reduce_overhead",
