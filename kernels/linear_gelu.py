@@ -427,10 +427,9 @@ _activation_fwd = Configs(
 # moves M * N elements less with the pre-activation kept and 2 * M * N without (docs/kernels.md).
 PREFERS_CUBLAS = False
 # The FFN's dH GEMM with the activation gradient in its epilogue: the forward GEMM's configs and rule
-# (with its own for fp32)
-# (its N is d_ff, its K is d). Its db1 partial sums go one row per PARTIAL_ROWS rows, the smallest
-# BLOCK_M of the configs, so that the partials' buffer is sized before a config is picked (or while
-# the autotuner picks one per call).
+# (its N is d_ff, its K is d), narrowed for fp32 by its own (_act_grad_fits). Its db1 partial sums
+# go one row per PARTIAL_ROWS rows, the smallest BLOCK_M of the configs, so that the partials' buffer
+# is sized before a config is picked (or while the autotuner picks one per call).
 _ffn_act_grad = Configs(
     _ffn_act_grad_kernel, "ffn activation gradient", _gemm_candidates(),
     ["M_BUCKET", "N", "K", "ACTIVATION", "BIAS_GRAD", "WRITE_H", "DOT_PRECISION", "TMA"],
@@ -541,7 +540,7 @@ def _activation_launches(dy, pre, dpre, partial, db, h, activation, bias_grad, w
     M, N = pre.shape
     # 128 columns of 16-bit rows; 64 of fp32, whose three steps of two tiles in flight spill at 128
     # on Triton 3.9 (8 B: python -m tools.sm90_report --tf32)
-    block_n = 16 if INTERPRET else 128 // (pre.element_size() // 2)
+    block_n = 16 if INTERPRET else 64 if pre.dtype == torch.float32 else 128
     slabs = (
         _activation_grad_kernel,
         (cdiv(M, GRAD_ROWS_PER_PROGRAM), cdiv(N, block_n)),
