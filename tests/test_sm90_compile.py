@@ -24,7 +24,7 @@ pytest.importorskip("triton")
 
 pytestmark = pytest.mark.versions  # CI runs it on Triton 3.9 and on 3.6
 
-from tests import sm90_planted  # noqa: E402
+from tests import sm90_early, sm90_planted  # noqa: E402
 from tools import sm90  # noqa: E402
 from tools.sm90_cases import ci_cases  # noqa: E402
 
@@ -54,9 +54,10 @@ KERNELS = _launched_kernels()
 
 
 @pytest.fixture(scope="module")
-def records():
-    """Every (case, kernel, config) of the CI matrix, compiled in two worker processes."""
-    return sm90.compile_cases("tools.sm90_cases:ci_cases", jobs=2)
+def records(request):
+    """Every (case, kernel, config) of the CI matrix, compiled in two worker processes begun when
+    collection ended (tests/sm90_early.py)."""
+    return sm90_early.records(request.config)
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,24 @@ def test_each_worker_takes_whole_families_of_cases():
     assert 0.8 < len(shards[0]) / len(shards[1]) < 1.25, [len(shard) for shard in shards]
 
 
+def test_a_mask_compiled_with_the_rules_picks_only_has_its_supersets_compiled_with_every_config():
+    """tools.sm90_cases.SUBSET_MASKS: CI compiles three fp16 masks at the tutorial's head dim with
+    the rules' picks only, each on the ground that the cases whose flags hold its own compile every
+    config; those cases must be in the matrix, autotuning, and the three with the picks."""
+    from tools.sm90_cases import MASKS, SUBSET_MASKS
+
+    def name(mask, dropout):
+        return f"attention/fp16/d64/{mask}{'+dropout' if dropout else ''}/self/L256"
+
+    cases = {case.name: case for case in ci_cases()}
+    for (mask, dropout), supersets in SUBSET_MASKS.items():
+        assert not cases[name(mask, dropout)].autotune
+        for other, other_dropout in supersets:
+            assert other_dropout == dropout and all(a <= b for a, b in zip(MASKS[mask], MASKS[other]))
+            superset = cases.get(name(other, other_dropout)) or cases[name(other, other_dropout) + "+probs"]
+            assert superset.autotune, superset.name
+
+
 def test_the_tf32_matrix_compiles_fp32_products_as_tf32():
     """tools.sm90_cases.tf32_cases (python -m tools.sm90_report --tf32, not CI's): fp32 cases only,
     named apart, each compiling its products as TF32 inside its run (dot_precision) and leaving
@@ -112,6 +131,12 @@ def test_every_case_launches_and_compiles_something(records):
     failed = [f"{r.case}: {r.error}" for r in records if r.kernel == "<launch>"]
     assert not failed, "launchers failed outside compilation:\n" + "\n".join(failed)
     assert sorted(by_case) == sorted(case.name for case in ci_cases())
+
+
+def test_the_matrix_began_compiling_when_collection_ended(records, request):
+    """The records come from the Compilation tests/conftest.py began (tests/sm90_early.py), not
+    from one begun when the fixture was first asked for."""
+    assert isinstance(request.config.stash.get(sm90_early.COMPILATION, None), sm90.Compilation)
 
 
 def test_bf16_compiles_as_fp16_does(records):

@@ -22,7 +22,7 @@ check those on a CPU, bf16 through tests/interpreter_bf16.py), occupancy and tim
 and the benchmarks cover those on a GPU.
 
 The kernels must be imported without TRITON_INTERPRET (the interpreter replaces `triton.jit`
-and the autotune lists at import time), so `compile_cases` runs the work in fresh subprocesses;
+and the autotune lists at import time), so `compile_cases` (a `Compilation`) runs the work in fresh subprocesses;
 `python -m tools.sm90 --worker` is that subprocess.
 """
 
@@ -496,34 +496,60 @@ def compile_cases(source: str, names: list[str] | None = None, jobs: int = 2, ti
     """Compile the cases that `source` ("module:function" returning a list of Case) names, in
     `jobs` fresh subprocesses without TRITON_INTERPRET, each with its own empty Triton cache (so
     every compile runs ptxas, whose report is read). Returns all their Records."""
-    all_names = names if names is not None else [case.name for case in _load(source)()]
-    shards = [shard for shard in _shards(all_names, jobs) if shard]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when it is unset
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    records = []
-    with tempfile.TemporaryDirectory(prefix="sm90-") as tmp:
-        procs = []
+    return Compilation(source, names, jobs).records(timeout)
+
+
+class Compilation:
+    """compile_cases begun: the workers start at construction and compile while the caller does
+    other work (tests/conftest.py starts CI's matrix as the test run begins); `records()` waits for
+    them, `cancel()` stops them. Either removes the workers' folder."""
+
+    def __init__(self, source: str, names: list[str] | None = None, jobs: int = 2):
+        all_names = names if names is not None else [case.name for case in _load(source)()]
+        shards = [shard for shard in _shards(all_names, jobs) if shard]
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when it is unset
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        self._folder = tempfile.TemporaryDirectory(prefix="sm90-")
+        tmp = Path(self._folder.name)
+        self._workers = []  # (process, its records file, its log)
         for i, shard in enumerate(shards):
-            out = Path(tmp) / f"shard{i}.json"
-            shard_env = dict(env, TRITON_CACHE_DIR=str(Path(tmp) / f"cache{i}"))
+            out = tmp / f"shard{i}.json"
+            shard_env = dict(env, TRITON_CACHE_DIR=str(tmp / f"cache{i}"))
             cmd = [sys.executable, "-m", "tools.sm90", "--worker", source, "--out", str(out), "--cases", *shard]
-            log = open(Path(tmp) / f"shard{i}.log", "w")  # noqa: SIM115 (closed once its worker exits)
-            procs.append(
-                (subprocess.Popen(cmd, env=shard_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT), out, log)
-            )
+            log = open(tmp / f"shard{i}.log", "w")  # noqa: SIM115 (closed once its worker exits)
+            process = subprocess.Popen(cmd, env=shard_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            self._workers.append((process, out, log))
+
+    def records(self, timeout: float = 1800) -> list[Record]:
+        """Every worker's Records, once all have exited (a worker still running at `timeout`
+        seconds from this call is killed, and fails it like a worker that failed)."""
         deadline = time.monotonic() + timeout
-        for proc, out, log in procs:
-            try:
-                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        try:
+            records = []
+            for process, out, log in self._workers:
+                try:
+                    process.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+                log.close()
+                if process.returncode != 0 or not out.exists():
+                    text = Path(log.name).read_text()[-4000:]
+                    raise RuntimeError(f"sm90 compile worker failed (exit {process.returncode}):\n{text}")
+                records += [Record(**r) for r in json.loads(out.read_text())]
+            return records
+        finally:
+            self.cancel()
+
+    def cancel(self):
+        """Stop the workers still running and remove their folder; safe to call again."""
+        for process, _, log in self._workers:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
             log.close()
-            if proc.returncode != 0 or not out.exists():
-                text = Path(log.name).read_text()[-4000:]
-                raise RuntimeError(f"sm90 compile worker failed (exit {proc.returncode}):\n{text}")
-            records += [Record(**r) for r in json.loads(out.read_text())]
-    return records
+        self._folder.cleanup()
 
 
 def _shards(names, jobs):
