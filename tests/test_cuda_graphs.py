@@ -11,7 +11,7 @@ import fastformer
 from fastformer.cli import main
 from fastformer.train import job
 from fastformer.train.graphs import GraphedSteps, make_capturable
-from fastformer.train.loop import autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
+from fastformer.train.loop import adamw, autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
 from fastformer.train.run import StepModes, check_on_device, settle_steps, step_modes
 from tests.helpers import small_config, tiny_job_files, token_batch, train_args
 
@@ -303,8 +303,8 @@ PATHS = [pytest.param("triton", "bf16", id="triton-bf16"), pytest.param("referen
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 @pytest.mark.parametrize("backend_name, amp", PATHS)
 def test_replayed_train_steps_give_the_losses_and_weights_of_eager_steps(backend_name, amp, fused):
-    """Both capturable forms of AdamW: torch's foreach (what the job's replayed steps take) and the
-    fused one (11 launches a step where foreach makes 68: tools.work), which the job's eager steps take."""
+    """Both capturable forms of AdamW: the fused one, which the job's steps take eager and replayed
+    (11 launches a step: tools.work), and torch's default foreach (68), a drop-in user's."""
     config = small_config(dropout=0.0)
     batches = _batches(config, SHAPES)
 
@@ -393,6 +393,21 @@ def test_the_default_job_on_cuda_replays_its_steps_and_says_why_where_it_does_no
     assert f"amp fp16, eager steps ({run['eager_because']})\n" in header
     run, header = runs["no"]
     assert (run["cuda_graphs"], run["eager_because"]) == (False, None) and "amp bf16, eager steps\n" in header
+
+
+@pytest.mark.cuda
+def test_the_default_jobs_replayed_steps_take_the_fused_adamw_made_capturable(files, tmp_path, monkeypatch):
+    """The job's one AdamW (loop.adamw) is fused in its replayed steps as in its eager ones, made
+    capturable: its lr a device tensor, its step counts on the device (11 launches a step, where the
+    capturable foreach form makes 68: tools.work)."""
+    built = []
+    monkeypatch.setattr(job, "adamw", lambda *args, **kwargs: built.append(adamw(*args, **kwargs)) or built[-1])
+    assert main(train_args(files, tmp_path / "run", "--device", "cuda", "--max-steps", "2")) == 0
+    (optimizer,) = built
+    for group in optimizer.param_groups:
+        assert group["fused"] is True and group["capturable"] is True and group["lr"].device.type == "cuda"
+    assert {state["step"].device.type for state in optimizer.state.values()} == {"cuda"}
+    assert {state["step"].item() for state in optimizer.state.values()} == {2.0}
 
 
 @pytest.mark.cuda

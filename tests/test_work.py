@@ -121,8 +121,9 @@ def test_a_quick_count_sees_the_kernels_tools_launches_counts(quick):
     assert step["kernels"] == sum(k["kernels"] for k in step["by_kind"].values())
     assert step["bound_ms"] >= step["roofline_ms"] > 0 and step["under_floor"] <= step["kernels"]
     assert step["flops_over_real"] >= 1.0  # a padded batch executes more than its real tokens need
-    replayed = ours["train_replayed"]["by_phase"]["optimizer"]["kernels"]
-    assert replayed > step["by_phase"]["optimizer"]["kernels"]  # foreach: ops x chunks, against fused's few
+    # the replayed step's AdamW is the eager step's fused one made capturable: the same launches, few
+    replayed = ours["train_replayed"]["by_phase"]["optimizer"]
+    assert replayed["kernels"] == step["by_phase"]["optimizer"]["kernels"] < 20, replayed
     assert "| fastformer | train, replayed |" in stdout
 
 

@@ -383,9 +383,8 @@ def _trainer(run, config, vocab):
     longest = max(train_loader.dataset.lengths(), default=1)
     check_activations_fit(config, options.batch_size, longest, run.device, run.amp, size_names(run.inputs.options))
     model = MovieClassification(config).to(run.device)
-    # fused, but for a CUDA graph's step, which captures the foreach form (see adamw)
-    fused = not run.cuda_graphs
-    optimizer = adamw(model, options.lr, options.weight_decay, fused=fused)
+    # fused, eager or replayed: a CUDA graph captures the fused form too, made capturable below
+    optimizer = adamw(model, options.lr, options.weight_decay, fused=True)
     # The schedule spans the run's epochs; --max-steps only says where this invocation stops, so that
     # a run stopped there and resumed trains as one that was not.
     total_steps = run.epochs * len(train_loader)
@@ -397,7 +396,7 @@ def _trainer(run, config, vocab):
     if run.checkpoint is not None:
         _restore(trainer, run)
     # a checkpoint holds the form it was written in: fused or not, capturable or not
-    make_capturable(keep_form(optimizer, fused), run.cuda_graphs)
+    make_capturable(keep_form(optimizer, fused=True), run.cuda_graphs)
     trainer.trained = replicated(model, run.launch, run.device)
     if run.cuda_graphs:
         trainer.graphs = GraphedSteps(model, optimizer, amp=run.amp)

@@ -46,9 +46,10 @@ def adamw(model, lr, weight_decay, *, fused, foreach=None):
     the whole update, the step counts on the parameters' device; foreach (torch's CUDA default)
     runs seven ops over every chunk and keeps the counts on the host, reading each one per step.
     On the tutorial's 255 trainable parameters the fused step took a third of foreach's host time
-    on a CPU (docs/host-path.md). fused=False leaves torch's default for the device (on CUDA the
-    foreach form, which graphs.make_capturable makes a CUDA graph capture), or with foreach=True
-    names the foreach form on any device (the instruments compare the two forms)."""
+    on a CPU (docs/host-path.md). The job takes it eager and replayed: graphs.make_capturable makes
+    it a CUDA graph's, 11 launches a step where the capturable foreach form makes 68 (tools.work).
+    fused=False leaves torch's default for the device (on CUDA the foreach form), or with
+    foreach=True names the foreach form on any device (the instruments compare the two forms)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},

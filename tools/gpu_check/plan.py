@@ -36,7 +36,7 @@ MODEL_ORDER = (
     "reference_graphs",
     "fastformer_tf32",
     "reference_tf32",
-    "fastformer_graphs_fused",
+    "fastformer_graphs_foreach",
     "reference_compiled",
     "reference_reduce_overhead",
     "fastformer_reduce_overhead",
