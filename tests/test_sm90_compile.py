@@ -24,7 +24,7 @@ pytest.importorskip("triton")
 
 pytestmark = pytest.mark.versions  # CI runs it on Triton 3.9 and on 3.6
 
-from tests import sm90_early, sm90_planted  # noqa: E402
+from tests import sm90_planted  # noqa: E402
 from tools import sm90  # noqa: E402
 from tools.sm90_cases import ci_cases  # noqa: E402
 
@@ -54,10 +54,9 @@ KERNELS = _launched_kernels()
 
 
 @pytest.fixture(scope="module")
-def records(request):
-    """Every (case, kernel, config) of the CI matrix, compiled in two worker processes begun when
-    collection ended (tests/sm90_early.py)."""
-    return sm90_early.records(request.config)
+def records():
+    """Every (case, kernel, config) of the CI matrix, compiled in two worker processes."""
+    return sm90.compile_cases("tools.sm90_cases:ci_cases", jobs=2)
 
 
 @pytest.fixture(scope="module")
@@ -131,12 +130,6 @@ def test_every_case_launches_and_compiles_something(records):
     failed = [f"{r.case}: {r.error}" for r in records if r.kernel == "<launch>"]
     assert not failed, "launchers failed outside compilation:\n" + "\n".join(failed)
     assert sorted(by_case) == sorted(case.name for case in ci_cases())
-
-
-def test_the_matrix_began_compiling_when_collection_ended(records, request):
-    """The records come from the Compilation tests/conftest.py began (tests/sm90_early.py), not
-    from one begun when the fixture was first asked for."""
-    assert isinstance(request.config.stash.get(sm90_early.COMPILATION, None), sm90.Compilation)
 
 
 def test_bf16_compiles_as_fp16_does(records):

@@ -501,8 +501,10 @@ def compile_cases(source: str, names: list[str] | None = None, jobs: int = 2, ti
 
 class Compilation:
     """compile_cases begun: the workers start at construction and compile while the caller does
-    other work (tests/conftest.py starts CI's matrix as the test run begins); `records()` waits for
-    them, `cancel()` stops them. Either removes the workers' folder."""
+    other work; `records()` waits for them, `cancel()` stops them. Either removes the workers'
+    folder. (Begun when pytest's collection ended, CI's matrix made the rehearsal of 2026-12-03
+    slower, 56 minutes to 54: its workers took cores from the newest lane's test process, the run's
+    critical path; docs/testing.md.)"""
 
     def __init__(self, source: str, names: list[str] | None = None, jobs: int = 2):
         all_names = names if names is not None else [case.name for case in _load(source)()]
