@@ -24,6 +24,7 @@ if interpreter_requested() and importlib.util.find_spec("triton"):
     interpreter_speed.install()  # triton.language patched once per module and launch, not per helper call
 
 import fastformer.backend  # after TRITON_INTERPRET, on purpose
+from tests import sm90_early
 
 HAS_CUDA = torch.cuda.is_available()
 HERE = Path(__file__).resolve().parent
@@ -90,6 +91,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    sm90_early.start(session)  # the sm_90a compile check's workers, at nice 19, beside the tests before it
+
+
+def pytest_unconfigure(config):
+    sm90_early.cancel(config)
 
 
 @pytest.fixture(autouse=True)

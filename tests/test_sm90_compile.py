@@ -15,6 +15,7 @@ benchmarks cover those on a GPU. The full table: `python -m tools.sm90_report` (
 import ast
 import collections
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ pytest.importorskip("triton")
 
 pytestmark = pytest.mark.versions  # CI runs it on Triton 3.9 and on 3.6
 
-from tests import sm90_planted  # noqa: E402
+from tests import sm90_early, sm90_planted  # noqa: E402
 from tools import sm90  # noqa: E402
 from tools.sm90_cases import ci_cases  # noqa: E402
 
@@ -54,14 +55,29 @@ KERNELS = _launched_kernels()
 
 
 @pytest.fixture(scope="module")
-def records():
-    """Every (case, kernel, config) of the CI matrix, compiled in two worker processes."""
-    return sm90.compile_cases("tools.sm90_cases:ci_cases", jobs=2)
+def records(request):
+    """Every (case, kernel, config) of the CI matrix, compiled in two worker processes begun at
+    nice 19 when collection ended (tests/sm90_early.py)."""
+    return sm90_early.records(request.config)
 
 
 @pytest.fixture(scope="module")
 def planted():
-    return {r.case: r for r in sm90.compile_cases("tests.sm90_planted:cases", jobs=1)}
+    """The planted cases' Records, compiled by one worker begun at nice 19 as CI's matrix is, and
+    its niceness as begun and once waited for (under "niceness")."""
+    compilation = sm90.Compilation("tests.sm90_planted:cases", jobs=1, nice=sm90_early.NICE)
+    (worker, _, _), ours = compilation._workers[0], os.getpriority(os.PRIO_PROCESS, 0)
+    began = os.getpriority(os.PRIO_PROCESS, worker.pid) - ours
+    compilation._hurry()  # what records() does first
+    waited = os.getpriority(os.PRIO_PROCESS, worker.pid) - ours
+    return {**{r.case: r for r in compilation.records()}, "niceness": (began, waited)}
+
+
+def test_a_worker_begun_early_compiles_at_nice_19_until_it_is_waited_for(planted):
+    began, waited = planted["niceness"]
+    assert began == min(sm90_early.NICE, 19 - os.getpriority(os.PRIO_PROCESS, 0))
+    # raising a priority takes root's right: without it the worker stays as it began
+    assert waited == (0 if os.geteuid() == 0 else began)
 
 
 def test_the_scan_finds_the_kernels():
@@ -130,6 +146,12 @@ def test_every_case_launches_and_compiles_something(records):
     failed = [f"{r.case}: {r.error}" for r in records if r.kernel == "<launch>"]
     assert not failed, "launchers failed outside compilation:\n" + "\n".join(failed)
     assert sorted(by_case) == sorted(case.name for case in ci_cases())
+
+
+def test_the_matrix_began_compiling_when_collection_ended(records, request):
+    """The records come from the Compilation tests/conftest.py began (tests/sm90_early.py), not
+    from one begun when the fixture was first asked for."""
+    assert isinstance(request.config.stash.get(sm90_early.COMPILATION, None), sm90.Compilation)
 
 
 def test_bf16_compiles_as_fp16_does(records):

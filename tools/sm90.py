@@ -502,11 +502,13 @@ def compile_cases(source: str, names: list[str] | None = None, jobs: int = 2, ti
 class Compilation:
     """compile_cases begun: the workers start at construction and compile while the caller does
     other work; `records()` waits for them, `cancel()` stops them. Either removes the workers'
-    folder. (Begun when pytest's collection ended, CI's matrix made the rehearsal of 2026-12-03
-    slower, 56 minutes to 54: its workers took cores from the newest lane's test process, the run's
-    critical path; docs/testing.md.)"""
+    folder. `nice`: the workers' niceness until `records()` is called, when it is set back to this
+    process's (where the system lets it): begun early at nice 19 (tests/sm90_early.py), they take
+    only a core nothing else wants. (Begun early at the default niceness, CI's matrix made the
+    rehearsal of 2026-12-03 slower, 56 minutes to 54: its workers took cores from the newest lane's
+    test process, the run's critical path; docs/testing.md.)"""
 
-    def __init__(self, source: str, names: list[str] | None = None, jobs: int = 2):
+    def __init__(self, source: str, names: list[str] | None = None, jobs: int = 2, nice: int = 0):
         all_names = names if names is not None else [case.name for case in _load(source)()]
         shards = [shard for shard in _shards(all_names, jobs) if shard]
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -515,18 +517,23 @@ class Compilation:
         self._folder = tempfile.TemporaryDirectory(prefix="sm90-")
         tmp = Path(self._folder.name)
         self._workers = []  # (process, its records file, its log)
+        self._nice = nice
+        begin = (lambda: os.nice(nice)) if nice else None
         for i, shard in enumerate(shards):
             out = tmp / f"shard{i}.json"
             shard_env = dict(env, TRITON_CACHE_DIR=str(tmp / f"cache{i}"))
             cmd = [sys.executable, "-m", "tools.sm90", "--worker", source, "--out", str(out), "--cases", *shard]
             log = open(tmp / f"shard{i}.log", "w")  # noqa: SIM115 (closed once its worker exits)
-            process = subprocess.Popen(cmd, env=shard_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                cmd, env=shard_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, preexec_fn=begin
+            )
             self._workers.append((process, out, log))
 
     def records(self, timeout: float = 1800) -> list[Record]:
         """Every worker's Records, once all have exited (a worker still running at `timeout`
         seconds from this call is killed, and fails it like a worker that failed)."""
         deadline = time.monotonic() + timeout
+        self._hurry()
         try:
             records = []
             for process, out, log in self._workers:
@@ -543,6 +550,17 @@ class Compilation:
             return records
         finally:
             self.cancel()
+
+    def _hurry(self):
+        """The workers waited for now: back to this process's niceness, they and the compilers they
+        start from now on (raising a priority takes root's right, CAP_SYS_NICE: without it they
+        stay as they began)."""
+        if not self._nice:
+            return
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        for process, _, _ in self._workers:
+            with contextlib.suppress(PermissionError, ProcessLookupError):
+                os.setpriority(os.PRIO_PROCESS, process.pid, ours)
 
     def cancel(self):
         """Stop the workers still running and remove their folder; safe to call again."""
