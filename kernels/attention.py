@@ -1217,13 +1217,17 @@ def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking):
     return [launch for _, *launch in passes]
 
 
-def _attn_backward(do, q, k, v, o, lse, seed, masking):
-    """dq, dk, dv, laid out as (B, L, H, D) (_interleaved_empty); _backward_launches."""
+def _attn_backward(do, q, k, v, o, lse, seed, masking, grads=None):
+    """dq, dk, dv, laid out as (B, L, H, D) (_interleaved_empty), or written into `grads`, three
+    views of one fused projection's gradient (_self_attention_backward); _backward_launches."""
     B, H, Lq, D = q.shape
     do = last_dim_contiguous(do)
     if o.stride() != (Lq * H * D, D, H * D, 1):  # the forward wrote it so; torch.compile may not keep it
         o = _interleaved_empty(B, H, Lq, D, o).copy_(o)
-    dq, dk, dv, delta = _backward_outputs(q, k, v, lse)
+    if grads is None:
+        dq, dk, dv, delta = _backward_outputs(q, k, v, lse)
+    else:
+        (dq, dk, dv), delta = grads, torch.empty_like(lse)
     launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking)
     for configs, (grid, args, kwargs) in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches):
         configs[grid](*args, **kwargs)
@@ -1450,6 +1454,79 @@ def _context(o, rows):
     return o.transpose(1, 2).view(B * L, H * D) if rows else o.transpose(1, 2).view(B, L, H * D)
 
 
+def _self_attention_forward(
+    qkv: torch.Tensor,
+    n_head: int,
+    seq_len: int,
+    key_padding_mask: torch.Tensor | None,
+    attn_mask: torch.Tensor | None,
+    causal: bool,
+    dropout_p: float,
+    softmax_scale: float,
+    seed: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """o and lse of attention on qkv's heads (_packed_heads), as _attention_forward's."""
+    q, k, v = _packed_heads(qkv, n_head, seq_len)
+    return _attn_forward(q, k, v, _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale), seed)
+
+
+def _self_attention_backward(
+    do: torch.Tensor,
+    qkv: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    seed: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    attn_mask: torch.Tensor | None,
+    n_head: int,
+    seq_len: int,
+    causal: bool,
+    dropout_p: float,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """qkv's gradient, one tensor of its shape whose three column slices the backward's kernels
+    write: no stack of dq, dk and dv (the copy autograd's unbind backward makes of three)."""
+    q, k, v = _packed_heads(qkv, n_head, seq_len)
+    masking = _masking(q, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale)
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    _attn_backward(do, q, k, v, o, lse, seed, masking, grads=_packed_heads(dqkv, n_head, seq_len))
+    return dqkv
+
+
+_self_attention_forward_op = _self_attention_backward_op = None  # the torch.library ops, bound by defer_ops below
+
+
+def _self_setup_context(ctx, inputs, output):
+    qkv, n_head, seq_len, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed = inputs
+    o, lse = output
+    ctx.save_for_backward(qkv, o, lse, seed, key_padding_mask, attn_mask)
+    ctx.args = n_head, seq_len, causal, dropout_p, softmax_scale
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _self_backward(ctx, do, _dlse):
+    if do is None:
+        return (None,) * 9
+    qkv, o, lse, seed, key_padding_mask, attn_mask = ctx.saved_tensors
+    dqkv = call_op(
+        _self_attention_backward_op, _self_attention_backward,
+        do, qkv, o, lse, seed, key_padding_mask, attn_mask, *ctx.args,
+    )  # fmt: skip
+    return dqkv, None, None, None, None, None, None, None, None
+
+
+defer_ops(
+    globals(),
+    {
+        "_self_attention_forward_op": ("self_attention_forward", _self_attention_forward),
+        "_self_attention_backward_op": ("self_attention_backward", _self_attention_backward),
+    },
+    autograd=(_self_backward, _self_setup_context),
+)
+_self_attention_forward_eager = eager_twin(_self_attention_forward, _self_setup_context, _self_backward)
+
+
 class _SelfPlan(_Plan):
     """An eager `self_attention` call's signature made ready: attention's _Plan on the views of qkv,
     whose backward writes dq, dk and dv into one tensor of qkv's shape, the gradient of qkv (no
@@ -1518,11 +1595,10 @@ class _PlannedSelfAttention(torch.autograd.Function):
         # (B, H, L, D): the gradient's rows as the kernels read them
         do = last_dim_contiguous(dcontext).reshape(B, L, H, D).transpose(1, 2)
         if not planning():  # a dispatch mode or transform over the backward sees the registered op
-            q, k, v = plan.heads(qkv)
-            dq, dk, dv = _attention_backward_op(
-                do, q, k, v, o, lse, seed, key_padding_mask, attn_mask, plan.causal, plan.dropout_p, plan.scale
-            )
-            dqkv = torch.stack([t.transpose(1, 2) for t in (dq, dk, dv)], dim=2).view(plan.qkv_shape)
+            dqkv = _self_attention_backward_op(
+                do, qkv, o, lse, seed, key_padding_mask, attn_mask, plan.n_head, plan.seq_len, plan.causal,
+                plan.dropout_p, plan.scale,
+            )  # fmt: skip
             return dqkv, None, None, None, None
         dq_pass, dkdv_pass = plan.backward_launches(do, qkv, o, lse, seed, key_padding_mask, attn_mask)
         q, k, v = plan.pointers(qkv)
@@ -1601,9 +1677,27 @@ def self_attention(
                 return _planned_self_attention(qkv, key_padding_mask, attn_mask, seed, plan)
             return _context(plan.run(*plan.pointers(qkv), key_padding_mask, attn_mask, seed)[0], plan.rows)
     seq_len = check_self_attention_args(qkv, n_head, seq_len)
-    kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
-    out = attention(*_packed_heads(qkv, n_head, seq_len), **kwargs, softmax_scale=softmax_scale, seed=seed)
-    return out.transpose(1, 2).reshape(*qkv.shape[:-1], -1)
+    heads = _packed_heads(qkv, n_head, seq_len)
+    check_attention_args(*heads, key_padding_mask, attn_mask, dropout_p, softmax_scale, seed, causal=causal)
+    if heads[0].shape[-1] > MAX_HEAD_DIM:  # attention's fallback, with its warning
+        kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
+        out = attention(*heads, **kwargs, softmax_scale=softmax_scale, seed=seed)
+        return out.transpose(1, 2).reshape(*qkv.shape[:-1], -1)
+    # attention's steps on one tensor: one op forward, one gradient (of qkv's shape) back
+    (qkv,) = autocast_inputs(last_dim_contiguous(qkv))
+    require_launchable("attention", qkv)
+    if dropout_p > 0.0:
+        check_dropout_rows("attention", qkv.shape[:-1].numel() * n_head)
+    scale = heads[0].shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    if dropout_p == 0.0:
+        seed = None  # not read: the op and its kernels see a call without one
+    elif seed is None:
+        seed = draw_seed(qkv.device)
+    forward = _self_attention_forward_eager if eager() else _self_attention_forward_op
+    o, _ = forward(
+        qkv, n_head, seq_len, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed
+    )  # fmt: skip
+    return o.transpose(1, 2).reshape(*qkv.shape[:-1], -1)
 
 
 def self_attention_reference(

@@ -112,6 +112,23 @@ def test_an_attention_call_is_its_kernels_alone(dropout_p):
     assert counter.ops("backward") == {"triton._attn_bwd_kernel": 2}  # its dQ pass, then its dK/dV pass
 
 
+def test_a_self_attention_call_is_its_kernels_alone():
+    """self_attention on a fused QKV projection, counted (a dispatch mode: its registered ops run):
+    one forward launch and the backward's two, which write qkv's gradient as one tensor; no stack
+    of dq, dk and dv (which unbind's backward would make), no copy."""
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 5, 3 * 2 * 16, requires_grad=True)
+    pad = torch.tensor([[False, False, True, False, True], [True] * 5])
+    grad_out = torch.randn(2, 5, 2 * 16)
+    with launches.counting("cpu") as counter:
+        out = kernels.self_attention(qkv, 2, key_padding_mask=pad, causal=True)
+        counter.phase = "backward"
+        (grad,) = torch.autograd.grad(out, (qkv,), grad_out)
+    assert counter.ops("forward") == {"triton._attn_fwd_kernel": 1}
+    assert counter.ops("backward") == {"triton._attn_bwd_kernel": 2}
+    assert grad.shape == qkv.shape
+
+
 @pytest.mark.parametrize("provider", list(launches.PROVIDERS))
 def test_counts_depend_on_neither_batch_nor_review_length(provider):
     """Every op lands in a layer type, no op meets CUDA's fp32 autocast policy with half inputs,
