@@ -482,15 +482,18 @@ def _dkdv_step(
 
 # Each kernel's tiles, in the order its rule prefers them (the first that fits the launch runs;
 # autotuning tries all that fit), each in _STAGES, in that order.
-# (BLOCK_M, BLOCK_N, num_warps): 4 warps (one warp group) per 64 query rows
-_FWD_TILES = [(128, 128, 8), (128, 64, 8), (64, 64, 4), (128, 32, 8), (64, 32, 4)]
+# (BLOCK_M, BLOCK_N, num_warps): 4 warps (one warp group) per 64 query rows; last, for autotuning
+# and the sweep to time (the rule's picks come first), 128 rows in one warp group, two CTAs an SM
+# where each has half an SM's registers (_one_warp_group_fits)
+_FWD_TILES = [(128, 128, 8), (128, 64, 8), (64, 64, 4), (128, 32, 8), (64, 32, 4), (128, 64, 4), (128, 32, 4)]
 # (BLOCK_M, BLOCK_N, num_warps): the tiles are keys x queries, so wgmma's 64-row minimum falls on
 # BLOCK_N; 8 warps hold the two (BLOCK_N, BLOCK_D) fp32 accumulators without spilling (4 warps mostly
 # spill). 64 x 128 first: a step's fixed costs spread over twice the MMA work of 32 x 128 (0.64 /kF
 # against 0.85 unmasked at D64, python -m tools.sass), where it fits (_dkdv_fits: no padding, dropout
 # or dense mask). 64 x 64 in one warp group where it fits (with dropout, as the model trains at its
 # lengths): at L64 it costs the model's call 167 SM clocks per 1,000 scores, where 8 warps cost 344.
-_DKDV_TILES = [(64, 128, 8), (32, 128, 8), (64, 64, 4), (64, 64, 8), (32, 64, 8)]
+# Last, for autotuning and the sweep: 32 x 64 in one warp group (_one_warp_group_fits).
+_DKDV_TILES = [(64, 128, 8), (32, 128, 8), (64, 64, 4), (64, 64, 8), (32, 64, 8), (32, 64, 4)]
 # (BLOCK_M, BLOCK_N, num_warps): query rows are wgmma's rows, so BLOCK_M >= 64
 _DQ_TILES = [(128, 64, 8), (64, 64, 4), (64, 32, 4), (64, 128, 8)]
 _STAGES = (3, 2)
@@ -506,6 +509,24 @@ def _fits_lengths(meta, launch, tiles):
     min_m = min(bm for bm, _, _ in tiles)
     min_n = min(bn for _, bn, _ in tiles)
     return meta["BLOCK_M"] <= max(min_m, launch["LQ_BUCKET"]) and meta["BLOCK_N"] <= max(min_n, launch["LK_BUCKET"])
+
+
+def _one_warp_group_fits(meta, num_stages, launch):
+    """Where the candidates in one warp group compile clean for sm_90a on Triton 3.9 and 3.6, with
+    every mask, with and without dropout, through pointers and descriptors, in 2 and 3 stages
+    (python -m tools.sm90_report --candidates; tools/results/sm90-candidates*.md): the forward's
+    128 x 32 and dK/dV's 32 x 64 at head dims up to 64, the forward's 128 x 64 up to 32 without
+    dropout. At 128 they spill (Triton 3.9: the forward's 128 x 32 32 to 1,196 B of stores a
+    thread, dK/dV's 4 to 16 B with padding or a dense mask), 128 x 64 at 64 too (12 to 400 B) and
+    with dropout at 32 (12 to 64 B); the forward's 128 x 32 in 3 stages with a dense mask and
+    dropout at 64 spills 4 B on Triton 3.6. Not fp32: TF32 products in one warp group are untried."""
+    if fp32_launch(launch, "Q") or launch["BLOCK_D"] > 64:
+        return False
+    if (meta["BLOCK_M"], meta["BLOCK_N"]) == (128, 64):
+        return launch["BLOCK_D"] <= 32 and not launch["HAS_DROPOUT"]
+    if (meta["BLOCK_M"], meta["BLOCK_N"]) == (128, 32) and launch["BLOCK_D"] == 64 and num_stages == 3:
+        return not (launch["HAS_MASK"] and launch["HAS_DROPOUT"])
+    return True
 
 
 def _fwd_fits(meta, num_warps, num_stages, launch):
@@ -526,6 +547,8 @@ def _fwd_fits(meta, num_warps, num_stages, launch):
     80 B, and 64 x 32 with dropout 28 B: kept where 128 rows would compute padding only)."""
     if not _fits_lengths(meta, launch, _FWD_TILES):
         return False
+    if meta["BLOCK_M"] == 128 and num_warps == 4:  # the sweep's candidates
+        return _one_warp_group_fits(meta, num_stages, launch)
     tile, dropout = (meta["BLOCK_M"], meta["BLOCK_N"]), launch["HAS_DROPOUT"]
     if fp32_launch(launch, "Q"):
         block_d = launch["BLOCK_D"]
@@ -704,6 +727,8 @@ def _dkdv_fits(meta, num_warps, num_stages, launch):
     and every other tile overflows shared memory; it is kept, as the only one that compiles."""
     if not _fits_lengths(meta, launch, _DKDV_TILES):
         return False
+    if (meta["BLOCK_M"], meta["BLOCK_N"], num_warps) == (32, 64, 4):  # the sweep's candidate
+        return _one_warp_group_fits(meta, num_stages, launch)
     if fp32_launch(launch, "Q"):
         block_d = launch["BLOCK_D"]
         if (meta["BLOCK_M"], meta["BLOCK_N"], num_warps) == (64, 64, 4):

@@ -391,3 +391,57 @@ def tf32_cases():
     for (d, d_ff, M), train in itertools.product((TUTORIAL_FFN, large), (True, False)):
         cases.append(ffn_case("fp32", "gelu", train, d, d_ff, M))
     return cases
+
+
+# The attention configs in one warp group that autotuning and the sweep time beyond the rules'
+# picks (kernels/attention.py, _one_warp_group_fits): each pass's Configs and its candidate tiles,
+# (BLOCK_M, BLOCK_N, num_warps)
+CANDIDATES = {"_attn_fwd": ((128, 64, 4), (128, 32, 4)), "_attn_bwd_dkdv": ((32, 64, 4),)}
+
+
+def candidate_case(name, config, dtype, D, mask, dropout, **kwargs):
+    """attention_case (its keywords `kwargs`) with the pass `name` given the one candidate `config`
+    (meta, num_warps, num_stages) to compile; the other passes compile their rules' picks."""
+    inner = attention_case(dtype, D, mask, dropout, autotune=False, **kwargs)
+    meta, num_warps, num_stages = config
+
+    def run():
+        attention = _module("fastformer.kernels.attention")
+        configs = getattr(attention, name)
+        only = _module("fastformer.kernels._configs").Configs(
+            configs.kernel, configs.name, [config], configs.key, configs.fits,
+            interpreter_meta=configs.interpreter_meta, tma_bases=configs.tma_bases,
+        )  # fmt: skip
+        setattr(attention, name, only)
+        try:
+            inner.run()
+        finally:
+            setattr(attention, name, configs)
+
+    label = {"_attn_fwd": "forward", "_attn_bwd_dkdv": "dKdV"}[name]
+    tile = f"{meta['BLOCK_M']}x{meta['BLOCK_N']}w{num_warps}s{num_stages}"
+    return Case(f"{label}-{tile}/{inner.name}", run, inner.dtype, autotune=False)
+
+
+def candidates_cases():
+    """Each candidate config wherever its rule keeps it (`python -m tools.sm90_report
+    --candidates`): every head dim, mask and dropout in fp16 (bf16 compiles alike: ci_cases), through
+    pointers and through descriptors, at 256 tokens. What _one_warp_group_fits is written from is
+    the same product with every candidate compiled (docs/kernels.md)."""
+    attention = _module("fastformer.kernels.attention")
+    cases = []
+    for name, tiles in CANDIDATES.items():
+        configs = getattr(attention, name)
+        for (meta, num_warps, num_stages), D, mask, dropout, tma in itertools.product(
+            configs.candidates, HEAD_DIMS, MASKS, (False, True), (False, True)
+        ):
+            if (meta["BLOCK_M"], meta["BLOCK_N"], num_warps) not in tiles:
+                continue
+            pad, causal, dense = MASKS[mask]
+            launch = {
+                "HEAD_DIM": D, "BLOCK_D": attention._head_block(D), "LQ_BUCKET": 256, "LK_BUCKET": 256,
+                "HAS_PAD": pad, "IS_CAUSAL": causal, "HAS_MASK": dense, "HAS_DROPOUT": dropout, "TMA": tma,
+            }  # fmt: skip
+            if configs.fits(meta, num_warps, num_stages, launch):
+                cases.append(candidate_case(name, (meta, num_warps, num_stages), "fp16", D, mask, dropout, tma=tma))
+    return cases

@@ -3,6 +3,7 @@
     python -m tools.sm90_report              # the CI matrix (tools.sm90_cases.ci_cases)
     python -m tools.sm90_report --full       # every head dim x mask x dropout x dtype, odd layouts
     python -m tools.sm90_report --tf32       # fp32 with TF32 products, to tools/results/sm90-compile-tf32.md
+    python -m tools.sm90_report --candidates # the sweep's one-warp-group tiles alone, to sm90-candidates.md
     python -m tools.sm90_report --jobs 4 --out /tmp/sm90.md
 
 Prints one row per compile (kernel, config, case, shared memory, registers, spills, tensor-core
@@ -26,6 +27,7 @@ from tools import sm90
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sm90-compile.md"
 TF32_OUT = DEFAULT_OUT.with_name("sm90-compile-tf32.md")  # not the CI table, which --tf32 must not replace
+CANDIDATES_OUT = DEFAULT_OUT.with_name("sm90-candidates.md")
 COLUMNS = ("kernel", "config", "case", "shared B", "regs", "spills B", "tensor cores", "pipelined", "problems")
 
 
@@ -91,16 +93,22 @@ def main(argv=None):
     matrices = parser.add_mutually_exclusive_group()
     matrices.add_argument("--full", action="store_true", help="the full matrix (slower) instead of the CI matrix")
     matrices.add_argument("--tf32", action="store_true", help="fp32 with TF32 products (tools.sm90_cases.tf32_cases)")
+    matrices.add_argument(
+        "--candidates", action="store_true", help="the attention candidates autotuning and the sweep time, each alone"
+    )
     parser.add_argument("--jobs", type=int, default=2, help="compile worker processes (default 2)")
     parser.add_argument(
-        "--out", type=Path, help=f"markdown output (default {DEFAULT_OUT}; with --tf32 {TF32_OUT.name} beside it)"
+        "--out",
+        type=Path,
+        help=f"markdown output (default {DEFAULT_OUT}; with --tf32 or --candidates "
+        f"{TF32_OUT.name} or {CANDIDATES_OUT.name} beside it)",
     )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    matrix = "full" if args.full else "tf32" if args.tf32 else "ci"
+    matrix = "full" if args.full else "tf32" if args.tf32 else "candidates" if args.candidates else "ci"
     if args.out is None:
-        args.out = TF32_OUT if args.tf32 else DEFAULT_OUT
+        args.out = {"tf32": TF32_OUT, "candidates": CANDIDATES_OUT}.get(matrix, DEFAULT_OUT)
     records = sm90.compile_cases(f"tools.sm90_cases:{matrix}_cases", jobs=args.jobs, timeout=3 * 3600)
     widths = [max(len(c), *(len(row(r)[i]) for r in records)) for i, c in enumerate(COLUMNS)]
     print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)))
