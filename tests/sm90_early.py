@@ -3,10 +3,10 @@ tests/test_sm90_compile.py's `records`: its two worker processes compile for abo
 two cores (CI, 2026-12-03). Begun when collection ends, at nice 19, they compile on a core the
 tests leave idle: CI's newest lane runs its tests in one process, and once its oldest lane ends
 (1,620 s into CI's run of 2026-12-03, of 3,176) a core is idle until the check; the fixture then
-sets them back to the default niceness and waits for what is left. (Begun early at the default
-niceness they took the critical path's core: the rehearsal of 2026-12-03 took 56 minutes, 54
-before; docs/testing.md.) Begun only where a selected test takes the records, and not by
---collect-only."""
+sets them back to the default niceness and waits for what is left: the rehearsal of 2026-12-04
+took 35 minutes, 54 before (begun early at the default niceness they took the critical path's
+core, and the rehearsal of 2026-12-03 took 56; docs/testing.md). Begun only where a selected test
+takes the records, and not by --collect-only."""
 
 import pytest
 

@@ -504,9 +504,9 @@ class Compilation:
     other work; `records()` waits for them, `cancel()` stops them. Either removes the workers'
     folder. `nice`: the workers' niceness until `records()` is called, when it is set back to this
     process's (where the system lets it): begun early at nice 19 (tests/sm90_early.py), they take
-    only a core nothing else wants. (Begun early at the default niceness, CI's matrix made the
-    rehearsal of 2026-12-03 slower, 56 minutes to 54: its workers took cores from the newest lane's
-    test process, the run's critical path; docs/testing.md.)"""
+    only a core nothing else wants (CI's rehearsal of 2026-12-04 took 35 minutes, 54 before). Begun
+    early at the default niceness, they made the rehearsal of 2026-12-03 slower, 56 minutes to 54:
+    they took cores from the newest lane's test process, the run's critical path; docs/testing.md."""
 
     def __init__(self, source: str, names: list[str] | None = None, jobs: int = 2, nice: int = 0):
         all_names = names if names is not None else [case.name for case in _load(source)()]
