@@ -613,8 +613,14 @@ class MovieClassification(WatchedModule):
         dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs = self.transformer(
             enc_inputs, dec_inputs
         )
-        # (bs, d_hidn): max over the decoder sequence
-        dec_outputs, _ = torch.max(dec_outputs, dim=1)
+        # (bs, d_hidn): max over the decoder sequence. Over the one [BOS] position the tutorial and
+        # the job feed, that is the position itself, bit for bit, gradient too: a view, where max
+        # and its backward's zeros and scatter launch three kernels (docs/launches.md). A trace
+        # keeps torch.max, so that it holds for other lengths.
+        if not torch.jit.is_tracing() and dec_outputs.shape[1] == 1:
+            dec_outputs = dec_outputs.squeeze(1)
+        else:
+            dec_outputs, _ = torch.max(dec_outputs, dim=1)
         logits = self.projection(dec_outputs)
         return logits, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
 

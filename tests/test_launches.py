@@ -213,3 +213,36 @@ def test_the_forward_plan_casts_once_and_gives_autocasts_results_bit_for_bit(bac
         # the kernels' dropout seeds: one draw per Encoder and per Decoder forward
         randint = {layer: n for (p, layer, op), n in counter.kernels.items() if op == "aten.randint"}
         assert randint == {"dropout seeds": 2}
+
+
+@pytest.mark.parametrize("dec_len", [1, 3])
+def test_the_head_takes_one_decoder_position_as_a_view_bit_for_bit(dec_len):
+    """MovieClassification's max over the decoder positions: over one position (the [BOS] token the
+    tutorial and the job feed) a view, no max forward and no zeros + scatter backward, with the
+    logits and every gradient of torch.max's; over more, torch.max as the tutorial computes it."""
+    config = small_config(**NARROW)
+    torch.manual_seed(0)
+    model = fastformer.MovieClassification(config)
+    enc, dec = token_batch(config, bs=2, enc_len=6, dec_len=dec_len)
+
+    def step(forward):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)  # the same dropout draws
+        with launches.counting("cpu") as counter, fastformer.use_backend("reference"):
+            logits = forward()
+            counter.phase = "backward"
+            logits.sum().backward()
+        ops = {op for (_, _, op) in counter.kernels}
+        return logits, {name: p.grad for name, p in model.named_parameters()}, ops
+
+    def tutorial():
+        dec_outputs = model.transformer(enc, dec)[0]
+        return model.projection(torch.max(dec_outputs, dim=1)[0])
+
+    logits, grads, ops = step(lambda: model(enc, dec)[0])
+    expected_logits, expected_grads, expected_ops = step(tutorial)
+    assert torch.equal(logits, expected_logits)
+    for name, grad in expected_grads.items():
+        assert (grads[name] is None and grad is None) or torch.equal(grads[name], grad), name
+    assert {"aten.max", "aten.scatter"} <= expected_ops
+    assert ("aten.max" in ops) == ("aten.scatter" in ops) == (dec_len > 1)
