@@ -1673,6 +1673,22 @@ def _make_self_plan(qkv, n_head, seq_len, key_padding_mask, attn_mask, causal, d
     return _SelfPlan(qkv, n_head, seq_len, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
 
 
+def _call_scalars(tensors, rows, head_dim, dropout_p, softmax_scale, seed):
+    """What an unplanned call of `attention` or `self_attention` checks and fixes before its op:
+    its tensors launchable, the dropout's limit on rows, the softmax scale, and the seed the
+    kernels read (None without dropout, the op and its kernels then seeing a call without one;
+    drawn where dropout has none). Returns (scale, seed)."""
+    require_launchable("attention", *tensors)
+    if dropout_p > 0.0:
+        check_dropout_rows("attention", rows)
+    scale = head_dim**-0.5 if softmax_scale is None else float(softmax_scale)
+    if dropout_p == 0.0:
+        seed = None
+    elif seed is None:
+        seed = draw_seed(tensors[0].device)
+    return scale, seed
+
+
 def self_attention(
     qkv, n_head, *, seq_len=None, key_padding_mask=None, causal=False, attn_mask=None, dropout_p=0.0,
     softmax_scale=None, seed=None,
@@ -1710,14 +1726,8 @@ def self_attention(
         return out.transpose(1, 2).reshape(*qkv.shape[:-1], -1)
     # attention's steps on one tensor: one op forward, one gradient (of qkv's shape) back
     (qkv,) = autocast_inputs(last_dim_contiguous(qkv))
-    require_launchable("attention", qkv)
-    if dropout_p > 0.0:
-        check_dropout_rows("attention", qkv.shape[:-1].numel() * n_head)
-    scale = heads[0].shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    if dropout_p == 0.0:
-        seed = None  # not read: the op and its kernels see a call without one
-    elif seed is None:
-        seed = draw_seed(qkv.device)
+    rows = qkv.shape[:-1].numel() * n_head
+    scale, seed = _call_scalars((qkv,), rows, heads[0].shape[-1], dropout_p, softmax_scale, seed)
     forward = _self_attention_forward_eager if eager() else _self_attention_forward_op
     o, _ = forward(
         qkv, n_head, seq_len, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed
@@ -1846,15 +1856,9 @@ def attention(
             "running the PyTorch reference instead",
         )
         return attention_reference(q, k, v, **kwargs, softmax_scale=softmax_scale, return_probs=return_probs)
-    require_launchable("attention", q, k, v)
-    if dropout_p > 0.0:
-        check_dropout_rows("attention", q.shape[0] * q.shape[1] * q.shape[2])
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
-    if dropout_p == 0.0:
-        seed = None  # not read: the op and its kernels see a call without one
-    elif seed is None:
-        seed = draw_seed(q.device)
+    rows = q.shape[0] * q.shape[1] * q.shape[2]
+    scale, seed = _call_scalars((q, k, v), rows, q.shape[-1], dropout_p, softmax_scale, seed)
     forward = _attention_forward_eager if eager() else _attention_forward_op
     out, lse = forward(q, k, v, key_padding_mask, attn_mask, bool(causal), float(dropout_p), scale, seed)
     if not return_probs:

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fastformer import kernels
 from fastformer.kernels._runtime import INTERPRET
@@ -129,6 +130,39 @@ def test_every_argument_as_a_view_gives_the_result_of_its_contiguous_copy(op, in
     torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0, msg=lambda m: f"{op} output, {name} {layout}: {m}")
     for g, e in zip(got[1], expected[1]):
         torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"{op} gradient, {name} {layout}: {m}")
+
+
+class _PassThrough(TorchDispatchMode):
+    """A dispatch mode that runs every op as it is: under it an op takes its registered torch.library
+    op (kernels._runtime.eager is False), as under torch.compile or make_fx, not its eager plan."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+SELF_CASES = [(op, index, layout) for op, index, layout in CASES if op == "self_attention"]
+
+
+@pytest.mark.parametrize("op, index, layout", SELF_CASES, ids=[f"{i}-{layout}" for _, i, layout in SELF_CASES])
+def test_self_attentions_registered_ops_take_every_argument_as_a_view(op, index, layout):
+    """fastformer::self_attention_forward / _backward (a dispatch mode's path): each argument as a
+    view gives what its contiguous copy gives, output and qkv's gradient, bit for bit."""
+    fn, named = _inputs(op, "cpu")
+    name, arg = named[index]
+    view = LAYOUTS[layout](arg)
+    args = [t for _, t in named]
+    with _PassThrough() as mode:
+        expected = _run(fn, [*args[:index], view.contiguous(), *args[index + 1 :]])
+        got = _run(fn, [*args[:index], view, *args[index + 1 :]])
+    assert {"fastformer.self_attention_forward.default", "fastformer.self_attention_backward.default"} <= mode.ops
+    torch.testing.assert_close(got[0], expected[0], rtol=0, atol=0, msg=lambda m: f"output, {name} {layout}: {m}")
+    for g, e in zip(got[1], expected[1]):
+        torch.testing.assert_close(g, e, rtol=0, atol=0, msg=lambda m: f"gradient, {name} {layout}: {m}")
 
 
 # ----------------------------------------------------------------------------------------------
