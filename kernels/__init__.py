@@ -10,8 +10,12 @@ The attention passes load their tiles through pointers or, on Hopper, through te
 serve, `set_tma(False)` / FASTFORMER_TMA=0 never (kernels._tma). The FFN's first product runs
 by the Triton GEMM with its fused epilogue or by cuBLAS and an activation kernel, as linear_gelu's
 rule says; `set_ffn_gemm("cublas")` / FASTFORMER_FFN_GEMM=cublas or "triton" choose
-(kernels._gemm_choice). Where a GPU's sweep (python -m tools.sweep) found a variant and config
-faster than the rule's, its tuned table, installed for that GPU model, says what runs instead;
+(kernels._gemm_choice). The attention backward runs in two passes, bitwise repeatable, or in one
+with dQ summed by atomics (fewer products) as attention's rule says, two under
+torch.use_deterministic_algorithms(True); `set_attention_backward("one-pass")` /
+FASTFORMER_ATTENTION_BACKWARD=one-pass or "two-pass" choose (kernels._backward_choice). Where a
+GPU's sweep (python -m tools.sweep) found a variant and config faster than the rule's, its tuned
+table, installed for that GPU model, says what runs instead;
 `set_tuned(path)` / FASTFORMER_TUNED=path choose another table, `set_tuned(False)` /
 FASTFORMER_TUNED=0 the written rules alone (kernels._tuned).
 
@@ -49,6 +53,7 @@ else:  # fastformer.kernels: the ops
 
     _check_same_copy()
 
+    from ._backward_choice import attention_backward, attention_backward_choice, set_attention_backward
     from ._configs import autotune_enabled, autotuning, check_environment, set_autotune
     from ._gemm_choice import ffn_gemm, ffn_gemm_choice, set_ffn_gemm
     from ._runtime import HAS_TRITON, INTERPRET, compile_only
@@ -76,6 +81,8 @@ else:  # fastformer.kernels: the ops
         "add_layer_norm_dropout_mask",
         "add_layer_norm_reference",
         "attention",
+        "attention_backward",
+        "attention_backward_choice",
         "attention_dropout_mask",
         "attention_reference",
         "autotune_enabled",
@@ -91,6 +98,7 @@ else:  # fastformer.kernels: the ops
         "linear_gelu_reference",
         "self_attention",
         "self_attention_reference",
+        "set_attention_backward",
         "set_autotune",
         "set_ffn_gemm",
         "set_tma",

@@ -27,6 +27,7 @@ Where the candidate lists and their order come from: docs/cold-start.md.
 import torch
 
 from . import _tuned
+from ._backward_choice import attention_backward_choice
 from ._gemm_choice import ffn_gemm_choice
 from ._runtime import (
     HAS_TRITON,
@@ -74,11 +75,11 @@ def autotuning(enabled=True):
 
 def check_environment():
     """Read every environment variable the ops read on a call: FASTFORMER_AUTOTUNE, FASTFORMER_TMA,
-    FASTFORMER_FFN_GEMM and FASTFORMER_TUNED. A value none of them takes raises its ValueError now,
-    not at the first kernel launch, by which time a job has written its run directory (and on a
-    machine where no kernel launches, never). A choice made in Python (set_tma, ...) stands for
-    its variable, which is then not read."""
-    for choice in (autotune_enabled, tma_choice, ffn_gemm_choice, _tuned.tuned_choice):
+    FASTFORMER_FFN_GEMM, FASTFORMER_ATTENTION_BACKWARD and FASTFORMER_TUNED. A value none of them
+    takes raises its ValueError now, not at the first kernel launch, by which time a job has
+    written its run directory (and on a machine where no kernel launches, never). A choice made in
+    Python (set_tma, ...) stands for its variable, which is then not read."""
+    for choice in (autotune_enabled, tma_choice, ffn_gemm_choice, attention_backward_choice, _tuned.tuned_choice):
         choice()
 
 
@@ -179,9 +180,13 @@ class Configs:
         tma_bases: the names of the tensor arguments a launch with TMA=True reads through tensor
             descriptors (kernels/_tma.py): a launch whose one of them does not start on a 16-byte
             boundary runs with TMA=False, through pointers.
+        reset_to_zero: the names of the tensor arguments a launch adds into (atomics): zeroed
+            before each config the autotuner times, and once more before the launch it then runs.
     """
 
-    def __init__(self, kernel, name, candidates, key, fits=_fits_always, *, interpreter_meta, tma_bases=()):
+    def __init__(
+        self, kernel, name, candidates, key, fits=_fits_always, *, interpreter_meta, tma_bases=(), reset_to_zero=()
+    ):
         self.kernel = kernel
         self.name = name
         self.candidates = [(dict(meta), num_warps, num_stages) for meta, num_warps, num_stages in candidates]
@@ -197,7 +202,7 @@ class Configs:
             tried = [(self.interpreter_meta, 4, 1)] if INTERPRET else self.candidates
             self.autotuner = _Autotuner(
                 kernel, kernel.arg_names, [triton.Config(meta, num_warps=w, num_stages=s) for meta, w, s in tried],
-                self.key, None, None,
+                self.key, list(reset_to_zero) or None, None,
                 prune_configs_by=None if INTERPRET else {"early_config_prune": _pruner(name, fits)},
                 cache_results=True,
             )

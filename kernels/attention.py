@@ -10,7 +10,10 @@ The kernels stream K/V blocks past a tile of queries with an online softmax in f
 write an (Lq, Lk) matrix. The forward saves the per-row log-sum-exp (base 2; +inf marks a row whose
 keys are all masked); the backward recomputes the probabilities from it, in one kernel launched
 in two passes (dQ per query block, then dK/dV per key block; the constexpr DQ_PASS picks the
-pass's code, so each compiles to its own), so no atomics and bitwise-reproducible gradients.
+pass's code, so each compiles to its own), so no atomics and bitwise-reproducible gradients; or,
+where kernels/_backward_choice.py says (long sequences, or chosen), in one pass: the dK/dV pass
+also adds each tile's part of dQ to fp32 sums by atomics (_attn_bwd_one_pass_kernel, between a
+delta launch and a convert launch), 5 matrix products a tile where the two passes take 7.
 
 A call is its kernels and nothing else on the device (the train step is launch-bound, see docs/launches.md):
 the dQ pass computes delta = rowsum(dO * O) for its rows and hands it to dK/dV; each program
@@ -25,8 +28,8 @@ seeds of a whole forward in one launch (`_dropout.draw_seeds`) and hands each ca
 `seeds[i:i + 1]`; without one, `attention` draws its own (`draw_seed`, one launch) before the op.
 
 File order: kernels and their jit helpers, each kernel's candidate configs and rule, the launches
-with their configs (`_attn_fwd`, and the backward kernel's two, `_attn_bwd_dq` and
-`_attn_bwd_dkdv`), launchers (with `_Masking`, how a call masks, drops out and scales, built once
+with their configs (`_attn_fwd`, the backward kernel's two, `_attn_bwd_dq` and `_attn_bwd_dkdv`,
+and the one pass's `_attn_bwd_one_pass`), launchers (with `_Masking`, how a call masks, drops out and scales, built once
 per op call), the torch.library ops, eager calls by plan (`_Plan`, `_PlannedAttention`: what a
 signature of the arguments fixes, made once; kernels._runtime, Plans), the public `attention`,
 and the PyTorch reference.
@@ -65,6 +68,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ._backward_choice import attention_backward_choice
 from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
 from ._configs import Configs, fp32_launch, switches
 from ._dropout import (
@@ -82,6 +86,7 @@ from ._runtime import (
     INTERPRET,
     Plan,
     Plans,
+    PreparedLaunch,
     autocast_inputs,
     autocast_state,
     autograd_apply,
@@ -437,16 +442,20 @@ def _dq_step(
 
 @triton.jit
 def _dkdv_step(
-    dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA,
+    dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA, dq_bh,
     Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    ACCUMULATE_DQ: tl.constexpr,
 ):
     """The dK/dV pass over the query block m..: returns dk and dv with the block's part added.
     MASKED: the tile may hold masked scores (`pad`: the key block's padding flags); otherwise every
     query of the block is in bounds and sees every key of the key block. With dropout, dk and dv
-    come out 1 - p times their gradients (as dq in _dq_step): scaled once, after the loop."""
+    come out 1 - p times their gradients (as dq in _dq_step): scaled once, after the loop.
+    ACCUMULATE_DQ (the one-pass backward): the tile's part of dQ, dS K, a fifth product, is added
+    to the block's rows of the fp32 sums at dq_bh ((Lq, HEAD_DIM) contiguous), 1 - p times it
+    with dropout as dk; otherwise dq_bh is None."""
     offs_m = m + tl.arange(0, BLOCK_M)
     if HAS_DROPOUT:
         keep = attention_keep(seed, bh, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)  # (BLOCK_N, BLOCK_M)
@@ -477,6 +486,15 @@ def _dkdv_step(
         dst = pt * (dpt - delta[None, :])
     dv = tl.dot(pt_kept.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    if ACCUMULATE_DQ:  # (BLOCK_M, BLOCK_D): relaxed atomics, the sums' order left to the hardware
+        dq = tl.dot(tl.trans(dst.to(k.dtype)), k, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        pointers = dq_bh + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        if MASKED:
+            tl.atomic_add(pointers, dq, mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
+        elif HEAD_DIM == BLOCK_D:
+            tl.atomic_add(pointers, dq, sem="relaxed")
+        else:
+            tl.atomic_add(pointers, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
     return dk, dv
 
 
@@ -790,6 +808,185 @@ def _dq_fits(meta, num_warps, num_stages, launch):
     return True
 
 
+def _one_pass_fits(meta, num_warps, num_stages, launch):
+    """The one-pass backward's dK/dV/dQ: dK/dV's tiles (_dkdv_fits) where the fifth product, dS K
+    added to dQ's sums, also fits (python -m tools.sm90_report --one-pass; tools/results/
+    sm90-one-pass*.md). That product's rows are the tile's queries, and wgmma takes 64 rows at
+    least: on a 32-row tile it runs on mma.sync. So the 64-row tiles where one fits, and the 32-row
+    ones only where none does (a causal or dense mask with dropout, head dims above 64: the way
+    rule, _one_pass, keeps those launches in two passes unless one pass is chosen). With dropout
+    at head dim 64 the 64 x 64 tile is at the register limit: only 8 warps in 3 stages through
+    pointers compiles clean on both versions (4 warps spill 36 B with key padding on Triton 3.9,
+    12 B without on 3.6; 8 warps in 2 stages 4 B on 3.6, through descriptors 8 to 32 B on 3.9). At
+    head dim 128 (72 to 128) 32 x 128 spills (4 to 24 B on Triton 3.6), so 32 x 64; with a dense
+    mask and dropout that spills too (16 to 52 B), as dK/dV's does, and is kept, spilling least.
+    fp32 runs the two passes at head dims above 32 (_one_pass: 32 x 64 spills 84 B at 64 and
+    overflows shared memory at 128)."""
+    if not _dkdv_fits(meta, num_warps, num_stages, launch):
+        return False
+    if meta["BLOCK_M"] == 64:
+        return _one_pass_64_rows_fit(meta, num_warps, num_stages, launch)
+    if launch["BLOCK_D"] == 128 and meta["BLOCK_N"] != 64:
+        return False
+    return not any(
+        m["BLOCK_M"] == 64 and _dkdv_fits(m, w, s, launch) and _one_pass_64_rows_fit(m, w, s, launch)
+        for m, w, s in _candidates(_DKDV_TILES)
+    )
+
+
+def _one_pass_64_rows_fit(meta, num_warps, num_stages, launch):
+    """_one_pass_fits for a 64-row tile that dK/dV's rule keeps."""
+    if launch["HAS_DROPOUT"] and launch["BLOCK_D"] == 64 and meta["BLOCK_N"] == 64:
+        return num_warps == 8 and num_stages == 3 and not launch.get("TMA")
+    return True
+
+
+# The rule for the attention backward's way where neither determinism nor a choice decides
+# (kernels/_backward_choice.py): one pass (5 products a tile, 3 launches) where both the queries
+# and the keys number at least ONE_PASS_FROM and the head dim is at most 64, two passes (7, 2
+# launches) otherwise. At the model's lengths (64 to 256) a launch's floor outweighs the two
+# products a tile saved; at the targets' L4096 they are 2 / 7 of the backward's tensor work.
+# Above head dim 64 the one pass's tiles have 32 query rows, on which its fifth product cannot
+# take wgmma (_one_pass_fits). Until a GPU has timed both ways (python -m tools.sweep), this is a
+# count of work, not a measurement.
+ONE_PASS_FROM = 1024
+
+
+def _one_pass(Lq, Lk, D, dtype):
+    """Whether the backward of an eager call with Lq queries, Lk keys, head dim D and inputs of
+    `dtype` runs in one pass (kernels/_backward_choice.py); _on_real_tensors says whether an op's
+    call is one. fp32 (TF32 products) takes it at head dims up to 32 only: above, its one config
+    spills or overflows shared memory (_one_pass_fits)."""
+    if torch.are_deterministic_algorithms_enabled() or (dtype == torch.float32 and D > 32):
+        return False
+    way = attention_backward_choice()
+    if way == "auto":
+        return min(Lq, Lk) >= ONE_PASS_FROM and D <= 64
+    return way == "one-pass"
+
+
+def _on_real_tensors(q):
+    """Whether the op's call runs on real tensors: no torch.compile trace and no fake, functional or
+    make_fx proxy tensors. A traced graph keeps the two passes (kernels/_backward_choice.py); a
+    dispatch mode that runs the op as it is (tools.launches' counter) sees the way an eager call takes."""
+    from torch._subclasses.fake_tensor import is_fake
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    if torch.compiler.is_compiling() or get_proxy_mode() is not None:
+        return False
+    return not (is_fake(q) or isinstance(q, FunctionalTensor))
+
+
+@triton.jit
+def _dkdv_program(
+    LSE, DELTA, DQ, DK, DV, seed, bh, b, h, start_n, q_bh, k_bh, v_bh, do_bh, pad_b, mask_bh,
+    stride_pn, stride_mm, stride_mn, stride_qm, stride_kn, stride_vn, stride_dom, stride_gm,
+    Lq, Lk, qk_scale, sm_scale, dropout_p, offs_d,
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    ACCUMULATE_DQ: tl.constexpr,
+):
+    """One program of the dK/dV pass (its key block start_n.. of (batch, head) bh; the _bh pointers
+    offset to it as _attn_bwd_kernel makes them): dK and dV written, and with ACCUMULATE_DQ (the
+    one-pass backward, _attn_bwd_one_pass_kernel) dQ's parts added to the fp32 sums at DQ
+    (_dkdv_step); DQ is None otherwise."""
+    # dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
+    # the dQ pass (or, one-pass, _attn_bwd_delta_kernel) wrote.
+    dq_bh = DQ + bh.to(tl.int64) * Lq * HEAD_DIM if ACCUMULATE_DQ else DQ
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    # (BLOCK_N, BLOCK_D)
+    k_src = _rows_source(k_bh, Lk, stride_kn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    v_src = _rows_source(v_bh, Lk, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
+    k = _read_rows(k_src, start_n, stride_kn, Lk, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
+    v = _read_rows(v_src, start_n, stride_vn, Lk, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
+    q_src = _rows_source(q_bh, Lq, stride_qm, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+    do_src = _rows_source(do_bh, Lq, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+
+    start_m = 0
+    if IS_CAUSAL:
+        start_m = (start_n // BLOCK_M) * BLOCK_M  # queries above the diagonal never see this block
+    end_m = Lq
+    if HAS_PAD:
+        first_pad, keys_end = _padding_bounds(pad_b, stride_pn, Lk)
+        end_m = tl.where(start_n < keys_end, Lq, start_m)  # a block of trailing padding: skip
+    pad = _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD)  # this program's keys: once
+
+    # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
+    # rows are this program's keys, P^T and dS^T feed dV and dK from registers without a transpose,
+    # and the row vectors (lse, delta) broadcast along columns.
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # of the kept probabilities: 1 / (1 - p) after the loop
+    # The query blocks loop in three runs, masked, clean, masked (one masked run where the
+    # forward has no interior run, _query_key_range). The clean run is every whole query block
+    # (in bounds) that sees every key of this block, when those are all in bounds and before the
+    # batch's first padding key: under a causal mask, from the first query block at or past the
+    # block's last key. The clean and the tail runs start where a reduction puts them: counted
+    # from 0 (see the forward).
+    clean_start = end_m
+    clean_stop = end_m
+    if not (HAS_MASK or (BLOCK_D > 64 and (HAS_DROPOUT or HAS_PAD))):
+        clean_keys = start_n + BLOCK_N <= Lk
+        if HAS_PAD:
+            clean_keys = clean_keys & (start_n + BLOCK_N <= first_pad)
+        first_clean = start_m
+        if IS_CAUSAL:
+            first_clean = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
+        whole_end = (Lq // BLOCK_M) * BLOCK_M
+        first_clean = tl.maximum(tl.minimum(first_clean, whole_end), start_m)
+        clean_start = tl.where(clean_keys, first_clean, end_m)
+        clean_stop = tl.where(clean_keys, tl.maximum(whole_end, first_clean), end_m)
+    for m in range(start_m, clean_start, BLOCK_M):
+        dk, dv = _dkdv_step(
+            dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA, dq_bh,
+            Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
+            True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+            BLOCK_D, BLOCK_M, BLOCK_N, TMA, ACCUMULATE_DQ,
+        )
+    if not (HAS_MASK or (BLOCK_D > 64 and (HAS_DROPOUT or HAS_PAD))):
+        for i in range(0, tl.cdiv(clean_stop - clean_start, BLOCK_M)):
+            m = clean_start + i * BLOCK_M
+            dk, dv = _dkdv_step(
+                dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA, dq_bh,
+                Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
+                False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+                BLOCK_D, BLOCK_M, BLOCK_N, TMA, ACCUMULATE_DQ,
+            )
+        for i in range(0, tl.cdiv(end_m - clean_stop, BLOCK_M)):
+            m = clean_stop + i * BLOCK_M
+            dk, dv = _dkdv_step(
+                dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA, dq_bh,
+                Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
+                True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
+                BLOCK_D, BLOCK_M, BLOCK_N, TMA, ACCUMULATE_DQ,
+            )
+
+    if HAS_PAD or HAS_MASK:
+        # Rows whose keys are all masked spread 1/Lk over every key (the tutorial's -1e9 fill):
+        # they reach dV only, and only in the (B, H) slices that have such rows.
+        if _has_masked_row(LSE + bh * Lq, Lq):
+            for m in range(0, Lq, BLOCK_M):
+                offs_m = m + tl.arange(0, BLOCK_M)
+                lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+                row = (lse == float("inf")) & (offs_m < Lq)
+                # (BLOCK_N, BLOCK_M)
+                pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
+                if HAS_DROPOUT:  # scaled with the rest of dV, below
+                    keep = attention_keep(seed, bh, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)
+                    pt = tl.where(keep, pt, 0.0)
+                do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+                dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+
+    dk_bh = _interleaved(DK, b, h, Lk, HEAD_DIM, stride_gm)
+    dk_scale = sm_scale
+    if HAS_DROPOUT:  # dropout's 1 / (1 - p), once (_dkdv_step)
+        dk_scale = sm_scale / (1.0 - dropout_p)
+        dv = dv * (1.0 / (1.0 - dropout_p))
+    _store_rows(dk_bh, offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dk * dk_scale)
+    _store_rows(_interleaved(DV, b, h, Lk, HEAD_DIM, stride_gm), offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dv)
+
+
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
 def _attn_bwd_kernel(
     Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, SEED,
@@ -908,98 +1105,93 @@ def _attn_bwd_kernel(
         dq_bh = _interleaved(DQ, b, h, Lq, HEAD_DIM, stride_gm)
         _store_rows(dq_bh, offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq * dq_scale)
     else:
-        # dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
-        # the dQ pass wrote.
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        # (BLOCK_N, BLOCK_D)
-        k_src = _rows_source(k_bh, Lk, stride_kn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-        v_src = _rows_source(v_bh, Lk, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-        k = _read_rows(k_src, start_n, stride_kn, Lk, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
-        v = _read_rows(v_src, start_n, stride_vn, Lk, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_N, TMA)
-        q_src = _rows_source(q_bh, Lq, stride_qm, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
-        do_src = _rows_source(do_bh, Lq, stride_dom, HEAD_DIM, BLOCK_M, BLOCK_D, TMA)
+        _dkdv_program(
+            LSE, DELTA, None, DK, DV, seed, bh, b, h, start_n, q_bh, k_bh, v_bh, do_bh, pad_b, mask_bh,
+            stride_pn, stride_mm, stride_mn, stride_qm, stride_kn, stride_vn, stride_dom, stride_gm,
+            Lq, Lk, qk_scale, sm_scale, dropout_p, offs_d,
+            HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, BLOCK_N,
+            TMA, False,
+        )
 
-        start_m = 0
-        if IS_CAUSAL:
-            start_m = (start_n // BLOCK_M) * BLOCK_M  # queries above the diagonal never see this block
-        end_m = Lq
-        if HAS_PAD:
-            first_pad, keys_end = _padding_bounds(pad_b, stride_pn, Lk)
-            end_m = tl.where(start_n < keys_end, Lq, start_m)  # a block of trailing padding: skip
-        pad = _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD)  # this program's keys: once
 
-        # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
-        # rows are this program's keys, P^T and dS^T feed dV and dK from registers without a transpose,
-        # and the row vectors (lse, delta) broadcast along columns.
-        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)  # of the kept probabilities: 1 / (1 - p) after the loop
-        # The query blocks loop in three runs, masked, clean, masked (one masked run where the
-        # forward has no interior run, _query_key_range). The clean run is every whole query block
-        # (in bounds) that sees every key of this block, when those are all in bounds and before the
-        # batch's first padding key: under a causal mask, from the first query block at or past the
-        # block's last key. The clean and the tail runs start where a reduction puts them: counted
-        # from 0 (see the forward).
-        clean_start = end_m
-        clean_stop = end_m
-        if not (HAS_MASK or (BLOCK_D > 64 and (HAS_DROPOUT or HAS_PAD))):
-            clean_keys = start_n + BLOCK_N <= Lk
-            if HAS_PAD:
-                clean_keys = clean_keys & (start_n + BLOCK_N <= first_pad)
-            first_clean = start_m
-            if IS_CAUSAL:
-                first_clean = tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M
-            whole_end = (Lq // BLOCK_M) * BLOCK_M
-            first_clean = tl.maximum(tl.minimum(first_clean, whole_end), start_m)
-            clean_start = tl.where(clean_keys, first_clean, end_m)
-            clean_stop = tl.where(clean_keys, tl.maximum(whole_end, first_clean), end_m)
-        for m in range(start_m, clean_start, BLOCK_M):
-            dk, dv = _dkdv_step(
-                dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA,
-                Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
-                True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-                BLOCK_D, BLOCK_M, BLOCK_N, TMA,
-            )
-        if not (HAS_MASK or (BLOCK_D > 64 and (HAS_DROPOUT or HAS_PAD))):
-            for i in range(0, tl.cdiv(clean_stop - clean_start, BLOCK_M)):
-                m = clean_start + i * BLOCK_M
-                dk, dv = _dkdv_step(
-                    dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA,
-                    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
-                    False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-                    BLOCK_D, BLOCK_M, BLOCK_N, TMA,
-                )
-            for i in range(0, tl.cdiv(end_m - clean_stop, BLOCK_M)):
-                m = clean_stop + i * BLOCK_M
-                dk, dv = _dkdv_step(
-                    dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA,
-                    Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
-                    True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
-                    BLOCK_D, BLOCK_M, BLOCK_N, TMA,
-                )
+@triton.jit(do_not_specialize=_UNSPECIALIZED)
+def _attn_bwd_one_pass_kernel(
+    Q, K, V, O, DO, LSE, DELTA, DQ, DK, DV, SEED,
+    PAD, stride_pb, stride_pn, MASK, stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_dob, stride_doh, stride_dom, stride_gm,
+    H, Lq, Lk, qk_scale, sm_scale, dropout_p,
+    LQ_BUCKET, LK_BUCKET,  # config keys only
+    HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+):
+    """The one-pass backward's main launch (_attn_bwd_one_pass, between _attn_bwd_delta_kernel and
+    _attn_bwd_dq_convert_kernel): the dK/dV pass of _attn_bwd_kernel, one program per key block,
+    which also adds each tile's part of dQ to fp32 sums by atomics: 5 products a tile where the two
+    passes take 7 (the dQ pass computes Q K^T and dO V^T again), in an order the hardware picks, so
+    not bitwise repeatable (_one_pass says when it runs).
 
-        if HAS_PAD or HAS_MASK:
-            # Rows whose keys are all masked spread 1/Lk over every key (the tutorial's -1e9 fill):
-            # they reach dV only, and only in the (B, H) slices that have such rows.
-            if _has_masked_row(LSE + bh * Lq, Lq):
-                for m in range(0, Lq, BLOCK_M):
-                    offs_m = m + tl.arange(0, BLOCK_M)
-                    lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
-                    row = (lse == float("inf")) & (offs_m < Lq)
-                    # (BLOCK_N, BLOCK_M)
-                    pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
-                    if HAS_DROPOUT:  # scaled with the rest of dV, below
-                        keep = attention_keep(seed, bh, m, start_n, dropout_p, BLOCK_M, BLOCK_N, True)
-                        pt = tl.where(keep, pt, 0.0)
-                    do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-                    dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    Args: as _attn_bwd_kernel's in its dK/dV pass, but for
+        O: None (delta comes from _attn_bwd_delta_kernel).
+        DELTA: (B, H, Lq) fp32, rowsum(dO * O), written by _attn_bwd_delta_kernel.
+        DQ: (B, H, Lq, HEAD_DIM) fp32, contiguous: dQ's sums, zeroed by _attn_bwd_delta_kernel and
+            turned into the gradient by _attn_bwd_dq_convert_kernel (1 - p times dS K with dropout,
+            as _dkdv_step adds them; unscaled).
+    """
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)
+    dropout_p = tl.cast(dropout_p, tl.float32)
+    bh, b, h, start_n = _program_block(Lk, H, BLOCK_N, LAST_FIRST=False)
+    pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
+    mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
+    _dkdv_program(
+        LSE, DELTA, DQ, DK, DV, load_seed(SEED, HAS_DROPOUT), bh, b, h, start_n,
+        _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN),
+        _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN), _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN),
+        pad_b, mask_bh, stride_pn, stride_mm, stride_mn, stride_qm, stride_kn, stride_vn, stride_dom, stride_gm,
+        Lq, Lk, qk_scale, sm_scale, dropout_p, tl.arange(0, BLOCK_D),
+        HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, BLOCK_N,
+        TMA, True,
+    )
 
-        dk_bh = _interleaved(DK, b, h, Lk, HEAD_DIM, stride_gm)
-        dk_scale = sm_scale
-        if HAS_DROPOUT:  # dropout's 1 / (1 - p), once (_dkdv_step)
-            dk_scale = sm_scale / (1.0 - dropout_p)
-            dv = dv * (1.0 / (1.0 - dropout_p))
-        _store_rows(dk_bh, offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dk * dk_scale)
-        _store_rows(_interleaved(DV, b, h, Lk, HEAD_DIM, stride_gm), offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dv)
+
+@triton.jit
+def _attn_bwd_delta_kernel(
+    O, DO, DELTA, DQ, stride_dob, stride_doh, stride_dom, H, Lq,
+    HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """The one-pass backward's first launch: delta = rowsum(dO * O) into DELTA (B, H, Lq) fp32, and
+    zeros into the block's rows of dQ's fp32 sums DQ (B, H, Lq, HEAD_DIM) contiguous. O as
+    _attn_bwd_kernel reads it ((B, Lq, H, D) rows), DO with its strides. Grid: cdiv(Lq, BLOCK_M) *
+    B * H programs, one per block of query rows."""
+    bh, b, h, start_m = _program_block(Lq, H, BLOCK_M, LAST_FIRST=False)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = _load_rows(_interleaved(O, b, h, Lq, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
+    do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
+    do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
+    tl.store(DELTA + bh * Lq + offs_m, tl.sum(do.to(tl.float32) * o.to(tl.float32), 1), mask=offs_m < Lq)
+    zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    _store_rows(DQ + bh.to(tl.int64) * Lq * HEAD_DIM, offs_m, HEAD_DIM, Lq, offs_d, HEAD_DIM, zeros)
+
+
+@triton.jit
+def _attn_bwd_dq_convert_kernel(
+    DQ_SUMS, DQ, stride_gm, H, Lq, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """The one-pass backward's last launch: dQ = scale * its fp32 sums (DQ_SUMS, (B, H, Lq, HEAD_DIM)
+    contiguous; scale: softmax_scale, over 1 - p with dropout) in DQ's dtype, laid out as
+    _attn_bwd_kernel writes DQ ((B, Lq, stride_gm) rows, heads side by side). Grid as
+    _attn_bwd_delta_kernel's."""
+    bh, b, h, start_m = _program_block(Lq, H, BLOCK_M, LAST_FIRST=False)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    sums = _load_rows(DQ_SUMS + bh.to(tl.int64) * Lq * HEAD_DIM, offs_m, HEAD_DIM, Lq, offs_d, HEAD_DIM)
+    dq = sums * tl.cast(scale, tl.float32)
+    _store_rows(_interleaved(DQ, b, h, Lq, HEAD_DIM, stride_gm), offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq)
 
 
 # The kernels' launches with their configs; the backward kernel's two passes each have their own.
@@ -1016,6 +1208,13 @@ _attn_bwd_dkdv = Configs(
     _attn_bwd_kernel, "attention dK/dV", _candidates(_DKDV_TILES), _KEY, _dkdv_fits,
     interpreter_meta=_INTERPRETER_TILE, tma_bases=("Q", "K", "V", "DO"),
 )
+# the one-pass backward's dK/dV/dQ: dQ's sums zeroed before each config an autotuner times
+_attn_bwd_one_pass = Configs(
+    _attn_bwd_one_pass_kernel, "attention dK/dV/dQ", _candidates(_DKDV_TILES), _KEY, _one_pass_fits,
+    interpreter_meta=_INTERPRETER_TILE, tma_bases=("Q", "K", "V", "DO"), reset_to_zero=("DQ",),
+)
+# rows per program of the one-pass backward's delta and dQ launches (32 at head dims above 64)
+_ROWS = 32 if INTERPRET else 64
 
 
 @triton.jit
@@ -1211,40 +1410,74 @@ def _gradient_rows(dq, dk, dv):
     return row
 
 
-def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking):
-    """[(grid, args, kwargs)] of the backward kernel's two launches: the dQ pass, which also
-    writes delta (B, H, Lq) = rowsum(dO * O) for the dK/dV pass, then that pass. `do` has a unit
-    last stride; `o` is the forward's output in its layout; dq, dk and dv as _gradient_rows takes them."""
-    B, H, Lq, _ = q.shape
+def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking, dq_sums=None):
+    """[(kernel, grid, args, kwargs)] of the backward's launches, `kernel` a Configs or a jit kernel
+    (_launch_of, _prepared_of). Without `dq_sums`, the two passes: dQ, which also writes delta
+    (B, H, Lq) = rowsum(dO * O), then dK/dV. With it (the one-pass backward, _one_pass: an empty
+    (B, H, Lq, D) fp32 tensor, _dq_sums), three: delta and zeroed sums, dK/dV adding dQ's parts to
+    the sums, and dQ from them. `do` has a unit last stride; `o` is the forward's output in its
+    layout; dq, dk and dv as _gradient_rows takes them."""
+    B, H, Lq, D = q.shape
     Lk = k.shape[2]
     pad, mask = masking.tensors
     masks = (pad, *masking.pad_strides, mask, *masking.mask_strides)
     strides = (*_row_strides(q, k, v, do), _gradient_rows(dq, dk, dv))
     scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
     flags = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v, do)}
-    # the pointers only the other pass uses are None: DK and DV in the dQ pass, O and DQ in dK/dV
-    passes = [
-        (
-            _attn_bwd_dq,
-            lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,),
-            (q, k, v, o, do, lse, delta, dq, None, None, seed, *masks, *strides, *scalars),
-            {"DQ_PASS": True, **flags},
-        ),
-        (
-            _attn_bwd_dkdv,
-            lambda meta: (cdiv(Lk, meta["BLOCK_N"]) * B * H,),
-            (q, k, v, None, do, lse, delta, None, dk, dv, seed, *masks, *strides, *scalars),
-            {"DQ_PASS": False, **flags},
-        ),
-    ]
+    dkdv_args = (q, k, v, None, do, lse, delta, dq_sums, dk, dv, seed, *masks, *strides, *scalars)
+    keys = lambda meta: (cdiv(Lk, meta["BLOCK_N"]) * B * H,)  # noqa: E731 (one program per key block)
+    if dq_sums is None:
+        # the pointers only the other pass uses are None: DK and DV in the dQ pass, O and DQ in dK/dV
+        passes = [
+            (
+                _attn_bwd_dq,
+                lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,),
+                (q, k, v, o, do, lse, delta, dq, None, None, seed, *masks, *strides, *scalars),
+                {"DQ_PASS": True, **flags},
+            ),
+            (_attn_bwd_dkdv, keys, dkdv_args, {"DQ_PASS": False, **flags}),
+        ]
+    else:
+        passes = [(_attn_bwd_one_pass, keys, dkdv_args, dict(flags))]
     for configs, _, args, kwargs in passes:  # each pass its own variant: a tuned table may pick them apart
         kwargs["TMA"] = use_tma(configs.prefers_tma(args, kwargs, PREFERS_TMA), q, k, v, do)
-    return [launch for _, *launch in passes]
+    if dq_sums is None:
+        return passes
+    block_d = _head_block(D)
+    block_m = _ROWS if block_d <= 64 else _ROWS // 2  # 64 rows of 128 columns spill at head dims 72 and 80
+    rows = (cdiv(Lq, block_m) * B * H,)
+    sizes = {"HEAD_DIM": D, "BLOCK_D": block_d, "BLOCK_M": block_m, "num_warps": 4}
+    dq_scale = masking.scale / (1.0 - masking.dropout_p)  # dropout's 1 / (1 - p) (_dkdv_step)
+    delta_args = (o, do, delta, dq_sums, *do.stride()[:3], H, Lq)
+    return [
+        (_attn_bwd_delta_kernel, rows, delta_args, {**sizes, "ROW_ALIGN": _row_align(do)}),
+        *passes,
+        (_attn_bwd_dq_convert_kernel, rows, (dq_sums, dq, dq.stride(2), H, Lq, dq_scale), sizes),
+    ]
+
+
+def _launch_of(kernel, grid, args, kwargs):
+    """Launch one of _backward_launches' items."""
+    (kernel if isinstance(kernel, Configs) else launch(kernel))[grid](*args, **kwargs)
+
+
+def _prepared_of(kernel, grid, args, kwargs):
+    """The PreparedLaunch of one of _backward_launches' items."""
+    if isinstance(kernel, Configs):
+        return kernel.prepare(grid, args, kwargs)
+    return PreparedLaunch(kernel, grid, args, kwargs)
+
+
+def _dq_sums(q):
+    """dQ's fp32 sums for the one-pass backward, (B, H, Lq, D) contiguous, uninitialized (its first
+    launch zeroes them)."""
+    return torch.empty(q.shape, dtype=torch.float32, device=q.device)
 
 
 def _attn_backward(do, q, k, v, o, lse, seed, masking, grads=None):
     """dq, dk, dv, laid out as (B, L, H, D) (_interleaved_empty), or written into `grads`, three
-    views of one fused projection's gradient (_self_attention_backward); _backward_launches."""
+    views of one fused projection's gradient (_self_attention_backward); _backward_launches, in
+    one pass or two as _one_pass says."""
     B, H, Lq, D = q.shape
     do = last_dim_contiguous(do)
     if o.stride() != (Lq * H * D, D, H * D, 1):  # the forward wrote it so; torch.compile may not keep it
@@ -1253,9 +1486,9 @@ def _attn_backward(do, q, k, v, o, lse, seed, masking, grads=None):
         dq, dk, dv, delta = _backward_outputs(q, k, v, lse)
     else:
         (dq, dk, dv), delta = grads, torch.empty_like(lse)
-    launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking)
-    for configs, (grid, args, kwargs) in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches):
-        configs[grid](*args, **kwargs)
+    dq_sums = _dq_sums(q) if _one_pass(q.shape[2], k.shape[2], q.shape[3], q.dtype) and _on_real_tensors(q) else None
+    for item in _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking, dq_sums):
+        _launch_of(*item)
     return dq, dk, dv
 
 
@@ -1389,14 +1622,33 @@ class _Plan(Plan):
         return o, lse
 
     def backward_launches(self, do, q, k, v, o, lse, seed, key_padding_mask, attn_mask):
-        """The backward's two PreparedLaunches for a gradient `do` (unit last stride) of this signature."""
+        """The backward's PreparedLaunches (two passes, or the one pass's three: _one_pass) for a
+        gradient `do` (unit last stride) of this signature."""
         args = do, q, k, v, o, lse, seed, key_padding_mask, attn_mask
-        return kept(self.backwards, (do.stride(), do.dtype), self._backward_launches, *args)
+        key = do.stride(), do.dtype, _one_pass(q.shape[2], k.shape[2], q.shape[3], q.dtype)
+        return kept(self.backwards, key, self._backward_launches, *args)
 
     def _backward_launches(self, do, q, k, v, o, lse, seed, key_padding_mask, attn_mask):
         masking = _masking(q, key_padding_mask, attn_mask, self.causal, self.dropout_p, self.scale)
-        launches = _backward_launches(do, q, k, v, o, lse, seed, *_backward_outputs(q, k, v, lse), masking)
-        return [configs.prepare(*launch) for configs, launch in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches)]
+        dq, dk, dv, delta = _backward_outputs(q, k, v, lse)
+        dq_sums = _dq_sums(q) if _one_pass(q.shape[2], k.shape[2], q.shape[3], q.dtype) else None
+        launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking, dq_sums)
+        return [_prepared_of(*item) for item in launches]
+
+    def run_backward(self, launches, q, k, v, o, do, lse, seed, key_padding_mask, attn_mask, dq, dk, dv):
+        """Run backward_launches' launches on a call's tensors, writing dq, dk and dv."""
+        delta = torch.empty(*self.lse_size, dtype=torch.float32, device=q.device)
+        mask = None if attn_mask is None else _dense_mask_view(attn_mask)
+        if len(launches) == 2:
+            dq_pass, dkdv_pass = launches
+            dq_pass(q, k, v, o, do, lse, delta, dq, None, None, seed, key_padding_mask, mask)
+            dkdv_pass(q, k, v, None, do, lse, delta, None, dk, dv, seed, key_padding_mask, mask)
+        else:
+            sums, one_pass, convert = launches
+            dq_sums = _dq_sums(q)
+            sums(o, do, delta, dq_sums)
+            one_pass(q, k, v, None, do, lse, delta, dq_sums, dk, dv, seed, key_padding_mask, mask)
+            convert(dq_sums, dq)
 
 
 def _plannable(q, k, v, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed, return_probs):
@@ -1445,14 +1697,11 @@ class _PlannedAttention(torch.autograd.Function):
             )
             return dq, dk, dv, None, None, None, None
         do = last_dim_contiguous(do)
-        dq_pass, dkdv_pass = plan.backward_launches(do, q, k, v, o, lse, seed, key_padding_mask, attn_mask)
+        launches = plan.backward_launches(do, q, k, v, o, lse, seed, key_padding_mask, attn_mask)
         dq = torch.empty_strided(*plan.o_layout, dtype=q.dtype, device=q.device)
         dk = torch.empty_strided(*plan.dkv_layout, dtype=k.dtype, device=q.device)
         dv = torch.empty_strided(*plan.dkv_layout, dtype=v.dtype, device=q.device)
-        delta = torch.empty(*plan.lse_size, dtype=torch.float32, device=q.device)
-        mask = None if attn_mask is None else _dense_mask_view(attn_mask)
-        dq_pass(q, k, v, o, do, lse, delta, dq, None, None, seed, key_padding_mask, mask)
-        dkdv_pass(q, k, v, None, do, lse, delta, None, dk, dv, seed, key_padding_mask, mask)
+        plan.run_backward(launches, q, k, v, o, do, lse, seed, key_padding_mask, attn_mask, dq, dk, dv)
         return dq, dk, dv, None, None, None, None
 
 
@@ -1585,16 +1834,18 @@ class _SelfPlan(_Plan):
         return dqkv, *self.pointers(dqkv)
 
     def backward_launches(self, do, qkv, o, lse, seed, key_padding_mask, attn_mask):
-        """The backward's two PreparedLaunches for a gradient `do` (unit last stride) of this signature."""
+        """The backward's PreparedLaunches (_Plan's) for a gradient `do` (unit last stride) of this signature."""
         args = do, qkv, o, lse, seed, key_padding_mask, attn_mask
-        return kept(self.backwards, (do.stride(), do.dtype), self._backward_launches, *args)
+        key = do.stride(), do.dtype, _one_pass(self.seq_len, self.seq_len, do.shape[3], do.dtype)
+        return kept(self.backwards, key, self._backward_launches, *args)
 
     def _backward_launches(self, do, qkv, o, lse, seed, key_padding_mask, attn_mask):
         q, k, v = self.heads(qkv)
         masking = _masking(q, key_padding_mask, attn_mask, self.causal, self.dropout_p, self.scale)
         dq, dk, dv = self.heads(torch.empty(self.qkv_shape, dtype=q.dtype, device=q.device))
-        launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, torch.empty_like(lse), masking)
-        return [configs.prepare(*launch) for configs, launch in zip((_attn_bwd_dq, _attn_bwd_dkdv), launches)]
+        dq_sums = _dq_sums(q) if _one_pass(self.seq_len, self.seq_len, q.shape[3], q.dtype) else None
+        launches = _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, torch.empty_like(lse), masking, dq_sums)
+        return [_prepared_of(*item) for item in launches]
 
 
 class _PlannedSelfAttention(torch.autograd.Function):
@@ -1625,13 +1876,10 @@ class _PlannedSelfAttention(torch.autograd.Function):
                 plan.dropout_p, plan.scale,
             )  # fmt: skip
             return dqkv, None, None, None, None
-        dq_pass, dkdv_pass = plan.backward_launches(do, qkv, o, lse, seed, key_padding_mask, attn_mask)
+        launches = plan.backward_launches(do, qkv, o, lse, seed, key_padding_mask, attn_mask)
         q, k, v = plan.pointers(qkv)
         dqkv, dq, dk, dv = plan.backward_outputs(qkv)
-        delta = torch.empty(*plan.lse_size, dtype=torch.float32, device=q.device)
-        mask = None if attn_mask is None else _dense_mask_view(attn_mask)
-        dq_pass(q, k, v, o, do, lse, delta, dq, None, None, seed, key_padding_mask, mask)
-        dkdv_pass(q, k, v, None, do, lse, delta, None, dk, dv, seed, key_padding_mask, mask)
+        plan.run_backward(launches, q, k, v, o, do, lse, seed, key_padding_mask, attn_mask, dq, dk, dv)
         return dqkv, None, None, None, None
 
 

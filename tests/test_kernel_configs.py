@@ -22,7 +22,10 @@ linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")
 feed_forward = importlib.import_module("fastformer.kernels.feed_forward")
 
 FP32 = torch.empty(0, dtype=torch.float32)  # what a rule reads of an fp32 launch's tensors: the dtype
-ATTENTION = {"forward": attention._attn_fwd, "dQ": attention._attn_bwd_dq, "dK/dV": attention._attn_bwd_dkdv}
+ATTENTION = {
+    "forward": attention._attn_fwd, "dQ": attention._attn_bwd_dq, "dK/dV": attention._attn_bwd_dkdv,
+    "dK/dV/dQ": attention._attn_bwd_one_pass,  # the one-pass backward's
+}  # fmt: skip
 # the CI matrix's lengths (256, 97 x 61, 4096, the model case's 64) and those of the model's decoder (1)
 LENGTHS = [(256, 256), (97, 61), (4096, 4096), (64, 64), (1, 1), (1, 64), (1, 256), (13, 20)]
 
@@ -279,8 +282,8 @@ def fp32_launches(case):
             "dQ": "_attn_bwd_kernel(DQ_PASS=True)",
             "dK/dV": "_attn_bwd_kernel(DQ_PASS=False)",
         }
-        for kernel, tuned in ATTENTION.items():
-            yield names[kernel], tuned, launch, {"BLOCK_D": launch["BLOCK_D"]}
+        for kernel, name in names.items():  # not the one pass: fp32 takes it at head dims up to 32 only
+            yield name, ATTENTION[kernel], launch, {"BLOCK_D": launch["BLOCK_D"]}
     elif parts[0] == "ffn":
         train = parts[3] == "train"
         d, d_ff = (int(n) for n in parts[4][1:].split("x"))

@@ -51,7 +51,7 @@ def test_a_dry_run_compiles_every_variant_and_config_each_rule_keeps(dry_run):
     passes = collections.defaultdict(set)
     for r in records:
         passes[(r["family"], r["pass_name"])].add(r["variant"])
-    expected = {(f, p) for f in DRY_RUN_FAMILIES[:2] for p in ("forward", "dQ", "dK/dV")} | {
+    expected = {(f, p) for f in DRY_RUN_FAMILIES[:2] for p in ("forward", "dQ", "dK/dV", "dK/dV/dQ")} | {
         (DRY_RUN_FAMILIES[2], p) for p in ("forward", "dH")
     }
     assert set(passes) == expected
@@ -68,7 +68,7 @@ def test_a_dry_run_compiles_every_variant_and_config_each_rule_keeps(dry_run):
 def test_each_pass_has_one_rule_pick_in_the_variant_its_kernel_prefers(dry_run):
     report, _ = dry_run
     picks = collections.Counter((r["family"], r["pass_name"]) for r in report["records"] if r["rule_pick"])
-    assert set(picks.values()) == {1} and len(picks) == 8
+    assert set(picks.values()) == {1} and len(picks) == 10
     assert {r["variant"] for r in report["records"] if r["rule_pick"]} == {"pointer"}  # PREFERS_TMA is False
 
 
@@ -95,7 +95,9 @@ def test_the_table_of_a_dry_run_says_it_timed_nothing(dry_run):
     assert all(row["speedup"] is None and row["fastest"] is None for row in report["best"])
 
 
-KERNELS = {"forward": "attention forward", "dQ": "attention dQ", "dK/dV": "attention dK/dV"}
+KERNELS = {
+    "forward": "attention forward", "dQ": "attention dQ", "dK/dV": "attention dK/dV", "dK/dV/dQ": "attention dK/dV/dQ",
+}
 KEY = {"HEAD_DIM": 64, "BLOCK_D": 64, "LQ_BUCKET": 4096, "LK_BUCKET": 4096, "IS_CAUSAL": True}
 
 
@@ -139,6 +141,21 @@ def test_the_fastest_is_set_beside_the_rule_pick_with_the_interval_of_their_spre
     markdown = sweep.table(report)
     assert "| f | forward | pointer a: 1.0000 ms [0.9000, 1.1000], 1.0 TFLOP/s | tma a: 0.5000 ms" in markdown
     assert "2.000x [1.636, 2.444]" in markdown
+    assert "both ways" not in markdown  # no dK/dV or dK/dV/dQ timed: no line for the backward's ways
+
+
+def test_the_backward_both_ways_sums_the_two_passes_fastest_against_the_one_pass():
+    records = [
+        _record("dQ", "pointer", "a", True, 1.0, 0.9, 1.1),
+        _record("dQ", "tma", "b", False, 0.8, 0.7, 0.9),
+        _record("dK/dV", "pointer", "a", True, 1.2, 1.1, 1.3),
+        _record("dK/dV/dQ", "pointer", "a", True, 1.6, 1.5, 1.7),
+        _record("dK/dV/dQ", "tma", "a", False, 1.5, 1.4, 1.6),
+    ]
+    report = {"best": sweep.best_per_pass(records)}
+    assert sweep.backward_ways(report) == ["f: two passes 2.0000 ms, one pass 1.5000 ms (1.33x)"]
+    report["best"] = [row for row in report["best"] if row["pass"] != "dK/dV/dQ"]  # not reached
+    assert sweep.backward_ways(report) == []
 
 
 def test_an_interrupted_sweep_reports_what_it_has(monkeypatch):

@@ -800,7 +800,8 @@ def test_pad_to_buckets_is_recorded_and_may_change_on_resume(files, tmp_path, ca
 def test_pad_to_buckets_precompiles_the_shapes_of_the_data(files, tmp_path, monkeypatch, capsys):
     """--pad-to-buckets knows the batch shapes, so the job compiles their kernels before the first
     step (the compiling itself: tests/test_warmup.py); --no-precompile leaves it to the steps.
-    --autotune holds for the job only."""
+    --autotune holds for the job only, and the attention backward's two passes (bitwise repeatable,
+    for --resume) for the whole job."""
     calls = []
 
     def warm_up(model, shapes, *, device, amp, progress):
@@ -810,6 +811,7 @@ def test_pad_to_buckets_precompiles_the_shapes_of_the_data(files, tmp_path, monk
                 "device": str(device),
                 "amp": amp,
                 "autotune": kernels.autotune_enabled(),
+                "backward": kernels.attention_backward_choice(),
                 "trained": any(p.grad is not None for p in model.parameters()),
             }
         )
@@ -821,6 +823,7 @@ def test_pad_to_buckets_precompiles_the_shapes_of_the_data(files, tmp_path, monk
     assert not kernels.autotune_enabled()
     assert len(calls) == 1 and calls[0]["device"] == "cpu" and calls[0]["amp"] == "off"
     assert calls[0]["autotune"] and not calls[0]["trained"]
+    assert calls[0]["backward"] == "two-pass" and kernels.attention_backward_choice() == "auto"
     assert calls[0]["shapes"] == [
         (8, TINY["n_enc_seq"])
     ]  # every review's bucket is n_enc_seq's (which bucket_shapes' test covers)

@@ -38,6 +38,8 @@ def test_attention_counts_the_key_blocks_a_row_reads():
     assert work.attention_flops("_attn_fwd_kernel", named, flags) == 2 * D * H * L * (64 + 100) * 2
     assert work.attention_flops("_attn_bwd_kernel", named, {**flags, "DQ_PASS": True}) == 2 * D * H * L * 164 * 3
     assert work.attention_flops("_attn_bwd_kernel", named, {**flags, "DQ_PASS": False}) == 2 * D * H * L * 164 * 4
+    assert work.attention_flops("_attn_bwd_one_pass_kernel", named, flags) == 2 * D * H * L * 164 * 5  # one pass
+    assert work.attention_flops("_attn_bwd_delta_kernel", {"O": q}, {}) == 0
     causal = {"HAS_PAD": False, "IS_CAUSAL": True}
     assert work.attention_flops("_attn_fwd_kernel", named, causal) == 2 * D * H * B * (L * (L + 1) // 2) * 2
     one = {"Q": torch.empty(B, H, 1, D), "K": k, "PAD": None}  # a one-token decoder's cross-attention

@@ -76,10 +76,13 @@ def tf32_precision(dtype):
 
 
 def attention_case(
-    dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, H=4, probs=False, tma=False, autotune=True
+    dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, H=4, probs=False, tma=False, autotune=True,
+    one_pass=False,
 ):
     """The attention passes on one call; `tma`: their tile loads through tensor descriptors
-    (kernels/_tma.py, set_tma(True)), where the default is the kernels' rule; `autotune` as Case's.
+    (kernels/_tma.py, set_tma(True)), where the default is the kernels' rule; `one_pass`: the
+    backward in one pass (kernels/_backward_choice.py), where the default is attention's rule
+    (two passes at these lengths but L4096's); `autotune` as Case's.
     In fp32 the products are TF32 (tf32_precision), as PyTorch's matmuls under
     set_float32_matmul_precision("high")."""
     attention = _module("fastformer.kernels.attention")
@@ -88,26 +91,30 @@ def attention_case(
     p = 0.1 if dropout else 0.0
     name = f"attention/{dtype}/d{D}/{mask}{'+dropout' if dropout else ''}/{layout}/L{L}" + (f"x{Lk}" if Lk != L else "")
     name += "/tma" if tma else ""
+    name += "/one-pass" if one_pass else ""
 
     def run():
-        _module("fastformer.kernels").set_tma(True if tma else None)
+        kernels = _module("fastformer.kernels")
+        kernels.set_tma(True if tma else None)
         try:
-            with tf32_precision(dtype):
-                _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk, B, H, probs)
+            with tf32_precision(dtype), kernels.attention_backward("one-pass" if one_pass else None):
+                _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk, B, H, probs, not one_pass)
         finally:
-            _module("fastformer.kernels").set_tma(None)
+            kernels.set_tma(None)
 
     return Case(name + ("+probs" if probs else ""), run, _name(dtype), autotune=autotune)
 
 
-def _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk, B, H, probs):
-    """attention_case's launches: the forward, the backward's two passes and (probs) the probabilities."""
+def _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk, B, H, probs, forward=True):
+    """attention_case's launches: the forward (unless not `forward`: the one pass's cases, whose
+    forward the other cases compile; nothing runs, so empty outputs stand for it), the backward's
+    (two passes, or the one pass's three launches) and (probs) the probabilities."""
     q, k, v = _qkv(B, H, L, Lk, D, DTYPES[dtype], layout)
     key_padding_mask = torch.zeros(B, Lk, dtype=torch.bool) if pad else None
     attn_mask = torch.zeros(B, L, Lk, dtype=torch.bool) if dense else None
     masking = attention._masking(q, key_padding_mask, attn_mask, causal, p, D**-0.5)
     seed = torch.zeros(1, dtype=torch.int64) if p else None
-    o, lse = attention._attn_forward(q, k, v, masking, seed)
+    o, lse = attention._attn_forward(q, k, v, masking, seed) if forward else attention._forward_outputs(q)
     do = torch.zeros_like(o)
     attention._attn_backward(do, q, k, v, o, lse, seed, masking)
     if probs:
@@ -344,6 +351,14 @@ def ci_cases():
     for (d, d_ff, M), train in itertools.product(((256, 1024, 8 * 256), (1024, 4096, 8192)), (True, False)):
         cases.append(ffn_case("fp16", "gelu", train, d, d_ff, M, tma=True, autotune=False))
     cases.append(model_case(tma=True))
+    # the one-pass backward (kernels/_backward_choice.py), its rule's picks: the model's flags in
+    # fp16 and bf16, the targets' causal call at 4096 tokens on both load paths; one_pass_cases
+    # (python -m tools.sm90_report --one-pass) compiles every config
+    for dtype in ("fp16", "bf16"):
+        cases.append(attention_case(dtype, TUTORIAL["D"], "pad", True, autotune=False, one_pass=True))
+    for tma in (False, True):
+        long = {"layout": "contiguous", "L": 4096, "tma": tma}
+        cases.append(attention_case("fp16", 64, "causal", False, autotune=False, one_pass=True, **long))
     # the first product by cuBLAS, then the activation kernel (its one config): both activations in
     # fp16, GELU in bf16, training (the activation beside the pre-activation) and inference (over it)
     for dtype, activation, train in (("fp16", "gelu", True), ("fp16", "relu", False), ("bf16", "gelu", True)):
@@ -444,4 +459,24 @@ def candidates_cases():
             }  # fmt: skip
             if configs.fits(meta, num_warps, num_stages, launch):
                 cases.append(candidate_case(name, (meta, num_warps, num_stages), "fp16", D, mask, dropout, tma=tma))
+    return cases
+
+
+def one_pass_cases():
+    """The one-pass backward (kernels/_backward_choice.py) with every config its rule keeps
+    (`python -m tools.sm90_report --one-pass`): every head dim, mask and dropout in fp16 (bf16
+    compiles alike: ci_cases), through pointers, at 256 tokens; through descriptors at the tutorial's
+    head dim; causal at L4096, the targets' family, both ways; and fp32 (TF32) with the model's
+    masks. What attention._one_pass_fits is written from."""
+    cases = [
+        attention_case("fp16", D, mask, dropout, one_pass=True)
+        for D, mask, dropout in itertools.product(HEAD_DIMS, MASKS, (False, True))
+    ]
+    cases += [
+        attention_case("fp16", TUTORIAL["D"], mask, dropout, tma=True, one_pass=True)
+        for mask, dropout in itertools.product(MASKS, (False, True))
+    ]
+    for tma in (False, True):
+        cases.append(attention_case("fp16", 64, "causal", False, layout="contiguous", L=4096, tma=tma, one_pass=True))
+    cases += [attention_case("fp32", D, "pad", True, one_pass=True) for D in (32, 64, 128)]
     return cases

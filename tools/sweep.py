@@ -5,17 +5,18 @@
     python -m tools.sweep --adopt DIR/sweep.json   # a GPU's report -> kernels/tuned/<gpu>.json, which the rules read
 
 What: every kernel launch that has a choice to make, on the shapes its targets are judged at and on
-the tutorial's (FAMILIES, in bf16): the attention forward and the backward's dQ and dK/dV passes,
-causal and padding + causal at B4 H16 L4096 D64, and the model's own call (B128 H4 D64 on a fused
-QKV projection, key padding, dropout 0.1) at L 64, 128 and 256; and the FFN's first GEMM with its
-GELU (d 256 -> d_ff 1024, M 32768 and 8192) and its backward's "dH" pass (dH = dOut @ W2 with the
-activation gradient in the GEMM's epilogue; its "cublas" variant: cuBLAS's dH, then the
-activation-gradient pass). Each in both variants, its tiles loaded through
-pointers and through tensor descriptors (kernels/_tma.py), with every config its kernel's rule
-keeps for the launch (kernels._configs.Configs' `fits`); the GEMM also in a third, "cublas": the
-product and its bias by cuBLAS (torch.addmm), then the activation kernel reading it back
-(kernels/_gemm_choice.py), timed together, whose one config is the activation kernel's. add +
-LayerNorm has one config and no descriptors, so nothing to sweep.
+the tutorial's (FAMILIES, in bf16): the attention forward, the backward's dQ and dK/dV passes and
+the one-pass backward's dK/dV/dQ launch (kernels/_backward_choice.py; its small delta and dQ
+launches are not timed), causal and padding + causal at B4 H16 L4096 D64, and the model's own call
+(B128 H4 D64 on a fused QKV projection, key padding, dropout 0.1) at L 64, 128 and 256; and the
+FFN's first GEMM with its GELU (d 256 -> d_ff 1024, M 32768 and 8192) and its backward's "dH" pass
+(dH = dOut @ W2 with the activation gradient in the GEMM's epilogue; its "cublas" variant: cuBLAS's
+dH, then the activation-gradient pass). Each in both variants, its tiles loaded through pointers
+and through tensor descriptors (kernels/_tma.py), with every config its kernel's rule keeps for the
+launch (kernels._configs.Configs' `fits`); the GEMM also in a third, "cublas": the product and its
+bias by cuBLAS (torch.addmm), then the activation kernel reading it back (kernels/_gemm_choice.py),
+timed together, whose one config is the activation kernel's. add + LayerNorm has one config and no
+descriptors, so nothing to sweep.
 
 How: a family at a time, in FAMILIES' order (the targets' first) until --budget seconds have
 passed: its (launch, variant, config)s compiled in parallel (triton.AsyncCompileMode over a thread
@@ -31,7 +32,9 @@ the written rule picks, in the variant PREFERS_CUBLAS and PREFERS_TMA pick, with
 force), each with its interval, the fastest's speed-up over the pick with the interval the spreads
 allow (bench.timing.Ratio), and TFLOP/s: the products each pass computes, 2 * B * H *
 Lq * Lk * D FLOPs each (half under a causal mask): the forward 2 (QK^T, PV), dQ 3 (QK^T, dO V^T,
-dS K), dK/dV 4 (K Q^T, V dO^T, P^T dO, dS^T Q); the GEMM 2 * M * N * K.
+dS K), dK/dV 4 (K Q^T, V dO^T, P^T dO, dS^T Q), dK/dV/dQ 5 (dK/dV's and dS K); the GEMM 2 * M * N * K.
+Beside the table, each attention family's backward both ways (backward_ways): the two passes'
+fastest summed against the one pass's.
 
 What the rules take from it (`adopt`): a pass whose fastest beat the pick outside the noise runs
 the fastest's variant and config on that GPU model; one within noise keeps the rule's pick. `--adopt`
@@ -64,8 +67,9 @@ SCHEMA = "fastformer.sweep/1"
 # each kind's variants: tiles loaded through pointers or through tensor descriptors, and for the
 # GEMM, cuBLAS's product then the activation kernel
 VARIANTS = {"attention": ("pointer", "tma"), "gemm": ("pointer", "tma", "cublas")}
-# passes of attention and the products each computes (see the docstring)
-ATTENTION_PRODUCTS = {"forward": 2, "dQ": 3, "dK/dV": 4}
+# passes of attention and the products each computes (see the docstring); "dK/dV/dQ" is the
+# one-pass backward's main launch (kernels/_backward_choice.py), timed without its delta and dQ launches
+ATTENTION_PRODUCTS = {"forward": 2, "dQ": 3, "dK/dV": 4, "dK/dV/dQ": 5}
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,8 @@ def _qkv(B, H, L, D, dtype, layout, device):
 
 
 def attention_launches(family, shape, variant, device):
-    """The three passes of one attention family in one variant: [forward, dQ, dK/dV] Launches."""
+    """The passes of one attention family in one variant: [forward, dQ, dK/dV, dK/dV/dQ] Launches,
+    the last the one-pass backward's main launch (its delta and dQ launches are not timed)."""
     import importlib
 
     import torch
@@ -185,19 +190,15 @@ def attention_launches(family, shape, variant, device):
         o, lse = attention._forward_outputs(q)
         fwd = attention._forward_launch(q, k, v, o, lse, seed, masking)
         do = torch.randn_like(o)
-        dq, dk, dv, delta = attention._backward_outputs(q, k, v, lse)
-        dq_launch, dkdv_launch = attention._backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking)
+        outputs = attention._backward_outputs(q, k, v, lse)
+        two = attention._backward_launches(do, q, k, v, o, lse, seed, *outputs, masking)
+        one = attention._backward_launches(do, q, k, v, o, lse, seed, *outputs, masking, attention._dq_sums(q))
     products = 2 * B * H * L * L * D * (0.5 if causal else 1.0)
     made = []
-    for (grid, args, kwargs), configs, name in zip(
-        (fwd, dq_launch, dkdv_launch),
-        (attention._attn_fwd, attention._attn_bwd_dq, attention._attn_bwd_dkdv),
-        ATTENTION_PRODUCTS,
-    ):
-        flops = ATTENTION_PRODUCTS[name] * products
-        made.append(Launch(family.name, name, variant, configs, grid, args, kwargs, flops))
+    for (configs, *launch), name in zip(((attention._attn_fwd, *fwd), *two, one[1]), ATTENTION_PRODUCTS):
+        made.append(Launch(family.name, name, variant, configs, *launch, ATTENTION_PRODUCTS[name] * products))
     made[1].before = [made[0]]  # the backward reads the forward's o and lse
-    made[2].before = [made[0], made[1]]  # and dK/dV the delta dQ writes
+    made[2].before = made[3].before = [made[0], made[1]]  # and dK/dV the delta dQ writes (dK/dV/dQ: as its own would)
     return made
 
 
@@ -656,6 +657,23 @@ def _figure(r):
     )
 
 
+def backward_ways(report):
+    """Per attention family with both ways timed: a line with the two passes' fastest dQ + dK/dV
+    against the one pass's fastest dK/dV/dQ launch, and their ratio (attention.ONE_PASS_FROM is
+    the rule these lines judge; the one pass's delta and dQ launches are not in its figure)."""
+    fastest = {(row["family"], row["pass"]): row["fastest"] for row in report["best"] if row["fastest"]}
+    lines = []
+    for family in dict.fromkeys(row["family"] for row in report["best"]):
+        dq, dkdv, one = (fastest.get((family, name)) for name in ("dQ", "dK/dV", "dK/dV/dQ"))
+        if dq and dkdv and one and dq["median_ms"] and dkdv["median_ms"] and one["median_ms"]:
+            two_ms = dq["median_ms"] + dkdv["median_ms"]
+            lines.append(
+                f"{family}: two passes {two_ms:.4f} ms, one pass {one['median_ms']:.4f} ms "
+                f"({two_ms / one['median_ms']:.2f}x)"
+            )
+    return lines
+
+
 def table(report):
     """The report as markdown: the best per pass beside the rule's pick, then every record."""
     env = report["env"]
@@ -678,6 +696,10 @@ def table(report):
         lines.append(
             f"| {row['family']} | {row['pass']} | {_figure(row['pick'])} | {_figure(row['fastest'])} | {speedup} |"
         )
+    ways = backward_ways(report)
+    if ways:
+        lines += ["", "The attention backward both ways (fastest configs; one pass: its main launch alone):", ""]
+        lines += [f"- {line}" for line in ways]
     if not report["dry_run"]:
         lines += ["", "What the rules take from it (tools.sweep.adopt; `--adopt` writes it to kernels/tuned/):", ""]
         lines += [f"- {line.strip()}" for line in adopted_lines(adopt(report))]

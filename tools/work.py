@@ -15,7 +15,8 @@ Every kernel the step launches on CUDA, as tools.launches counts them (a TorchDi
 each aten op, Triton's launches are hooked), with:
 - FLOPs of its matrix products (a multiply-add is 2): aten's mm, addmm, bmm, baddbmm and
   convolutions from their shapes; Triton's GEMMs 2 M N K; attention's passes 2 D per (query, key)
-  pair they compute, times their products (forward 2, dQ 3, dK/dV 4; the probabilities 1), the
+  pair they compute, times their products (forward 2, dQ 3, dK/dV 4, the one-pass backward's
+  dK/dV/dQ 5 with its delta and dQ launches none; the probabilities 1), the
   keys of a row being those of the key blocks the kernel reads (up to the batch row's last real key
   rounded up to the block, or to the diagonal under a causal mask). Elementwise and reduction
   arithmetic is not counted: at a Hopper's 206 FLOP per byte of bandwidth it hides under the bytes.
@@ -62,7 +63,12 @@ QUICK_CONFIG = {"n_layer": 1, "d_hidn": 64, "n_head": 2, "d_head": 32, "d_ff": 1
 PROVIDERS = ("fastformer", "reference_fp32")
 WORKLOADS = ("bench", "demo", "rotten-tomatoes")
 KINDS = ("attention", "FFN GEMM (Triton)", "add + LayerNorm", "GEMM (cuBLAS)", "optimizer", "small ops")
-PRODUCTS = {"_attn_fwd_kernel": 2, "_attn_probs_kernel": 1}  # attention passes' products; the backward's by pass
+# attention passes' products; _attn_bwd_kernel's by pass (DQ_PASS: 3, else 4); the one-pass backward's
+# delta and dQ launches have none
+PRODUCTS = {
+    "_attn_fwd_kernel": 2, "_attn_probs_kernel": 1, "_attn_bwd_one_pass_kernel": 5,
+    "_attn_bwd_delta_kernel": 0, "_attn_bwd_dq_convert_kernel": 0,
+}  # fmt: skip
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward"}
 # CUDA's multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh): tensors and blocks a
 # launch holds by the number of tensor lists, and the elements a block takes
@@ -137,7 +143,11 @@ def matmul_flops(name, inputs, outputs):
 def attention_flops(name, args, kwargs):
     """FLOPs of an attention pass (see the module docstring) from its launch's arguments by name."""
     named = {**args, **kwargs}
-    products = PRODUCTS.get(name) or (3 if named.get("DQ_PASS") else 4)
+    products = PRODUCTS.get(name)
+    if products is None:
+        products = 3 if named.get("DQ_PASS") else 4
+    if products == 0:
+        return 0
     import torch
 
     q, pad = named["Q"], named.get("PAD")

@@ -169,7 +169,8 @@ def train_inputs(inputs, *, log=print):
     with backend.use_backend(inputs.options.backend_name):
         run = settle(inputs, log)
         autotune = kernels.autotuning(True) if inputs.options.autotune else contextlib.nullcontext()
-        with process_group(run.launch, run.device), autotune:
+        # the attention backward bitwise repeatable (no atomics): --resume's promise (docs/training.md)
+        with process_group(run.launch, run.device), autotune, kernels.attention_backward("two-pass"):
             return _train(run)
 
 
