@@ -96,7 +96,10 @@ def test_the_table_of_a_dry_run_says_it_timed_nothing(dry_run):
 
 
 KERNELS = {
-    "forward": "attention forward", "dQ": "attention dQ", "dK/dV": "attention dK/dV", "dK/dV/dQ": "attention dK/dV/dQ",
+    "forward": "attention forward",
+    "dQ": "attention dQ",
+    "dK/dV": "attention dK/dV",
+    "dK/dV/dQ": "attention dK/dV/dQ",
 }
 KEY = {"HEAD_DIM": 64, "BLOCK_D": 64, "LQ_BUCKET": 4096, "LK_BUCKET": 4096, "IS_CAUSAL": True}
 

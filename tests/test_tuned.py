@@ -123,9 +123,7 @@ def test_the_backward_passes_take_their_variants_apart(compiled):
     dq_pick = attention._attn_bwd_dq.pick(dq_args, dq_kwargs)
     table = _table(_entry(attention._attn_bwd_dq, dq_args, dq_kwargs, "tma", dq_pick))
     with kernels.tuned(table):
-        (*_, dq_kwargs), (*_, dkdv_kwargs) = attention._backward_launches(
-            do, q, k, v, o, lse, seed, *outputs, masking
-        )
+        (*_, dq_kwargs), (*_, dkdv_kwargs) = attention._backward_launches(do, q, k, v, o, lse, seed, *outputs, masking)
     assert dq_kwargs["TMA"] and not dkdv_kwargs["TMA"]
 
 

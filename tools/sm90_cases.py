@@ -76,7 +76,18 @@ def tf32_precision(dtype):
 
 
 def attention_case(
-    dtype, D, mask, dropout, layout="self", L=256, Lk=None, B=2, H=4, probs=False, tma=False, autotune=True,
+    dtype,
+    D,
+    mask,
+    dropout,
+    layout="self",
+    L=256,
+    Lk=None,
+    B=2,
+    H=4,
+    probs=False,
+    tma=False,
+    autotune=True,
     one_pass=False,
 ):
     """The attention passes on one call; `tma`: their tile loads through tensor descriptors
