@@ -1721,6 +1721,17 @@ def _packed_heads(qkv, n_head, seq_len):
     return [t.transpose(1, 2) for t in qkv.view(-1, seq_len, 3, n_head, qkv.shape[-1] // (3 * n_head)).unbind(2)]
 
 
+def _one_key(qkv):
+    """self_attention's context over one key, without dropout (the decoder's one [BOS] token:
+    MovieClassification, and a cached decoding step's first): that key's probability is 1, masked
+    or not (a row whose keys are all masked is the mean of V over its one key), so the context is
+    V: qkv's last third of columns, a view of it, where the kernel's output is the same bits (p = 1,
+    and 1 * v exactly). Its gradient (autograd's, of the view) is dO in V's columns and zeros in Q's
+    and K's, the exact one, where the kernels' rounds dS = dP - delta to within an ulp of 0."""
+    width = qkv.shape[-1] // 3
+    return qkv.narrow(-1, 2 * width, width)
+
+
 def _context(o, rows):
     """The (B, L, H * D) view of an output o (B, H, L, D) laid out as (B, L, H, D), or with `rows`
     its (B * L, H * D) view."""
@@ -1955,12 +1966,15 @@ def self_attention(
     Returns:
         The context (B, L, H * D), the heads side by side, or its rows (B * L, H * D) for qkv's
         rows, in qkv's dtype. In eager mode its gradient comes back to qkv as one tensor, written
-        by the backward's kernels.
+        by the backward's kernels. With one token (L = 1) and no dropout, qkv's V columns
+        themselves, a view: no kernel (_one_key).
     """
     if planning() and isinstance(qkv, torch.Tensor):
         args = qkv, n_head, seq_len, key_padding_mask, attn_mask, causal, dropout_p, softmax_scale, seed
         plan = kept(_self_plans, (signature(*args), switches(qkv)), _make_self_plan, *args)
         if plan is not None:
+            if plan.seq_len == 1 and plan.dropout_p == 0.0:
+                return _one_key(qkv)
             seed = planned_seed(plan, seed, qkv.device)
             if needs_grad(qkv):
                 return _planned_self_attention(qkv, key_padding_mask, attn_mask, seed, plan)
@@ -1972,6 +1986,8 @@ def self_attention(
         kwargs = dict(key_padding_mask=key_padding_mask, causal=causal, attn_mask=attn_mask, dropout_p=dropout_p)
         out = attention(*heads, **kwargs, softmax_scale=softmax_scale, seed=seed)
         return out.transpose(1, 2).reshape(*qkv.shape[:-1], -1)
+    if seq_len == 1 and dropout_p == 0.0 and not (autocast_state(qkv) is not None and qkv.dtype == torch.float32):
+        return _one_key(qkv)
     # attention's steps on one tensor: one op forward, one gradient (of qkv's shape) back
     (qkv,) = autocast_inputs(last_dim_contiguous(qkv))
     rows = qkv.shape[:-1].numel() * n_head

@@ -4,6 +4,7 @@ On a CPU the kernels run through Triton's interpreter (tests/conftest.py), so sh
 bf16 runs there too, through the interpreter as tests/interpreter_bf16.py corrects it.
 """
 
+import contextlib
 import warnings
 
 import pytest
@@ -431,6 +432,33 @@ def test_self_attention_on_a_fused_projection(B, L, H, D, causal, dtype, atol, d
     heads = [t.transpose(1, 2) for t in qkv.to(dtype).view(B, L, 3, H, D).unbind(2)]
     expected = kernels.attention(*heads, **kwargs).transpose(1, 2).reshape(B, L, H * D)
     assert torch.equal(ours[0], expected)
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["(B,1,3HD)", "rows"])
+def test_self_attention_over_one_key_is_its_v_columns_with_no_kernel(rows, device):
+    """One token and no dropout (the decoder's [BOS] in evaluation): the context is qkv's V columns,
+    a view, planned or not (tools.launches' counter runs it unplanned), with a padding or causal
+    mask; test_self_attention_on_a_fused_projection holds its values and gradient at L 1. With
+    dropout the kernel runs."""
+    from tools import launches
+
+    B, H, D = 3, 2, 16
+    qkv = torch.randn(B, 1, 3 * H * D, generator=torch.Generator().manual_seed(6)).to(device)
+    qkv = qkv.view(B, 3 * H * D) if rows else qkv
+    seq_len = 1 if rows else None
+    pad = torch.tensor([[False], [True], [False]], device=device)
+    for kwargs in ({}, {"key_padding_mask": pad}, {"causal": True}):
+        for counted in (False, True):
+            with launches.counting("cpu") if counted else contextlib.nullcontext() as counter:
+                context = kernels.self_attention(qkv, H, seq_len=seq_len, **kwargs)
+            assert context.data_ptr() == qkv[..., 2 * H * D :].data_ptr() and context.stride() == qkv.stride(), kwargs
+            assert torch.equal(context, qkv[..., 2 * H * D :])
+            if counted:
+                assert counter.ops("forward") == {}, counter.ops("forward")
+    with launches.counting("cpu") as counter:
+        dropped = kernels.self_attention(qkv, H, seq_len=seq_len, dropout_p=0.5)
+    assert counter.ops("forward").get("triton._attn_fwd_kernel") == 1
+    assert dropped.untyped_storage().data_ptr() != qkv.untyped_storage().data_ptr()
 
 
 def test_self_attention_takes_strided_unaligned_and_flattened_projections(device):
