@@ -4,7 +4,8 @@ checks the result it times against an fp32 PyTorch computation, so a fast wrong 
 benchmark. The benches and their providers (the peers a user would pick instead of fastformer):
 
   attention_fwd, attention_fwd_bwd   kernels.attention on (B, H, L, D) with a mask (MASKS):
-      fastformer, fastformer_autotune, fastformer_tma, reference (kernels.attention_reference),
+      fastformer, fastformer_autotune, fastformer_tma, fastformer_two_pass (forward + backward),
+      reference (kernels.attention_reference),
       sdpa (PyTorch's choice of backend, the one that ran named in the record), sdpa_cudnn, sdpa_flash,
       sdpa_efficient (pinned; a case a backend refuses is skipped with its reasons), flex
       (FlexAttention, compiled), compile (torch.compile of the reference)
@@ -53,8 +54,15 @@ SDPA_BACKENDS = {
 # fastformer_autotune: fastformer with every kernel config timed (kernels.autotuning) in place of each
 # kernel's rule picking one, so a GPU run shows what the rule leaves on the table; fastformer_tma:
 # fastformer with its tiles loaded through tensor descriptors (kernels.tma_loads(True)) where TMA
-# can serve, whatever the kernels' rules say (tools.sweep times the variants pass by pass)
-OURS = {"fastformer": (False, None), "fastformer_autotune": (True, None), "fastformer_tma": (False, True)}
+# can serve, whatever the kernels' rules say (tools.sweep times the variants pass by pass);
+# fastformer_two_pass (forward + backward only): the attention backward in its two passes
+# (kernels.attention_backward), where the rule takes one pass from 1,024 tokens. (autotune, tma, way)
+OURS = {
+    "fastformer": (False, None, None),
+    "fastformer_autotune": (True, None, None),
+    "fastformer_tma": (False, True, None),
+    "fastformer_two_pass": (False, None, "two-pass"),
+}
 ATTENTION_PROVIDERS = (*OURS, "reference", "sdpa", *SDPA_BACKENDS, "flex", "compile")
 MODEL_CALL_PROVIDERS = ("fastformer", "fastformer_tma", "reference", "sdpa", *SDPA_BACKENDS, "flex")
 MASKS = ("none", "causal", "padding", "padding_causal")
@@ -162,7 +170,7 @@ def attention_inputs(B, H, L, D, dtype, mask, device, grad):
 def _attention_provider(provider, key_padding, causal, B, L, device):
     """fn(q, k, v) -> out for one provider, expressing the same mask."""
     if provider in OURS:
-        tuned, tma = OURS[provider]
+        tuned, tma, _ = OURS[provider]  # the backward's way is read by the backward: attention_case sets it
 
         def fn(q, k, v):
             with kernels.autotuning(tuned), kernels.tma_loads(tma):
@@ -242,10 +250,12 @@ def attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape="long"
                 _attention_rows_check(q, k, v, key_padding, causal, rows, run(), atol=ATOL[dtype])
         else:
             do = torch.randn_like(q)
+            way = OURS[provider][2] if provider in OURS else None  # None: the choice as it stands
 
             def run():
-                out = fn(q, k, v)
-                return (out, *torch.autograd.grad(out, (q, k, v), do))
+                with kernels.attention_backward(way):
+                    out = fn(q, k, v)
+                    return (out, *torch.autograd.grad(out, (q, k, v), do))
 
             def check():
                 out, dq, _, _ = run()
@@ -271,6 +281,8 @@ def attention_cases(device, modes=("fwd", "fwd_bwd"), providers=ATTENTION_PROVID
                         continue
                     for mask in MASKS:
                         for provider in providers:
+                            if provider == "fastformer_two_pass" and mode == "fwd":
+                                continue  # the forward is fastformer's
                             shape = "tutorial" if shapes[0] == (B, H, L) else "long"
                             cases.append(attention_case(mode, dtype, D, mask, B, H, L, provider, device, shape))
     return cases

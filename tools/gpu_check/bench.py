@@ -119,6 +119,8 @@ def _quick_cases(device):
         *[suite.ffn_case("fwd_bwd", "feed_forward", **ffn, provider=p, device=device) for p in ("fastformer", "eager")],
         # the same with tiles through tensor descriptors: what the rules would run if the sweep says so
         *_attention(both, "causal", ("fastformer_tma",), device),
+        # and the backward in its two passes, where the rule takes one at L4096 (kernels/_backward_choice.py)
+        *_attention(("fwd_bwd",), "causal", ("fastformer_two_pass",), device),
         *_model_call(("fwd_bwd",), ("fastformer_tma",), device),
         suite.ffn_case("fwd_bwd", "feed_forward", **ffn, provider="fastformer_tma", device=device),
         # and the product by cuBLAS, the activation by its own kernel (kernels.set_ffn_gemm)
@@ -153,6 +155,7 @@ def _smoke_cases(device):
     ffn = dict(M=24, d=16, d_ff=32, dtype="fp32")
     return [
         *attention(both, "causal", ("fastformer", "fastformer_tma", *SDPA)),
+        *attention(("fwd_bwd",), "causal", ("fastformer_two_pass",)),
         *_model_call(
             both,
             ("fastformer", "fastformer_tma", *SDPA, "flex", "reference"),
