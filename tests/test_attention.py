@@ -435,7 +435,7 @@ def test_self_attention_on_a_fused_projection(B, L, H, D, causal, dtype, atol, d
 
 
 @pytest.mark.parametrize("rows", [False, True], ids=["(B,1,3HD)", "rows"])
-def test_self_attention_over_one_key_is_its_v_columns_with_no_kernel(rows, device):
+def test_self_attention_over_one_key_is_its_v_columns_with_no_kernel(rows):
     """One token and no dropout (the decoder's [BOS] in evaluation): the context is qkv's V columns,
     a view, planned or not (tools.launches' counter runs it unplanned), with a padding or causal
     mask; test_self_attention_on_a_fused_projection holds its values and gradient at L 1. With
@@ -443,10 +443,10 @@ def test_self_attention_over_one_key_is_its_v_columns_with_no_kernel(rows, devic
     from tools import launches
 
     B, H, D = 3, 2, 16
-    qkv = torch.randn(B, 1, 3 * H * D, generator=torch.Generator().manual_seed(6)).to(device)
+    qkv = torch.randn(B, 1, 3 * H * D, generator=torch.Generator().manual_seed(6))  # launches counted on the CPU
     qkv = qkv.view(B, 3 * H * D) if rows else qkv
     seq_len = 1 if rows else None
-    pad = torch.tensor([[False], [True], [False]], device=device)
+    pad = torch.tensor([[False], [True], [False]])
     for kwargs in ({}, {"key_padding_mask": pad}, {"causal": True}):
         for counted in (False, True):
             with launches.counting("cpu") if counted else contextlib.nullcontext() as counter:

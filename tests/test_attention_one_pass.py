@@ -39,12 +39,17 @@ def both_ways(q, k, v, do, dtype, seed=11, **kwargs):
     return results
 
 
-def assert_one_pass_matches_two(two, one, dq_tol=2e-6):
-    """dK, dV (and the output) bit for bit; dQ within fp32 rounding of the sums' other order."""
-    for name, a, b in zip(("out", "dk", "dv"), (two[0], two[2], two[3]), (one[0], one[2], one[3])):
-        assert torch.equal(a, b), name
-    scale = two[1].abs().max().item()
-    assert_max_diff("dq", one[1], two[1], dq_tol * max(scale, 1.0))
+def assert_one_pass_matches_two(two, one, tol=2e-6):
+    """The output bit for bit (the same forward); dK and dV bit for bit under the interpreter, where
+    both ways take one tile and the same code computes them (on a GPU each way's rule picks its
+    own tile, so the sums' order differs: within fp32 rounding); dQ within fp32 rounding of the
+    sums' other order."""
+    assert two[0] is None or torch.equal(two[0], one[0]), "out"
+    for name, a, b in zip(("dq", "dk", "dv"), two[1:], one[1:]):
+        if name != "dq" and not a.is_cuda:
+            assert torch.equal(a, b), name
+        else:
+            assert_max_diff(name, b, a, tol * max(a.abs().max().item(), 1.0))
 
 
 def backward_kernels(op, *args, **kwargs):
@@ -122,7 +127,7 @@ def test_parity_with_dropout(dtype, atol, device, one_pass):
     ],
     ids=["causal", "padding+causal+dropout", "all-padding+dropout"],
 )
-def test_dk_dv_are_the_two_passes_bit_for_bit(kwargs, device):
+def test_the_one_pass_matches_the_two(kwargs, device):
     kwargs = dict(kwargs)
     if "key_padding_mask" in kwargs:
         kwargs["key_padding_mask"] = padding(2, 45, kwargs["key_padding_mask"], device)
@@ -147,8 +152,8 @@ def test_every_tensor_as_a_strided_and_an_expanded_view(device, one_pass):
 
 
 def test_self_attention_in_one_pass(device):
-    """self_attention's backward writes qkv's gradient in one pass too: dK and dV's columns bit for
-    bit the two passes', dQ's within rounding."""
+    """self_attention's backward writes qkv's gradient in one pass too: its columns as
+    assert_one_pass_matches_two holds attention's."""
     B, L, H, D = 2, 33, 2, 16
     qkv = torch.randn(B, L, 3 * H * D, generator=torch.Generator().manual_seed(9)).to(device)
     dcontext = torch.randn(B, L, H * D, generator=torch.Generator().manual_seed(10)).to(device)
@@ -160,10 +165,9 @@ def test_self_attention_in_one_pass(device):
             kernels.self_attention(x, H, key_padding_mask=pad, causal=True).backward(dcontext)
         grads.append(x.grad)
     two, one = (g.split(H * D, dim=-1) for g in grads)
-    assert torch.equal(two[1], one[1]) and torch.equal(two[2], one[2])
-    assert_max_diff("dq", one[0], two[0], 2e-6 * two[0].abs().max().item())
-    with kernels.attention_backward("one-pass"):
-        assert backward_kernels(kernels.self_attention, qkv.clone().requires_grad_(), H) == ONE_PASS
+    assert_one_pass_matches_two([None, *two], [None, *one])
+    with kernels.attention_backward("one-pass"):  # its launches, counted on the CPU
+        assert backward_kernels(kernels.self_attention, qkv.cpu().requires_grad_(), H) == ONE_PASS
 
 
 def test_the_unplanned_call_takes_the_same_way(device, one_pass):
@@ -181,11 +185,11 @@ def test_the_unplanned_call_takes_the_same_way(device, one_pass):
         assert torch.equal(a, b), name
 
 
-def test_the_launches_of_each_way_and_determinism(device):
+def test_the_launches_of_each_way_and_determinism():
     """One pass: delta and zeroed sums, dK/dV/dQ, dQ from the sums (3 launches); two: the dQ and
     dK/dV passes. Under torch.use_deterministic_algorithms(True) the two passes, whatever the
     choice, and the planned call's gradients are theirs bit for bit."""
-    q, k, v = (t.float().requires_grad_() for t in make_inputs(2, 2, 30, 30, 16, device, seed=13)[:3])
+    q, k, v = (t.float().requires_grad_() for t in make_inputs(2, 2, 30, 30, 16, "cpu", seed=13)[:3])
     with kernels.attention_backward("one-pass"):
         assert backward_kernels(kernels.attention, q, k, v, causal=True) == ONE_PASS
     with kernels.attention_backward("two-pass"):
@@ -242,14 +246,14 @@ def test_bad_choices_are_refused_naming_them(monkeypatch):
         _configs.check_environment()
 
 
-def test_five_products_a_tile_where_the_two_passes_take_seven(device):
+def test_five_products_a_tile_where_the_two_passes_take_seven():
     """tools.work's count of the backward's FLOPs (2 D per pair and product, from each launch's
     arguments): the two passes 3 + 4 products a tile, the one pass 5, and its delta and dQ
     launches none: 5 / 7 of the tensor-core work, for one launch more."""
     from tools import launches, work
 
     B, H, L, D = 1, 2, 48, 16
-    q, k, v = (t.float().requires_grad_() for t in make_inputs(B, H, L, L, D, device, seed=14)[:3])
+    q, k, v = (t.float().requires_grad_() for t in make_inputs(B, H, L, L, D, "cpu", seed=14)[:3])
     flops = {}
     for way in ("two-pass", "one-pass"):
         out = kernels.attention(q, k, v)
