@@ -71,6 +71,7 @@ else:  # fastformer.kernels: the ops
         self_attention,
         self_attention_reference,
     )
+    from .attention_varlen import attention_varlen, attention_varlen_reference
     from .feed_forward import feed_forward, feed_forward_fused, feed_forward_reference
     from .linear_gelu import linear_gelu, linear_gelu_reference
 
@@ -85,6 +86,8 @@ else:  # fastformer.kernels: the ops
         "attention_backward_choice",
         "attention_dropout_mask",
         "attention_reference",
+        "attention_varlen",
+        "attention_varlen_reference",
         "autotune_enabled",
         "autotuning",
         "check_environment",

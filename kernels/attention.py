@@ -22,6 +22,10 @@ whether a (batch, head) has fully masked rows by scanning its lse, so no per-cal
 as separate ops; the lse is marked non-differentiable, so autograd makes no zero gradient for it.
 The outputs o, dq, dk and dv are laid out as (B, L, H, D).
 
+The same kernels take packed sequences, (total, H, D) rows without padding (constexpr VARLEN,
+kernels/attention_varlen.py): each program reads its sequence's first row and lengths from the
+offsets (_sequence) and works on them as on a padded batch's (batch, head).
+
 Dropout is Philox keyed by a seed, a one-element int64 tensor on the device, which the backward
 and the probabilities regenerate the mask from. It is an input of the op: the model draws the
 seeds of a whole forward in one launch (`_dropout.draw_seeds`) and hands each call a view
@@ -138,6 +142,26 @@ def _program_block(L, H, BLOCK: tl.constexpr, LAST_FIRST: tl.constexpr):
 
 
 @triton.jit
+def _sequence(CU, b, L, VARLEN: tl.constexpr):
+    """Where batch b's rows lie, as (index, first, length). Padded (B, H, L, D) inputs: index b (the
+    inputs' slices are index * their batch stride), first b * L (the first row of the outputs'
+    (B * L, ...) rows, _interleaved), length L. VARLEN: sequence b of inputs packed as (total, H, D)
+    rows (attention_varlen), rows CU[b] to CU[b + 1] (CU: the int32 offsets, cu_seqlens), the
+    launcher passing the row stride as the batch stride: index and first CU[b], length
+    CU[b + 1] - CU[b]."""
+    if VARLEN:
+        start = tl.load(CU + b)
+        index = start.to(tl.int64)
+        first = index
+        length = tl.load(CU + b + 1) - start
+    else:
+        index = b
+        first = b * L
+        length = L
+    return index, first, length
+
+
+@triton.jit
 def _head_slice(T, b, h, stride_b, stride_h, ROW_ALIGN: tl.constexpr):
     """The base pointer of T's (batch, head) slice. ROW_ALIGN: every stride of the tensors the
     kernel reads row by row is a multiple of it (_row_align), which Triton cannot see when one is
@@ -233,12 +257,13 @@ def _store_rows(base, offs, stride, n, offs_d, D, value):
 
 
 @triton.jit
-def _interleaved(T, b, h, L, D, row):
+def _interleaved(T, first, h, D, row):
     """The (batch, head) slice of a (B, H, L, D) tensor laid out as (B, L, row) rows with the heads
     side by side, each D wide (row = H * D: (B, L, H, D) contiguous, the layout of o, dq, dk and dv
     that _interleaved_empty makes; 3 * H * D: dq, dk and dv as views of one fused QKV projection's
-    gradient): its base pointer. Its rows are `row` apart."""
-    return T + b * L * row + h * D
+    gradient), or of packed (total, H, D) rows: its base pointer. `first`: the slice's first row
+    (_sequence: b * L, or a packed sequence's first row). Its rows are `row` apart."""
+    return T + first * row + h * D
 
 
 @triton.jit
@@ -442,7 +467,7 @@ def _dq_step(
 
 @triton.jit
 def _dkdv_step(
-    dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA, dq_bh,
+    dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, lse_bh, delta_bh, dq_bh,
     Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
     MASKED: tl.constexpr, HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
@@ -451,7 +476,8 @@ def _dkdv_step(
 ):
     """The dK/dV pass over the query block m..: returns dk and dv with the block's part added.
     MASKED: the tile may hold masked scores (`pad`: the key block's padding flags); otherwise every
-    query of the block is in bounds and sees every key of the key block. With dropout, dk and dv
+    query of the block is in bounds and sees every key of the key block. lse_bh and delta_bh: the
+    (batch, head)'s rows of LSE and DELTA. With dropout, dk and dv
     come out 1 - p times their gradients (as dq in _dq_step): scaled once, after the loop.
     ACCUMULATE_DQ (the one-pass backward): the tile's part of dQ, dS K, a fifth product, is added
     to the block's rows of the fp32 sums at dq_bh ((Lq, HEAD_DIM) contiguous), 1 - p times it
@@ -462,11 +488,11 @@ def _dkdv_step(
     q = _read_rows(q_src, m, stride_qm, Lq, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
     do = _read_rows(do_src, m, stride_dom, Lq, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
     if MASKED:
-        lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
-        delta = tl.load(DELTA + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+        lse = tl.load(lse_bh + offs_m, mask=offs_m < Lq, other=float("inf"))
+        delta = tl.load(delta_bh + offs_m, mask=offs_m < Lq, other=0.0)
     else:
-        lse = tl.load(LSE + bh * Lq + offs_m)
-        delta = tl.load(DELTA + bh * Lq + offs_m)
+        lse = tl.load(lse_bh + offs_m)
+        delta = tl.load(delta_bh + offs_m)
     # (BLOCK_N, BLOCK_M)
     qt = _read_columns(q_src, q, m, stride_qm, Lq, offs_d, MASKED, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
     st = tl.dot(k, qt, input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -612,9 +638,11 @@ def _attn_fwd_kernel(
     stride_vb, stride_vh, stride_vn,
     H, Lq, Lk, qk_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,  # config keys only
+    CU_Q, CU_K,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     """The forward of one query block of one (batch, head): O = softmax(masked Q K^T * scale) V with
     an online softmax in fp32, over the key blocks the block can see, and each row's log-sum-exp.
@@ -642,6 +670,8 @@ def _attn_fwd_kernel(
         dropout_p: the dropout probability, in [0, 1); read only under HAS_DROPOUT.
         LQ_BUCKET, LK_BUCKET: next_power_of_2 of Lq and of Lk: keys of the config choice only, unused
             by the code and not specialized.
+        CU_Q, CU_K: with VARLEN, (B + 1,) int32 offsets of the packed sequences' query and key rows
+            (cu_seqlens); None otherwise.
         HAS_PAD: PAD is read: keys flagged True are masked, and key blocks past the batch's last real key skipped.
         IS_CAUSAL: key j > query i is masked (top-left aligned), and key blocks above the diagonal skipped.
         HAS_MASK: MASK is read: the general, slower path.
@@ -655,13 +685,20 @@ def _attn_fwd_kernel(
         BLOCK_N: keys per step of the loop over key blocks.
         TMA: Q, K and V tiles load through tensor descriptors made per program (kernels/_tma.py:
             16-byte aligned bases and row strides), else through pointers.
+        VARLEN: Q, K, V and O are packed sequences, (total, H, D) rows (attention_varlen): sequence
+            b's rows are CU_Q[b].. and CU_K[b].. (_sequence), the batch strides are the row strides,
+            Lq and Lk are the longest lengths (LSE is (B, H, Lq) all the same); no PAD nor MASK. A
+            query with no keys gets zeros (and lse +inf).
     """
     # torch.compile's Inductor passes a Python float as fp64, a launch as fp32: one type for both
     qk_scale, dropout_p = tl.cast(qk_scale, tl.float32), tl.cast(dropout_p, tl.float32)
     bh, b, h, start_m = _program_block(Lq, H, BLOCK_M, LAST_FIRST=True)
-    q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
-    k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
-    v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
+    lse_bh = LSE + bh * Lq
+    bq, first_q, Lq = _sequence(CU_Q, b, Lq, VARLEN)  # from here on, this sequence's lengths
+    bk, _first_k, Lk = _sequence(CU_K, b, Lk, VARLEN)
+    q_bh = _head_slice(Q, bq, h, stride_qb, stride_qh, ROW_ALIGN)
+    k_bh = _head_slice(K, bk, h, stride_kb, stride_kh, ROW_ALIGN)
+    v_bh = _head_slice(V, bk, h, stride_vb, stride_vh, ROW_ALIGN)
     pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
     mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -675,6 +712,9 @@ def _attn_fwd_kernel(
     clean_end, end_n = _query_key_range(
         pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, BLOCK_D, BLOCK_M, BLOCK_N
     )
+    if VARLEN:  # a block past its sequence's queries: no keys
+        end_n = tl.where(start_m < Lq, end_n, 0)
+        clean_end = tl.minimum(clean_end, end_n)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -715,8 +755,8 @@ def _attn_fwd_kernel(
                 HAS_DROPOUT, DOT_PRECISION, ROW_ALIGN, BLOCK_M, BLOCK_N, BLOCK_D,
             )
             out = tl.where(masked_row[:, None], uniform, out)
-    _store_rows(_interleaved(O, b, h, Lq, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, out)
-    tl.store(LSE + bh * Lq + offs_m, lse, mask=offs_m < Lq)
+    _store_rows(_interleaved(O, first_q, h, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM, out)
+    tl.store(lse_bh + offs_m, lse, mask=offs_m < Lq)
 
 
 def _dkdv_fits(meta, num_warps, num_stages, launch):
@@ -880,21 +920,22 @@ def _on_real_tensors(q):
 
 @triton.jit
 def _dkdv_program(
-    LSE, DELTA, DQ, DK, DV, seed, bh, b, h, start_n, q_bh, k_bh, v_bh, do_bh, pad_b, mask_bh,
+    lse_bh, delta_bh, dq_bh, DK, DV, seed, bh, first_k, h, start_n, q_bh, k_bh, v_bh, do_bh, pad_b, mask_bh,
     stride_pn, stride_mm, stride_mn, stride_qm, stride_kn, stride_vn, stride_dom, stride_gm,
     Lq, Lk, qk_scale, sm_scale, dropout_p, offs_d,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-    ACCUMULATE_DQ: tl.constexpr,
+    ACCUMULATE_DQ: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """One program of the dK/dV pass (its key block start_n.. of (batch, head) bh; the _bh pointers
-    offset to it as _attn_bwd_kernel makes them): dK and dV written, and with ACCUMULATE_DQ (the
-    one-pass backward, _attn_bwd_one_pass_kernel) dQ's parts added to the fp32 sums at DQ
-    (_dkdv_step); DQ is None otherwise."""
+    offset to it as _attn_bwd_kernel makes them, lse_bh and delta_bh to its rows of LSE and DELTA;
+    first_k: its keys' first row of DK and DV, _sequence's): dK and dV written, and with
+    ACCUMULATE_DQ (the one-pass backward, _attn_bwd_one_pass_kernel) dQ's parts added to the fp32
+    sums at dq_bh, its (Lq rows, HEAD_DIM) (_dkdv_step); dq_bh is None otherwise. Lq and Lk: this
+    (batch, head)'s lengths. VARLEN: a key block past a packed sequence's end computes nothing."""
     # dK and dV of one key block, looping over the query blocks that can see it. Reads the delta
     # the dQ pass (or, one-pass, _attn_bwd_delta_kernel) wrote.
-    dq_bh = DQ + bh.to(tl.int64) * Lq * HEAD_DIM if ACCUMULATE_DQ else DQ
     offs_n = start_n + tl.arange(0, BLOCK_N)
     # (BLOCK_N, BLOCK_D)
     k_src = _rows_source(k_bh, Lk, stride_kn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
@@ -911,6 +952,8 @@ def _dkdv_program(
     if HAS_PAD:
         first_pad, keys_end = _padding_bounds(pad_b, stride_pn, Lk)
         end_m = tl.where(start_n < keys_end, Lq, start_m)  # a block of trailing padding: skip
+    if VARLEN:
+        end_m = tl.where(start_n < Lk, end_m, start_m)  # past its sequence's keys: skip
     pad = _key_padding(pad_b, stride_pn, offs_n, Lk, HAS_PAD)  # this program's keys: once
 
     # Every tile is computed transposed, keys first: S^T = K Q^T (BLOCK_N, BLOCK_M), so each dot's
@@ -939,7 +982,7 @@ def _dkdv_program(
         clean_stop = tl.where(clean_keys, tl.maximum(whole_end, first_clean), end_m)
     for m in range(start_m, clean_start, BLOCK_M):
         dk, dv = _dkdv_step(
-            dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA, dq_bh,
+            dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, lse_bh, delta_bh, dq_bh,
             Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
             True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
             BLOCK_D, BLOCK_M, BLOCK_N, TMA, ACCUMULATE_DQ,
@@ -948,7 +991,7 @@ def _dkdv_program(
         for i in range(0, tl.cdiv(clean_stop - clean_start, BLOCK_M)):
             m = clean_start + i * BLOCK_M
             dk, dv = _dkdv_step(
-                dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA, dq_bh,
+                dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, lse_bh, delta_bh, dq_bh,
                 Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
                 False, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                 BLOCK_D, BLOCK_M, BLOCK_N, TMA, ACCUMULATE_DQ,
@@ -956,7 +999,7 @@ def _dkdv_program(
         for i in range(0, tl.cdiv(end_m - clean_stop, BLOCK_M)):
             m = clean_stop + i * BLOCK_M
             dk, dv = _dkdv_step(
-                dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, LSE, DELTA, dq_bh,
+                dk, dv, m, k, v, offs_n, pad, q_src, do_src, stride_qm, stride_dom, offs_d, lse_bh, delta_bh, dq_bh,
                 Lq, Lk, mask_bh, stride_mm, stride_mn, seed, bh, start_n, qk_scale, dropout_p,
                 True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                 BLOCK_D, BLOCK_M, BLOCK_N, TMA, ACCUMULATE_DQ,
@@ -965,10 +1008,10 @@ def _dkdv_program(
     if HAS_PAD or HAS_MASK:
         # Rows whose keys are all masked spread 1/Lk over every key (the tutorial's -1e9 fill):
         # they reach dV only, and only in the (B, H) slices that have such rows.
-        if _has_masked_row(LSE + bh * Lq, Lq):
+        if _has_masked_row(lse_bh, Lq):
             for m in range(0, Lq, BLOCK_M):
                 offs_m = m + tl.arange(0, BLOCK_M)
-                lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=0.0)
+                lse = tl.load(lse_bh + offs_m, mask=offs_m < Lq, other=0.0)
                 row = (lse == float("inf")) & (offs_m < Lq)
                 # (BLOCK_N, BLOCK_M)
                 pt = tl.where(row[None, :] & (offs_n[:, None] < Lk), 1.0 / Lk, 0.0)
@@ -978,13 +1021,13 @@ def _dkdv_program(
                 do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
                 dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=DOT_PRECISION, out_dtype=tl.float32)
 
-    dk_bh = _interleaved(DK, b, h, Lk, HEAD_DIM, stride_gm)
+    dk_bh = _interleaved(DK, first_k, h, HEAD_DIM, stride_gm)
     dk_scale = sm_scale
     if HAS_DROPOUT:  # dropout's 1 / (1 - p), once (_dkdv_step)
         dk_scale = sm_scale / (1.0 - dropout_p)
         dv = dv * (1.0 / (1.0 - dropout_p))
     _store_rows(dk_bh, offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dk * dk_scale)
-    _store_rows(_interleaved(DV, b, h, Lk, HEAD_DIM, stride_gm), offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dv)
+    _store_rows(_interleaved(DV, first_k, h, HEAD_DIM, stride_gm), offs_n, stride_gm, Lk, offs_d, HEAD_DIM, dv)
 
 
 @triton.jit(do_not_specialize=_UNSPECIALIZED)
@@ -997,10 +1040,12 @@ def _attn_bwd_kernel(
     stride_dob, stride_doh, stride_dom, stride_gm,
     H, Lq, Lk, qk_scale, sm_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,  # config keys only
+    CU_Q, CU_K,
     DQ_PASS: tl.constexpr,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     """The backward, one kernel in two launches (_attn_bwd_dq, then _attn_bwd_dkdv). DQ_PASS is a
     constexpr: each pass compiles to its own branch alone, and the pointers only the other pass
@@ -1028,8 +1073,9 @@ def _attn_bwd_kernel(
         sm_scale: softmax_scale, which dQ and dK are multiplied by.
         DQ_PASS: True: the dQ pass (and DELTA); False: the dK/dV pass.
         PAD, MASK, their strides, the strides of Q, K and V, H, Lq, Lk, qk_scale, dropout_p,
-            LQ_BUCKET, LK_BUCKET, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM,
-            BLOCK_D: as in _attn_fwd_kernel.
+            LQ_BUCKET, LK_BUCKET, CU_Q, CU_K, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION,
+            HEAD_DIM, BLOCK_D, VARLEN: as in _attn_fwd_kernel (with VARLEN, DO, DQ, DK and DV are
+            packed rows too, and DELTA is (B, H, Lq) as LSE).
         ROW_ALIGN: every (batch, head, row) stride of Q, K, V and DO is a multiple of it (_row_align: the
             elements in 16 bytes, else 1), hinted with tl.multiple_of.
         BLOCK_M: query rows per program (dQ) or per step of the loop over query blocks (dK/dV).
@@ -1046,10 +1092,14 @@ def _attn_bwd_kernel(
         bh, b, h, start_m = _program_block(Lq, H, BLOCK_M, LAST_FIRST=True)
     else:
         bh, b, h, start_n = _program_block(Lk, H, BLOCK_N, LAST_FIRST=False)
-    q_bh = _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN)
-    k_bh = _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN)
-    v_bh = _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN)
-    do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
+    lse_bh = LSE + bh * Lq
+    delta_bh = DELTA + bh * Lq
+    bq, first_q, Lq = _sequence(CU_Q, b, Lq, VARLEN)  # from here on, this sequence's lengths
+    bk, first_k, Lk = _sequence(CU_K, b, Lk, VARLEN)
+    q_bh = _head_slice(Q, bq, h, stride_qb, stride_qh, ROW_ALIGN)
+    k_bh = _head_slice(K, bk, h, stride_kb, stride_kh, ROW_ALIGN)
+    v_bh = _head_slice(V, bk, h, stride_vb, stride_vh, ROW_ALIGN)
+    do_bh = _head_slice(DO, bq, h, stride_dob, stride_doh, ROW_ALIGN)
     pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
     mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
     offs_d = tl.arange(0, BLOCK_D)
@@ -1068,13 +1118,16 @@ def _attn_bwd_kernel(
         do = _read_rows(do_src, start_m, stride_dom, Lq, offs_d, True, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, TMA)
         k_src = _rows_source(k_bh, Lk, stride_kn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
         v_src = _rows_source(v_bh, Lk, stride_vn, HEAD_DIM, BLOCK_N, BLOCK_D, TMA)
-        o = _load_rows(_interleaved(O, b, h, Lq, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
+        o = _load_rows(_interleaved(O, first_q, h, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
         delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
-        tl.store(DELTA + bh * Lq + offs_m, delta, mask=offs_m < Lq)
-        lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
+        tl.store(delta_bh + offs_m, delta, mask=offs_m < Lq)
+        lse = tl.load(lse_bh + offs_m, mask=offs_m < Lq, other=float("inf"))
         clean_end, end_n = _query_key_range(
             pad_b, stride_pn, Lk, start_m, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, BLOCK_D, BLOCK_M, BLOCK_N
         )
+        if VARLEN:  # a block past its sequence's queries: no keys
+            end_n = tl.where(start_m < Lq, end_n, 0)
+            clean_end = tl.minimum(clean_end, end_n)
 
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         dq_scale = sm_scale
@@ -1102,15 +1155,15 @@ def _attn_bwd_kernel(
                 True, HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN,
                 BLOCK_D, BLOCK_M, BLOCK_N, TMA,
             )
-        dq_bh = _interleaved(DQ, b, h, Lq, HEAD_DIM, stride_gm)
+        dq_bh = _interleaved(DQ, first_q, h, HEAD_DIM, stride_gm)
         _store_rows(dq_bh, offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq * dq_scale)
     else:
         _dkdv_program(
-            LSE, DELTA, None, DK, DV, seed, bh, b, h, start_n, q_bh, k_bh, v_bh, do_bh, pad_b, mask_bh,
+            lse_bh, delta_bh, None, DK, DV, seed, bh, first_k, h, start_n, q_bh, k_bh, v_bh, do_bh, pad_b, mask_bh,
             stride_pn, stride_mm, stride_mn, stride_qm, stride_kn, stride_vn, stride_dom, stride_gm,
             Lq, Lk, qk_scale, sm_scale, dropout_p, offs_d,
             HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, BLOCK_N,
-            TMA, False,
+            TMA, False, VARLEN,
         )
 
 
@@ -1124,9 +1177,11 @@ def _attn_bwd_one_pass_kernel(
     stride_dob, stride_doh, stride_dom, stride_gm,
     H, Lq, Lk, qk_scale, sm_scale, dropout_p,
     LQ_BUCKET, LK_BUCKET,  # config keys only
+    CU_Q, CU_K,
     HAS_PAD: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     """The one-pass backward's main launch (_attn_bwd_one_pass, between _attn_bwd_delta_kernel and
     _attn_bwd_dq_convert_kernel): the dK/dV pass of _attn_bwd_kernel, one program per key block,
@@ -1146,52 +1201,64 @@ def _attn_bwd_one_pass_kernel(
     bh, b, h, start_n = _program_block(Lk, H, BLOCK_N, LAST_FIRST=False)
     pad_b = PAD + b * stride_pb if HAS_PAD else PAD  # None when absent
     mask_bh = MASK + b * stride_mb + h * stride_mh if HAS_MASK else MASK
+    lse_bh, delta_bh, dq_bh = LSE + bh * Lq, DELTA + bh * Lq, DQ + bh.to(tl.int64) * Lq * HEAD_DIM
+    bq, _first_q, Lq = _sequence(CU_Q, b, Lq, VARLEN)  # from here on, this sequence's lengths
+    bk, first_k, Lk = _sequence(CU_K, b, Lk, VARLEN)
+    q_bh = _head_slice(Q, bq, h, stride_qb, stride_qh, ROW_ALIGN)
+    do_bh = _head_slice(DO, bq, h, stride_dob, stride_doh, ROW_ALIGN)
+    k_bh = _head_slice(K, bk, h, stride_kb, stride_kh, ROW_ALIGN)
+    v_bh = _head_slice(V, bk, h, stride_vb, stride_vh, ROW_ALIGN)
     _dkdv_program(
-        LSE, DELTA, DQ, DK, DV, load_seed(SEED, HAS_DROPOUT), bh, b, h, start_n,
-        _head_slice(Q, b, h, stride_qb, stride_qh, ROW_ALIGN), _head_slice(K, b, h, stride_kb, stride_kh, ROW_ALIGN),
-        _head_slice(V, b, h, stride_vb, stride_vh, ROW_ALIGN), _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN),
-        pad_b, mask_bh, stride_pn, stride_mm, stride_mn, stride_qm, stride_kn, stride_vn, stride_dom, stride_gm,
+        lse_bh, delta_bh, dq_bh, DK, DV, load_seed(SEED, HAS_DROPOUT), bh, first_k, h, start_n,
+        q_bh, k_bh, v_bh, do_bh, pad_b, mask_bh,
+        stride_pn, stride_mm, stride_mn, stride_qm, stride_kn, stride_vn, stride_dom, stride_gm,
         Lq, Lk, qk_scale, sm_scale, dropout_p, tl.arange(0, BLOCK_D),
         HAS_PAD, IS_CAUSAL, HAS_MASK, HAS_DROPOUT, DOT_PRECISION, HEAD_DIM, ROW_ALIGN, BLOCK_D, BLOCK_M, BLOCK_N,
-        TMA, True,
+        TMA, True, VARLEN,
     )
 
 
 @triton.jit
 def _attn_bwd_delta_kernel(
-    O, DO, DELTA, DQ, stride_dob, stride_doh, stride_dom, H, Lq,
+    O, DO, DELTA, DQ, stride_dob, stride_doh, stride_dom, H, Lq, CU_Q,
     HEAD_DIM: tl.constexpr, ROW_ALIGN: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     """The one-pass backward's first launch: delta = rowsum(dO * O) into DELTA (B, H, Lq) fp32, and
     zeros into the block's rows of dQ's fp32 sums DQ (B, H, Lq, HEAD_DIM) contiguous. O as
     _attn_bwd_kernel reads it ((B, Lq, H, D) rows), DO with its strides. Grid: cdiv(Lq, BLOCK_M) *
-    B * H programs, one per block of query rows."""
+    B * H programs, one per block of query rows. CU_Q, VARLEN: as _attn_bwd_kernel's (DELTA and DQ
+    (B, H, Lq, ...) with Lq the longest length)."""
     bh, b, h, start_m = _program_block(Lq, H, BLOCK_M, LAST_FIRST=False)
+    delta_bh, dq_bh = DELTA + bh * Lq, DQ + bh.to(tl.int64) * Lq * HEAD_DIM
+    bq, first_q, Lq = _sequence(CU_Q, b, Lq, VARLEN)  # from here on, this sequence's length
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = _load_rows(_interleaved(O, b, h, Lq, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
-    do_bh = _head_slice(DO, b, h, stride_dob, stride_doh, ROW_ALIGN)
+    o = _load_rows(_interleaved(O, first_q, h, HEAD_DIM, H * HEAD_DIM), offs_m, H * HEAD_DIM, Lq, offs_d, HEAD_DIM)
+    do_bh = _head_slice(DO, bq, h, stride_dob, stride_doh, ROW_ALIGN)
     do = _load_rows(do_bh, offs_m, stride_dom, Lq, offs_d, HEAD_DIM, ROW_ALIGN)
-    tl.store(DELTA + bh * Lq + offs_m, tl.sum(do.to(tl.float32) * o.to(tl.float32), 1), mask=offs_m < Lq)
+    tl.store(delta_bh + offs_m, tl.sum(do.to(tl.float32) * o.to(tl.float32), 1), mask=offs_m < Lq)
     zeros = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    _store_rows(DQ + bh.to(tl.int64) * Lq * HEAD_DIM, offs_m, HEAD_DIM, Lq, offs_d, HEAD_DIM, zeros)
+    _store_rows(dq_bh, offs_m, HEAD_DIM, Lq, offs_d, HEAD_DIM, zeros)
 
 
 @triton.jit
 def _attn_bwd_dq_convert_kernel(
-    DQ_SUMS, DQ, stride_gm, H, Lq, scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    DQ_SUMS, DQ, stride_gm, H, Lq, scale, CU_Q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr,
 ):
     """The one-pass backward's last launch: dQ = scale * its fp32 sums (DQ_SUMS, (B, H, Lq, HEAD_DIM)
     contiguous; scale: softmax_scale, over 1 - p with dropout) in DQ's dtype, laid out as
     _attn_bwd_kernel writes DQ ((B, Lq, stride_gm) rows, heads side by side). Grid as
-    _attn_bwd_delta_kernel's."""
+    _attn_bwd_delta_kernel's, and CU_Q and VARLEN."""
     bh, b, h, start_m = _program_block(Lq, H, BLOCK_M, LAST_FIRST=False)
+    sums_bh = DQ_SUMS + bh.to(tl.int64) * Lq * HEAD_DIM
+    _bq, first_q, Lq = _sequence(CU_Q, b, Lq, VARLEN)  # from here on, this sequence's length
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    sums = _load_rows(DQ_SUMS + bh.to(tl.int64) * Lq * HEAD_DIM, offs_m, HEAD_DIM, Lq, offs_d, HEAD_DIM)
+    sums = _load_rows(sums_bh, offs_m, HEAD_DIM, Lq, offs_d, HEAD_DIM)
     dq = sums * tl.cast(scale, tl.float32)
-    _store_rows(_interleaved(DQ, b, h, Lq, HEAD_DIM, stride_gm), offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq)
+    _store_rows(_interleaved(DQ, first_q, h, HEAD_DIM, stride_gm), offs_m, stride_gm, Lq, offs_d, HEAD_DIM, dq)
 
 
 # The kernels' launches with their configs; the backward kernel's two passes each have their own.
@@ -1287,8 +1354,29 @@ def _head_block(D):
 
 
 def _row_strides(*tensors):
-    """The (batch, head, row) strides of (B, H, L, D) tensors, in order, as the kernels take them."""
-    return tuple(s for t in tensors for s in t.stride()[:3])
+    """The (batch, head, row) strides of (B, H, L, D) tensors, in order, as the kernels take them;
+    of packed (total, H, D) rows (_Packed), the row stride as the batch's (_sequence)."""
+    packed = lambda t: (t.stride(0), t.stride(1), t.stride(0))  # noqa: E731
+    return tuple(s for t in tensors for s in (t.stride()[:3] if t.dim() == 4 else packed(t)))
+
+
+class _Packed(NamedTuple):
+    """Packed sequences as the kernels take them (attention_varlen, VARLEN): q, k and v are
+    (total, H, D) rows, sequence b's queries rows cu_q[b] to cu_q[b + 1] and its keys cu_k's."""
+
+    cu_q: torch.Tensor  # (B + 1,) int32 offsets of the query rows
+    cu_k: torch.Tensor  # (B + 1,) int32 offsets of the key rows
+    max_q: int  # the longest sequence's queries
+    max_k: int  # and keys
+
+
+def _shape(q, k, packed):
+    """(B, H, Lq, Lk, CU_Q, CU_K, VARLEN) of a launch: padded (B, H, L, D) inputs or, with `packed`,
+    (total, H, D) rows, Lq and Lk the longest lengths."""
+    if packed is None:
+        B, H, Lq, _ = q.shape
+        return B, H, Lq, k.shape[2], None, None, False
+    return packed.cu_q.shape[0] - 1, q.shape[1], packed.max_q, packed.max_k, packed.cu_q, packed.cu_k, True
 
 
 class _Masking(NamedTuple):
@@ -1339,9 +1427,8 @@ def _row_align(*tensors):
     Inductor's, for a compiled graph), so no data pointer is read here: a fake or functional tensor
     has none, and the hint holds for every tensor torch.compile traces."""
     elements = 16 // tensors[0].element_size()
-    for t in tensors:
-        if not all(isinstance(n, int) and n % elements == 0 for n in t.stride()[:3]):
-            return 1
+    if not all(isinstance(n, int) and n % elements == 0 for n in _row_strides(*tensors)):
+        return 1
     return elements
 
 
@@ -1360,34 +1447,39 @@ def _interleaved_empty(B, H, L, D, like):
     return torch.empty(B, L, H, D, dtype=like.dtype, device=like.device).transpose(1, 2)
 
 
-def _forward_outputs(q):
-    """Empty o (_interleaved_empty) and lse (B, H, Lq) fp32, for _forward_launch to fill."""
-    B, H, Lq, D = q.shape
-    return _interleaved_empty(B, H, Lq, D, q), torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
+def _forward_outputs(q, packed=None):
+    """Empty o (_interleaved_empty; packed: (total, H, D) rows) and lse (B, H, Lq) fp32, for
+    _forward_launch to fill."""
+    B, H, Lq, _, _, _, _ = _shape(q, q, packed)
+    if packed is None:
+        o = _interleaved_empty(B, H, Lq, q.shape[-1], q)
+    else:
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return o, torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
 
 
-def _forward_launch(q, k, v, o, lse, seed, masking):
+def _forward_launch(q, k, v, o, lse, seed, masking, packed=None):
     """(grid, args, kwargs) of the forward kernel's launch: o (B, H, Lq, D) as _forward_outputs lays
     it out and lse (B, H, Lq) in base 2 (+inf for rows whose keys are all masked). `seed`: the
-    one-element int64 dropout seed, None without dropout."""
+    one-element int64 dropout seed, None without dropout. `packed`: q, k, v and o are packed
+    sequences (_Packed), through pointer loads."""
     if masking.dropout_p > 0.0 and seed is None:
         raise ValueError("attention: dropout needs a seed (`attention` draws one when none is given)")
-    B, H, Lq, _ = q.shape
-    Lk = k.shape[2]
+    B, H, Lq, Lk, cu_q, cu_k, varlen = _shape(q, k, packed)
     pad, mask = masking.tensors
     args = (
         q, k, v, o, lse, seed, pad, *masking.pad_strides, mask, *masking.mask_strides, *_row_strides(q, k, v),
-        H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk),
+        H, Lq, Lk, masking.scale * LOG2E, masking.dropout_p, *_buckets(Lq, Lk), cu_q, cu_k,
     )
-    kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v)}
-    kwargs["TMA"] = use_tma(_attn_fwd.prefers_tma(args, kwargs, PREFERS_TMA), q, k, v)
+    kwargs = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v), "VARLEN": varlen}
+    kwargs["TMA"] = not varlen and use_tma(_attn_fwd.prefers_tma(args, kwargs, PREFERS_TMA), q, k, v)
     return lambda meta: (cdiv(Lq, meta["BLOCK_M"]) * B * H,), args, kwargs
 
 
-def _attn_forward(q, k, v, masking, seed):
+def _attn_forward(q, k, v, masking, seed, packed=None):
     """o and lse (_forward_launch)."""
-    o, lse = _forward_outputs(q)
-    grid, args, kwargs = _forward_launch(q, k, v, o, lse, seed, masking)
+    o, lse = _forward_outputs(q, packed)
+    grid, args, kwargs = _forward_launch(q, k, v, o, lse, seed, masking, packed)
     _attn_fwd[grid](*args, **kwargs)
     return o, lse
 
@@ -1410,20 +1502,23 @@ def _gradient_rows(dq, dk, dv):
     return row
 
 
-def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking, dq_sums=None):
+def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking, dq_sums=None, packed=None):
     """[(kernel, grid, args, kwargs)] of the backward's launches, `kernel` a Configs or a jit kernel
     (_launch_of, _prepared_of). Without `dq_sums`, the two passes: dQ, which also writes delta
     (B, H, Lq) = rowsum(dO * O), then dK/dV. With it (the one-pass backward, _one_pass: an empty
     (B, H, Lq, D) fp32 tensor, _dq_sums), three: delta and zeroed sums, dK/dV adding dQ's parts to
     the sums, and dQ from them. `do` has a unit last stride; `o` is the forward's output in its
-    layout; dq, dk and dv as _gradient_rows takes them."""
-    B, H, Lq, D = q.shape
-    Lk = k.shape[2]
+    layout; dq, dk and dv as _gradient_rows takes them. `packed` (_Packed): every tensor is packed
+    sequences' (total, H, D) rows, the gradients contiguous, through pointer loads; dq_sums and
+    delta are (B, H, Lq, ...) for the longest length Lq."""
+    B, H, Lq, Lk, cu_q, cu_k, varlen = _shape(q, k, packed)
+    D = q.shape[-1]
     pad, mask = masking.tensors
     masks = (pad, *masking.pad_strides, mask, *masking.mask_strides)
-    strides = (*_row_strides(q, k, v, do), _gradient_rows(dq, dk, dv))
-    scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk))
-    flags = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v, do)}
+    rows = _gradient_rows(dq, dk, dv) if packed is None else dq.stride(0)
+    strides = (*_row_strides(q, k, v, do), rows)
+    scalars = (H, Lq, Lk, masking.scale * LOG2E, masking.scale, masking.dropout_p, *_buckets(Lq, Lk), cu_q, cu_k)
+    flags = {**masking.flags, "ROW_ALIGN": _row_align(q, k, v, do), "VARLEN": varlen}
     dkdv_args = (q, k, v, None, do, lse, delta, dq_sums, dk, dv, seed, *masks, *strides, *scalars)
     keys = lambda meta: (cdiv(Lk, meta["BLOCK_N"]) * B * H,)  # noqa: E731 (one program per key block)
     if dq_sums is None:
@@ -1440,19 +1535,19 @@ def _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking, dq
     else:
         passes = [(_attn_bwd_one_pass, keys, dkdv_args, dict(flags))]
     for configs, _, args, kwargs in passes:  # each pass its own variant: a tuned table may pick them apart
-        kwargs["TMA"] = use_tma(configs.prefers_tma(args, kwargs, PREFERS_TMA), q, k, v, do)
+        kwargs["TMA"] = not varlen and use_tma(configs.prefers_tma(args, kwargs, PREFERS_TMA), q, k, v, do)
     if dq_sums is None:
         return passes
     block_d = _head_block(D)
     block_m = _ROWS if block_d <= 64 else _ROWS // 2  # 64 rows of 128 columns spill at head dims 72 and 80
-    rows = (cdiv(Lq, block_m) * B * H,)
-    sizes = {"HEAD_DIM": D, "BLOCK_D": block_d, "BLOCK_M": block_m, "num_warps": 4}
+    grid = (cdiv(Lq, block_m) * B * H,)
+    sizes = {"HEAD_DIM": D, "BLOCK_D": block_d, "BLOCK_M": block_m, "num_warps": 4, "VARLEN": varlen}
     dq_scale = masking.scale / (1.0 - masking.dropout_p)  # dropout's 1 / (1 - p) (_dkdv_step)
-    delta_args = (o, do, delta, dq_sums, *do.stride()[:3], H, Lq)
+    delta_args = (o, do, delta, dq_sums, *_row_strides(do), H, Lq, cu_q)
     return [
-        (_attn_bwd_delta_kernel, rows, delta_args, {**sizes, "ROW_ALIGN": _row_align(do)}),
+        (_attn_bwd_delta_kernel, grid, delta_args, {**sizes, "ROW_ALIGN": _row_align(do)}),
         *passes,
-        (_attn_bwd_dq_convert_kernel, rows, (dq_sums, dq, dq.stride(2), H, Lq, dq_scale), sizes),
+        (_attn_bwd_dq_convert_kernel, grid, (dq_sums, dq, rows, H, Lq, dq_scale, cu_q), sizes),
     ]
 
 

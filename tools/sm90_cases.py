@@ -132,6 +132,37 @@ def _attention_passes(attention, dtype, D, pad, causal, dense, p, layout, L, Lk,
         attention._attn_probs(q, k, lse, seed, masking)
 
 
+VARLEN_LENGTHS = (5, 1, 64, 37, 256, 130, 17, 200)  # the packed sequences of varlen_case: odd, 1, block multiples
+
+
+def varlen_case(dtype, D, causal, dropout, cross=False, autotune=False, one_pass=False):
+    """attention_varlen's passes (the kernels' VARLEN path) on packed sequences of mixed lengths
+    (VARLEN_LENGTHS; `cross`: as many keys, in another order, and a K/V projection's rows), as
+    self-attention views of one fused projection's rows; `one_pass` as attention_case's."""
+    lengths_q = VARLEN_LENGTHS
+    lengths_k = VARLEN_LENGTHS[::-1] if cross else VARLEN_LENGTHS
+    name = f"attention-varlen/{dtype}/d{D}/{'causal' if causal else 'none'}{'+dropout' if dropout else ''}"
+    name += ("/cross" if cross else "/self") + ("/one-pass" if one_pass else "")
+
+    def run():
+        kernels = _module("fastformer.kernels")
+        varlen = _module("fastformer.kernels.attention_varlen")
+        H, dt = 4, DTYPES[dtype]
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lengths_q, lengths_k))
+        if cross:
+            q = torch.zeros(sum(lengths_q), H, D, dtype=dt)
+            k, v = torch.zeros(sum(lengths_k), 2, H, D, dtype=dt).unbind(1)
+        else:
+            q, k, v = torch.zeros(sum(lengths_q), 3, H, D, dtype=dt).unbind(1)
+        args = (cu_q, cu_k, max(lengths_q), max(lengths_k), causal, 0.1 if dropout else 0.0, D**-0.5)
+        seed = torch.zeros(1, dtype=torch.int64) if dropout else None
+        with tf32_precision(dtype), kernels.attention_backward("one-pass" if one_pass else None):
+            o, lse = varlen._varlen_forward(q, k, v, *args, seed)
+            varlen._varlen_backward(torch.zeros_like(o), q, k, v, o, lse, seed, *args)
+
+    return Case(name, run, _name(dtype), autotune=autotune)
+
+
 def ffn_case(dtype, activation, train, d, d_ff, M, tma=False, autotune=True, cublas=False):
     """The model's FFN: Conv1d weights (out, in, 1) read as (out, in) views; training stores the
     pre-activation and runs the FFN's backward through it (the dH GEMM with the activation gradient
@@ -370,6 +401,16 @@ def ci_cases():
     for tma in (False, True):
         long = {"layout": "contiguous", "L": 4096, "tma": tma}
         cases.append(attention_case("fp16", 64, "causal", False, autotune=False, one_pass=True, **long))
+    # attention over packed sequences (attention_varlen: the kernels' VARLEN path), the rules' picks:
+    # the model's self-attention with dropout and a causal mask in fp16 and bf16, cross-attention
+    # with dropout, head dim 128, and the one-pass backward
+    cases += [
+        varlen_case("fp16", TUTORIAL["D"], True, True),
+        varlen_case("bf16", TUTORIAL["D"], True, True),
+        varlen_case("fp16", TUTORIAL["D"], False, True, cross=True),
+        varlen_case("fp16", 128, True, False),
+        varlen_case("fp16", TUTORIAL["D"], True, False, one_pass=True),
+    ]
     # the first product by cuBLAS, then the activation kernel (its one config): both activations in
     # fp16, GELU in bf16, training (the activation beside the pre-activation) and inference (over it)
     for dtype, activation, train in (("fp16", "gelu", True), ("fp16", "relu", False), ("bf16", "gelu", True)):
