@@ -86,6 +86,17 @@ def _grads(out, *leaves):
     return [g.clone() for g in torch.autograd.grad((out * weights).sum(), leaves)]
 
 
+def _same_but_dh(a, c):
+    """Gradients that flow through dH = dOut @ W2 in fp32: the plan computes dH in its Triton GEMM
+    (a tl.dot, which the interpreter hands to numpy's BLAS) and the ordinary path by torch.mm
+    (PyTorch's BLAS), so on a CPU two libraries sum the same products, and their orders (FMA or
+    not, blocking) are theirs: bit for bit where both sum alike (CI until 2026-12-05), 1 ulp of
+    the largest element apart on an AMD EPYC's OpenBLAS and MKL (2026-12-07). Within 4 ulps of
+    the largest here; bf16 rounds the difference away and stays bit for bit."""
+    tol = 4 * torch.finfo(torch.float32).eps * c.abs().max().item()
+    assert (a - c).abs().max().item() <= tol, ((a - c).abs().max().item(), tol)
+
+
 def test_the_eager_attention_is_the_registered_op_bitwise():
     q, k, v, pad = _inputs()
     seed = draw_seeds(2, "cpu")[1:2]
@@ -299,13 +310,20 @@ def test_the_planned_feed_forward_is_its_ordinary_path_bitwise(x_shape, biases, 
         h, _ = linear_gelu_module._linear_gelu_forward_op(x.reshape(14, 8), w1, b1, "gelu", True)
         ordinary = torch.nn.functional.linear(h, w2, b2).view(planned.shape)
         assert torch.equal(planned, ordinary)
-        for a, c in zip(_grads(planned, *leaves), _grads(ordinary, *leaves)):
-            assert torch.equal(a, c)
+        for t, a, c in zip(leaves, _grads(planned, *leaves), _grads(ordinary, *leaves)):
+            if dtype == torch.float32 and t is not w2 and t is not b2:  # through dH: see _same_but_dh
+                _same_but_dh(a, c)
+            else:
+                assert torch.equal(a, c)
     # a sum's gradient comes in expanded (stride 0), as a loss's first backward hands it over
     h, _ = linear_gelu_module._linear_gelu_forward_op(x.reshape(14, 8), w1, b1, "gelu", True)
     planned, ordinary = kernels.feed_forward(x, w1, b1, w2, b2), torch.nn.functional.linear(h, w2, b2)
-    for a, c in zip(torch.autograd.grad(planned.sum(), leaves), torch.autograd.grad(ordinary.sum(), leaves)):
-        assert torch.equal(a, c)
+    grads = zip(leaves, torch.autograd.grad(planned.sum(), leaves), torch.autograd.grad(ordinary.sum(), leaves))
+    for t, a, c in grads:
+        if dtype == torch.float32 and t is not w2 and t is not b2:
+            _same_but_dh(a, c)
+        else:
+            assert torch.equal(a, c)
 
 
 def test_self_attention_is_the_registered_attention_on_its_heads_bitwise():

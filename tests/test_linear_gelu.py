@@ -394,7 +394,10 @@ def test_ffn_activation_backward_reads_every_argument_as_laid_out(layout, device
 def test_ffn_activation_backward_sums_db1_in_rows_of_partials_whatever_the_tile(monkeypatch, device):
     """A config whose tiles are taller than a row of partial sums (PARTIAL_ROWS) writes its column
     sums in its first row and zeros in the others it covers, the last tile's past M masked off:
-    db1 as the one-row-a-tile config gives it, within rounding, and dPre and h bit for bit."""
+    db1 as the one-row-a-tile config gives it, within rounding, h bit for bit, and dPre within 4 ulps of
+    its largest element: its dH = dOut @ W2 is a tl.dot, which the interpreter hands to numpy's BLAS,
+    whose sums may differ by tile height (bit for bit in CI until 2026-12-05; 1 ulp apart on an AMD
+    EPYC's OpenBLAS, 2026-12-07)."""
     linear_gelu = importlib.import_module("fastformer.kernels.linear_gelu")
     if not INTERPRET:
         pytest.skip("the interpreter's config is patched; a GPU runs its configs' own tiles")
@@ -403,7 +406,9 @@ def test_ffn_activation_backward_sums_db1_in_rows_of_partials_whatever_the_tile(
     tall = dict(linear_gelu._ffn_act_grad.interpreter_meta, BLOCK_M=4 * linear_gelu.PARTIAL_ROWS)
     monkeypatch.setattr(linear_gelu._ffn_act_grad, "interpreter_meta", tall)
     taller = ffn_activation_backward(dout, w2, pre, "gelu", True, True)
-    assert torch.equal(taller[0], one_row[0]) and torch.equal(taller[2], one_row[2])
+    assert torch.equal(taller[2], one_row[2])
+    ulps = 4 * torch.finfo(torch.float32).eps * one_row[0].abs().max().item()
+    assert (taller[0] - one_row[0]).abs().max().item() <= ulps
     torch.testing.assert_close(taller[1], one_row[1], rtol=1e-6, atol=1e-6)
     reference = ffn_backward_reference(*(t.double() for t in (dout, w2, pre)), "gelu")[1]
     torch.testing.assert_close(taller[1].double(), reference, rtol=0, atol=1e-4)
