@@ -12,6 +12,9 @@ benchmark. The benches and their providers (the peers a user would pick instead 
   attention_model_call               the tutorial encoder's call: self-attention of a fused QKV
       projection with key padding and dropout 0.1: fastformer, fastformer_tma, reference, the SDPA
       providers, flex
+  attention_varlen                   self-attention over packed reviews of mixed lengths (the
+      benchmarks' batch): fastformer_varlen (kernels.attention_varlen on the real rows), and padded
+      to the longest: fastformer (kernels.attention with key padding), the SDPA providers
   ffn_fwd, ffn_fwd_bwd               the feed-forward (or linear + GELU): fastformer, fastformer_tma,
       fastformer_cublas (the first product by cuBLAS, then the activation kernel), eager, compile,
       compile_max_autotune; on ffn_fwd also fastformer_fused (the inference-only FFN)
@@ -368,6 +371,79 @@ def attention_model_call_cases(device, providers=MODEL_CALL_PROVIDERS):
         for L in (64, 128, 256)
         for provider in providers
     ]
+
+
+VARLEN_PROVIDERS = ("fastformer_varlen", "fastformer", "sdpa", *SDPA_BACKENDS)
+
+
+def _varlen_provider(provider, lengths, L, device):
+    """fn(q, k, v) -> out on the packed sequences' rows (total, H, D): fastformer_varlen takes them as
+    they are (kernels.attention_varlen); the padded providers get them scattered into a (B, H, L, D)
+    batch with its key padding, as a caller without a varlen op would, and give back the real rows;
+    the scatter and gather are timed with them, being part of what that caller runs."""
+    B = len(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    if provider == "fastformer_varlen":
+        return lambda q, k, v: kernels.attention_varlen(q, k, v, cu, cu, L, L)
+    real = (torch.arange(L)[None, :] < torch.tensor(lengths)[:, None]).to(device)  # (B, L), True = a token
+    if provider == "fastformer":
+        op = lambda q, k, v: kernels.attention(q, k, v, key_padding_mask=~real)  # noqa: E731
+    elif provider == "sdpa" or provider in SDPA_BACKENDS:
+        op = sdpa(provider, attn_mask=real[:, None, None, :])
+    else:
+        raise ValueError(f"unknown provider of attention over packed sequences {provider!r}")
+
+    def fn(q, k, v):
+        batch = [q.new_zeros(B, L, *q.shape[1:]).index_put((real,), t) for t in (q, k, v)]
+        return op(*(t.transpose(1, 2) for t in batch)).transpose(1, 2)[real]
+
+    return fn
+
+
+def attention_varlen_case(mode, provider, device, B=128, H=4, D=64, L=128, dtype="bf16", min_len=8):
+    """Self-attention over B reviews of min_len to L tokens (one of L), the benchmarks' batch: packed
+    (kernels.attention_varlen) against padded to the longest (kernels.attention with key padding,
+    SDPA with the mask). FLOPs of the real tokens' attention (each review over its own keys), so
+    every provider's TFLOP/s counts the same work."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    lengths = torch.randint(min_len, L + 1, (B,), generator=g)
+    lengths[0] = L
+    lengths = lengths.tolist()
+    params = {"dtype": dtype, "D": D, "B": B, "H": H, "L": L, "min_len": min_len}
+    flops = sum(attention_flops(1, H, n, n, D, False, mode) for n in lengths)
+    case = Case("attention_varlen", provider, params, setup=None, flops=flops, tokens=sum(lengths))
+
+    def setup():
+        q, k, v = (
+            torch.randn(sum(lengths), H, D, generator=g).to(device, DTYPES[dtype]).requires_grad_(mode == "fwd_bwd")
+            for _ in range(3)
+        )
+        fn = _varlen_provider(provider, lengths, L, device)
+        do = torch.randn_like(q)
+
+        def run():
+            if mode == "fwd":
+                with torch.no_grad():
+                    return (fn(q, k, v),)
+            out = fn(q, k, v)
+            return (out, *torch.autograd.grad(out, (q, k, v), do))
+
+        def check():
+            n = lengths[0]  # the first review, over its own keys, in fp32
+            q0, k0, v0 = (t[:n].detach().float().transpose(0, 1) for t in (q, k, v))  # (H, n, D)
+            expected = (q0 @ k0.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ v0
+            assert_close_to("out", run()[0][:n].transpose(0, 1), expected, ATOL[dtype])
+
+        _name_sdpa_backend(case, run)
+        return run, check
+
+    case.setup = setup
+    return case
+
+
+def attention_varlen_cases(device, providers=VARLEN_PROVIDERS):
+    """The benchmarks' batch, B 128 reviews of 8 to 128 tokens, H 4, D 64, bf16, both modes."""
+    return [attention_varlen_case(mode, p, device) for mode in ("fwd", "fwd_bwd") for p in providers]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -736,7 +812,8 @@ def model_cases(device, providers=MODEL_PROVIDERS):
 
 
 def full_suite(device):
-    return attention_cases(device) + attention_model_call_cases(device) + ffn_cases(device) + model_cases(device)
+    attention = attention_cases(device) + attention_model_call_cases(device) + attention_varlen_cases(device)
+    return attention + ffn_cases(device) + model_cases(device)
 
 
 def smoke_suite(device="cpu"):
@@ -757,6 +834,9 @@ def smoke_suite(device="cpu"):
             cases.append(ffn_case(mode, "feed_forward", 24, 16, 32, "fastformer_fused", device, dtype="fp32"))
         cases += [add_layer_norm_case(mode, 24, 16, p, device, dtype="fp32") for p in ("fastformer", "eager")]
     cases.append(attention_case("fwd", "fp32", 16, "causal", 2, 2, 16, "flex", device, "tiny"))  # skipped on a CPU
+    tiny_varlen = dict(B=3, H=2, D=16, L=13, dtype="fp32", min_len=1)
+    varlen = ("fastformer_varlen", "fastformer", "sdpa")
+    cases += [attention_varlen_case(m, p, device, **tiny_varlen) for m in ("fwd", "fwd_bwd") for p in varlen]
     for kind in ("train", "infer"):
         # no autocast: Triton's interpreter as shipped computes bf16 dots wrongly, so smoke runs stay in fp32
         cases += [model_case(kind, p, device, B=2, config=tiny, amp=False) for p in ("reference_fp32", "fastformer")]

@@ -24,6 +24,7 @@ BENCHES = {
     "attention_fwd",
     "attention_fwd_bwd",
     "attention_model_call",
+    "attention_varlen",
     "ffn_fwd",
     "ffn_fwd_bwd",
     "add_layer_norm",
@@ -32,6 +33,7 @@ BENCHES = {
 }
 PROVIDERS = {
     *cases.ATTENTION_PROVIDERS,
+    *cases.VARLEN_PROVIDERS,
     *cases.FFN_PROVIDERS,
     *cases.ADD_LAYER_NORM_PROVIDERS,
     *cases.MODEL_PROVIDERS,

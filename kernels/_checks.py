@@ -1,6 +1,7 @@
 """The checks of the ops' tensor arguments: each raises a TypeError or ValueError naming the argument."""
 
 import functools
+import math
 import warnings
 
 import torch
@@ -35,6 +36,13 @@ def check_tensor(name, t, *, ndim=None, dtypes=FLOAT_DTYPES):
     if dtypes is not None and t.dtype not in dtypes:
         allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} must be one of ({allowed}), got {t.dtype}")
+
+
+def check_softmax_scale(softmax_scale):
+    """ValueError unless softmax_scale is None or a positive finite number (not a bool)."""
+    is_number = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
+    if softmax_scale is not None and not (is_number and 0 < softmax_scale < math.inf):
+        raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
 
 
 def check_same_dtype(**tensors):

@@ -66,14 +66,21 @@ shows for each choice, per Triton version, is in docs/kernels.md):
 - Not done: D = 72, 80 or 96 run a 128-wide head block (tl.arange needs a power of two), so their
   dots pay for 128 columns.
 """
-import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ._backward_choice import attention_backward_choice
-from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
+from ._checks import (
+    FLOAT_DTYPES,
+    REFERENCE_DTYPES,
+    argument_check,
+    check_same_device,
+    check_same_dtype,
+    check_softmax_scale,
+    check_tensor,
+)
 from ._configs import Configs, fp32_launch, switches
 from ._dropout import (
     attention_keep,
@@ -2147,9 +2154,7 @@ def check_attention_args(
             )
     check_same_device(q=q, k=k, v=v, key_padding_mask=key_padding_mask, attn_mask=attn_mask)
     check_dropout_p(dropout_p)
-    scale_is_number = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
-    if softmax_scale is not None and not (scale_is_number and 0 < softmax_scale < math.inf):
-        raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
+    check_softmax_scale(softmax_scale)
     check_seed(seed, q.device)
     return B, H, Lq, Lk, D
 

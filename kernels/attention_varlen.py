@@ -15,11 +15,19 @@ the reference.
 """
 
 import itertools
-import math
+import weakref
 
 import torch
 
-from ._checks import FLOAT_DTYPES, REFERENCE_DTYPES, argument_check, check_same_device, check_same_dtype, check_tensor
+from ._checks import (
+    FLOAT_DTYPES,
+    REFERENCE_DTYPES,
+    argument_check,
+    check_same_device,
+    check_same_dtype,
+    check_softmax_scale,
+    check_tensor,
+)
 from ._dropout import check_dropout_p, check_seed
 from ._layout import last_dim_contiguous
 from ._runtime import autocast_inputs, call_op, defer_ops, eager, eager_twin, warn_once
@@ -54,9 +62,8 @@ def _varlen_forward(
     seed: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """o (total_q, H, D) and lse (B, H, max_seqlen_q), base 2, +inf for a query with no keys."""
-    masking = _masking(q, None, None, causal, dropout_p, softmax_scale)
     packed = _Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    return _attn_forward(q, k, v, masking, seed, packed)
+    return _attn_forward(q, k, v, _masking(q, None, None, causal, dropout_p, softmax_scale), seed, packed)
 
 
 def _varlen_backward(
@@ -78,7 +85,6 @@ def _varlen_backward(
     """dq, dk, dv, each (total, H, D) contiguous: the backward's launches (attention._backward_launches),
     in one pass or two as attention's rule says for the longest lengths."""
     masking = _masking(q, None, None, causal, dropout_p, softmax_scale)
-    packed = _Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     do = last_dim_contiguous(do)
     o = o.contiguous()  # the forward wrote it so; torch.compile may not keep it
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -87,6 +93,7 @@ def _varlen_backward(
     dq_sums = None
     if _one_pass(max_seqlen_q, max_seqlen_k, D, q.dtype) and _on_real_tensors(q):
         dq_sums = torch.empty(B, H, max_seqlen_q, D, dtype=torch.float32, device=q.device)
+    packed = _Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     for item in _backward_launches(do, q, k, v, o, lse, seed, dq, dk, dv, delta, masking, dq_sums, packed):
         _launch_of(*item)
     return dq, dk, dv
@@ -143,15 +150,41 @@ def _reads_values(t):
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+# the offsets tensors whose values passed _check_offsets: id -> (weak reference, version, rows, limit)
+_checked = {}
+
+
+def _check_offsets(name, cu, rows, longest, limit):
+    """The offsets' values, read on the host (one copy): from 0 to `rows`, never falling, no
+    sequence longer than `limit`. Once per tensor and contents: a tensor that passed for these rows
+    and limit, unchanged since (its version counter), is not read again, so a loop over the same
+    offsets pays the copy once."""
+    seen = _checked.get(id(cu))
+    if seen is not None and seen[0]() is cu and seen[1:] == (cu._version, rows, limit):
+        return
+    offsets = cu.tolist()
+    lengths = [b - a for a, b in itertools.pairwise(offsets)]
+    if offsets[0] != 0 or offsets[-1] != rows or min(lengths, default=0) < 0:
+        raise ValueError(
+            f"{name} must rise from 0 to its tensor's {rows} rows, never falling, got {offsets[:8]}"
+            + (" ..." if len(offsets) > 8 else "")
+        )
+    if max(lengths, default=0) > limit:
+        raise ValueError(f"{longest} is {limit}, but {name} holds a sequence of {max(lengths)}")
+    if len(_checked) > 64:  # tensors long gone
+        _checked.clear()
+    _checked[id(cu)] = (weakref.ref(cu), cu._version, rows, limit)
+
+
 @argument_check
 def check_varlen_args(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, seed, causal,
     dtypes=FLOAT_DTYPES,
 ):  # fmt: skip
     """Validate the arguments of `attention_varlen`; returns (B, H, D). The offsets' values are read
-    (one copy to the host) where _reads_values allows: each must start at 0, never decrease, end at
-    its tensor's rows, and no sequence may be longer than its max_seqlen, which the kernels' grid
-    trusts (a longer one would lose rows, silently)."""
+    where _reads_values allows (_check_offsets, once per tensor and contents): each must start at
+    0, never decrease, end at its tensor's rows, and no sequence may be longer than its max_seqlen,
+    which the kernels' grid trusts (a longer one would lose rows, silently)."""
     if not isinstance(causal, bool):  # a string such as "no" would read as True
         raise TypeError(f"causal must be a bool, got {causal!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -180,24 +213,14 @@ def check_varlen_args(
             raise ValueError(f"{name} must be an int >= 0, got {n!r}")
     check_same_device(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     check_dropout_p(dropout_p)
-    scale_is_number = isinstance(softmax_scale, (int, float)) and not isinstance(softmax_scale, bool)
-    if softmax_scale is not None and not (scale_is_number and 0 < softmax_scale < math.inf):
-        raise ValueError(f"softmax_scale must be a positive finite number or None, got {softmax_scale!r}")
+    check_softmax_scale(softmax_scale)
     check_seed(seed, q.device)
-    if _reads_values(cu_seqlens_q):
-        for name, cu, rows, longest, limit in (
-            ("cu_seqlens_q", cu_seqlens_q, q.shape[0], "max_seqlen_q", max_seqlen_q),
-            ("cu_seqlens_k", cu_seqlens_k, k.shape[0], "max_seqlen_k", max_seqlen_k),
-        ):
-            offsets = cu.tolist()
-            lengths = [b - a for a, b in itertools.pairwise(offsets)]
-            if offsets[0] != 0 or offsets[-1] != rows or min(lengths, default=0) < 0:
-                raise ValueError(
-                    f"{name} must rise from 0 to its tensor's {rows} rows, never falling, got {offsets[:8]}"
-                    + (" ..." if len(offsets) > 8 else "")
-                )
-            if max(lengths, default=0) > limit:
-                raise ValueError(f"{longest} is {limit}, but {name} holds a sequence of {max(lengths)}")
+    for name, cu, rows, longest, limit in (
+        ("cu_seqlens_q", cu_seqlens_q, q.shape[0], "max_seqlen_q", max_seqlen_q),
+        ("cu_seqlens_k", cu_seqlens_k, k.shape[0], "max_seqlen_k", max_seqlen_k),
+    ):
+        if _reads_values(cu):
+            _check_offsets(name, cu, rows, longest, limit)
     return cu_seqlens_q.shape[0] - 1, H, D
 
 
@@ -232,9 +255,9 @@ def attention_varlen(
         (total_q, H, D) in q's dtype, contiguous. Head dims above 128 run the reference with a
         one-time warning. Under torch.autocast, fp32 inputs are cast to the autocast dtype.
 
-    The offsets' values are checked on the host (one copy) except while a CUDA graph is captured
-    and under torch.compile. The probabilities are not returned (the padded `attention` returns
-    them).
+    The offsets' values are checked on the host (one copy, once per offsets tensor while it is
+    unchanged) except while a CUDA graph is captured and under torch.compile. The probabilities
+    are not returned (the padded `attention` returns them).
     """
     B, H, D = check_varlen_args(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, seed, causal

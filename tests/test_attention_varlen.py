@@ -9,6 +9,7 @@ tensor as a strided and an expanded view; the offsets' checks.
 """
 
 import itertools
+import sys
 
 import pytest
 import torch
@@ -196,3 +197,22 @@ def test_bad_arguments_are_refused_naming_them(changes, error, words):
     for op in (kernels.attention_varlen, kernels.attention_varlen_reference):
         with pytest.raises(error, match=words):
             op(**_bad(**changes))
+
+
+def test_the_offsets_are_read_once_per_tensor_and_contents(monkeypatch):
+    """A loop over the same offsets copies them to the host once; changed in place (a new version),
+    or given with a smaller max_seqlen, they are read and refused again."""
+    module = sys.modules["fastformer.kernels.attention_varlen"]  # (kernels.attention_varlen is the op)
+    reads = []
+    module._checked.clear()
+    original_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or original_tolist(t))
+    args = _bad()
+    for _ in range(3):
+        kernels.attention_varlen(**args)
+    assert len(reads) == 2  # cu_seqlens_q and cu_seqlens_k, the first call only
+    with pytest.raises(ValueError, match="max_seqlen_q is 3"):
+        kernels.attention_varlen(**{**args, "max_seqlen_q": 3})
+    args["cu_seqlens_k"][1] = 9  # in place: 0, 9, 7
+    with pytest.raises(ValueError, match="never falling"):
+        kernels.attention_varlen(**args)

@@ -69,7 +69,8 @@ def bench_cases(kind, device):
     """The bench stage's cases for a plan's `bench`, in the order measured: the cases the targets
     read first (fastformer and its peers), then the other masks, head dims and dtypes, and the
     compiled peers, the slowest to set up, last. "quick": D64 (and D128, fp16) at L 4096, the
-    model's attention call at its three lengths, the tutorial's FFN and add + LayerNorm layers;
+    model's attention call at its three lengths, the tutorial's FFN and add + LayerNorm layers,
+    attention over the bench batch's reviews packed against them padded;
     "full": those, then every other case a target reads (L 8192 and 16384, fastformer_autotune);
     "smoke": the same kinds of cases on tiny shapes, for a CPU."""
     if kind == "smoke":
@@ -131,6 +132,8 @@ def _quick_cases(device):
         *_model_call(("fwd",), ("fastformer", *SDPA), device),
         *_attention(both, "causal", ("fastformer", *SDPA), device, D=128),
         *_attention(both, "causal", ("fastformer", *SDPA), device, dtype="fp16"),
+        # attention over packed reviews (kernels.attention_varlen) against the same reviews padded
+        *[suite.attention_varlen_case("fwd_bwd", p, device) for p in ("fastformer_varlen", "fastformer", "sdpa")],
         *[suite.ffn_case("fwd", "feed_forward", **ffn, provider=p, device=device) for p in suite.FFN_PROVIDERS],
         suite.ffn_case("fwd", "feed_forward", **ffn, provider="fastformer_fused", device=device),
         *[suite.add_layer_norm_case("fwd", 32768, 256, p, device) for p in suite.ADD_LAYER_NORM_PROVIDERS],
@@ -170,6 +173,10 @@ def _smoke_cases(device):
         *attention(("fwd",), "none", ("fastformer", "sdpa", "reference", "compile")),
         *attention(("fwd",), "causal", ("fastformer", "sdpa"), D=128),
         *attention(("fwd",), "causal", ("fastformer", "sdpa"), dtype="fp16"),
+        *[
+            suite.attention_varlen_case("fwd_bwd", p, device, B=3, H=2, D=16, L=13, dtype="fp32", min_len=1)
+            for p in ("fastformer_varlen", "fastformer", "sdpa")
+        ],
         *[
             suite.ffn_case(m, "feed_forward", **ffn, provider=p, device=device)
             for m in both
