@@ -263,7 +263,8 @@ def attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, seed, causal
     )
     q, k, v = autocast_inputs(q, k, v)
-    lengths = cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
+    # the kernels read the offsets as a unit-stride vector (CU + b): a strided view is copied
+    lengths = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k
     if D > MAX_HEAD_DIM:
         warn_once(
             ("attention_varlen", "head_dim"),

@@ -112,7 +112,8 @@ def test_the_padded_op_over_the_same_sequences(lq, lk, causal, way, device):
 
 def test_every_tensor_as_a_strided_and_an_expanded_view(device):
     """q and v as column slices of fused projection rows, k one head expanded to all, do
-    transposed: the values and gradients of contiguous copies, bit for bit under the interpreter."""
+    transposed, cu_seqlens_q a strided view: the values and gradients of contiguous copies, bit
+    for bit under the interpreter."""
     lq, H, D = [4, 19, 1], 2, 16
     cu = offsets(lq, device)
     g = torch.Generator().manual_seed(4)
@@ -120,7 +121,8 @@ def test_every_tensor_as_a_strided_and_an_expanded_view(device):
     k_one = torch.randn(sum(lq), 1, D, generator=g).to(device).requires_grad_()
     do = torch.randn(H, sum(lq), D, generator=g).to(device).transpose(0, 1)  # (total, H, D), head-major
     q, v, k = qkv[:, 0], qkv[:, 2], k_one.expand(-1, H, -1)
-    out = kernels.attention_varlen(q, k, v, cu, cu, max(lq), max(lq), causal=True)
+    cu_strided = torch.stack([cu, torch.zeros_like(cu)], 1)[:, 0]  # the offsets every other int32
+    out = kernels.attention_varlen(q, k, v, cu_strided, cu, max(lq), max(lq), causal=True)
     out.backward(do)
     leaves = [t.detach().contiguous().requires_grad_() for t in (q, k, v)]
     out_c = kernels.attention_varlen(*leaves, cu, cu, max(lq), max(lq), causal=True)
