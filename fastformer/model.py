@@ -32,7 +32,10 @@ from fastformer.config import check_config
 from fastformer.fusion import WatchedModule, fusable
 from fastformer.kernels._checks import argument_check
 from fastformer.kernels.attention import mask_scores
+from fastformer.kernels.attention_varlen import attention_packed
 from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
+from fastformer.packing import PackedLengths, can_read_counts, make_packing, packing_enabled
+from fastformer.packing import lengths as packing_lengths
 from fastformer.plan import AttentionPlan, FeedForwardPlan, ForwardPlan, Hidden, Pending, active_p, linear_groups
 
 ACTIVATIONS = ("gelu", "relu")  # config.ffn_activation
@@ -49,7 +52,7 @@ EMBEDDING_DTYPES = (torch.long, torch.int32)  # the index dtypes nn.Embedding ta
 
 
 @argument_check
-def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"):
+def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum", counts=()):
     """Raise ValueError unless ids is a (bs, n_seq) integer tensor (check_ids_shape) whose ids lie
     in [0, vocab_size). Out-of-range ids would otherwise fail inside the embedding: an IndexError on
     a CPU, a device-side assert on CUDA that ends the process's CUDA context.
@@ -57,18 +60,22 @@ def check_token_ids(name, ids, max_len, vocab_size, limit="the config's maximum"
     The range check is one kernel (a min/max reduction into one two-number buffer) and, for CUDA
     ids, one host sync of the buffer per call. It is skipped while torch.compile traces and while a
     CUDA graph is captured, where a sync is not allowed: compiled and graphed steps trust their ids;
-    and under a torch.func transform (vmap), whose batched ids it cannot read."""
+    and under a torch.func transform (vmap), whose batched ids it cannot read.
+
+    counts: one-element integer tensors on ids' device read in the same copy (the packing's counts
+    of real tokens, fastformer.packing); returned as ints, or None where the check is skipped."""
     check_ids_shape(name, ids, max_len, limit)
-    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
-        return  # tracing; or a torch.func transform (vmap has no batching rule for the min/max)
-    if ids.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    bounds = torch.empty(2, dtype=ids.dtype, device=ids.device)
+    if not can_read_counts(ids):
+        return None  # tracing, capturing; or a torch.func transform (vmap has no batching rule for the min/max)
+    bounds = torch.empty(2 + len(counts), dtype=ids.dtype, device=ids.device)
     torch.aminmax(ids, out=(bounds[0], bounds[1]))
-    low, high = bounds.tolist()
+    if counts:
+        torch.stack(counts, out=bounds[2:])
+    low, high, *values = bounds.tolist()
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise ValueError(f"{name} holds token id {bad}, outside [0, {vocab_size}) for a vocabulary of {vocab_size}")
+    return values
 
 
 @argument_check
@@ -200,7 +207,9 @@ class MultiHeadAttention(WatchedModule):
             if not fusable(self, ATTENTION_ROLES):
                 return self.unfused(Q, K, V, attn_mask)
             plan, Q = self.own_plan(Q, K, V), Hidden.of(Q.reshape(-1, Q.size(-1)))
-        if plan.keys_values is None and not wants_probs(self.config, plan.ops.kernels):
+        if plan.packed is not None:  # rows of the real tokens (fastformer.packing): no probabilities
+            output, attn_prob = self.attend_packed(Q.low, plan), None
+        elif plan.keys_values is None and not wants_probs(self.config, plan.ops.kernels):
             # self-attention without probabilities: one product, one op on it, no head reshapes
             # (bs * n_seq, 3 * n_head * d_head) -> (bs * n_seq, n_head * d_head)
             qkv = F.linear(Q.low, plan.in_weight, plan.in_bias)
@@ -286,16 +295,40 @@ class MultiHeadAttention(WatchedModule):
         """W_K and W_V, which a cross-attention applies to the encoder output."""
         return [self.W_K, self.W_V]
 
-    def heads_of(self, x, weight, bias, n, seq_len=None):
+    def heads_of(self, x, weight, bias, n, seq_len=None, rows=False):
         """The n (bs, n_head, n_seq, d_head) heads of the projection F.linear(x, weight, bias), whose
         rows are n projections (W_Q; W_K; W_V, say): views, no transpose copies. x: (bs, n_seq,
-        d_hidn), or its rows (bs * n_seq, d_hidn) with seq_len n_seq."""
+        d_hidn), or its rows (bs * n_seq, d_hidn) with seq_len n_seq. rows: x is packed rows
+        (rows, d_hidn) of sequences back to back (fastformer.packing), and each head (rows, n_head,
+        d_head), as kernels.attention_varlen takes them."""
+        if rows:
+            # (rows, n, n_head, d_head)
+            y = F.linear(x, weight, bias).view(x.size(0), n, self.config.n_head, self.config.d_head)
+            return y.unbind(1) if n > 1 else [y.squeeze(1)]
         # (bs, n_seq, n, n_head, d_head)
         n_seq = x.size(1) if seq_len is None else seq_len
         y = F.linear(x, weight, bias).view(-1, n_seq, n, self.config.n_head, self.config.d_head)
         # the backward of unbind stacks the gradients: a copy, which one projection does not need
         heads = y.unbind(2) if n > 1 else [y.squeeze(2)]
         return [h.transpose(1, 2) for h in heads]
+
+    def attend_packed(self, x, plan):
+        """The attention sublayer on packed rows x (rows, d_hidn), without the output's bias and
+        dropout (left to add + LayerNorm): self-attention over each sequence's own rows, or
+        cross-attention of them over the plan's packed keys and values; one product for the
+        projections, kernels.attention_varlen's kernels (attention_packed: the offsets are the
+        model's own, not read back), the output product. (rows, d_hidn)."""
+        if plan.keys_values is None:
+            q_s, k_s, v_s = self.heads_of(x, plan.in_weight, plan.in_bias, 3, rows=True)
+        else:
+            (q_s,) = self.heads_of(x, plan.in_weight, plan.in_bias, 1, rows=True)
+            k_s, v_s = plan.keys_values
+        attention = self.scaled_dot_attn
+        # (rows, n_head, d_head)
+        context = attention_packed(
+            q_s, k_s, v_s, *plan.packed, active_p(attention.dropout), attention.scale, False, plan.attn_seed
+        )
+        return F.linear(context.view(x.size(0), -1), plan.out_weight, plan.out_bias)
 
     def attend(self, q_s, k_s, v_s, attn_mask, weight, bias, seed):
         """The attention of the heads, then the output linear with `weight` and `bias` (None: left
@@ -448,8 +481,10 @@ class Encoder(WatchedModule):
         layer's probabilities (or None). `ids_name` is what errors call the ids (default "inputs"):
         the caller's name for them (Transformer's `enc_inputs`)."""
         check_token_ids(ids_name or "inputs", inputs, self.config.n_enc_seq, self.config.n_enc_vocab)
-        # (bs, n_enc_seq)
-        pad = inputs.eq(self.config.i_pad)
+        return self.body(inputs, inputs.eq(self.config.i_pad))
+
+    def body(self, inputs, pad):
+        """forward on ids already checked, whose padding flags are `pad` (bs, n_enc_seq)."""
         outputs = self.enc_emb(inputs) + self.pos_emb(position_ids(inputs, pad))
         attn_probs = []
         if not fusable(self.layers, ENCODER_LAYERS_ROLES):  # the tutorial's loop and mask
@@ -465,6 +500,20 @@ class Encoder(WatchedModule):
             hidden, attn_prob = layer(hidden, attn_mask, plan=layer_plan)
             attn_probs.append(attn_prob)
         return plan.output(hidden), attn_probs
+
+    def packed(self, inputs, pad, packing):
+        """The fused layers on the real tokens alone (fastformer.packing): the embeddings of the
+        packing's tokens at their own positions, every layer on their rows, each review's
+        self-attention over its own. Returns the last layer's rows (packing.rows, d_hidn)."""
+        # (rows,): the real tokens' ids and positions, in order
+        ids, positions = packing.gather(inputs), packing.gather(position_ids(inputs, pad))
+        rows = self.enc_emb(ids) + self.pos_emb(positions)
+        lengths = PackedLengths(packing.cu_seqlens, packing.cu_seqlens, packing.max_seqlen, packing.max_seqlen)
+        plan = ForwardPlan(self.layers, rows, packed=lengths)
+        hidden = Hidden.of(rows)
+        for layer, layer_plan in zip(self.layers, plan.layers):
+            hidden, _ = layer(hidden, None, plan=layer_plan)
+        return hidden.x
 
 
 class DecoderLayer(WatchedModule):
@@ -520,10 +569,11 @@ class DecoderLayer(WatchedModule):
         """The cross-attention's W_K and W_V, which the Decoder's plan makes one product for all its layers."""
         return self.dec_enc_attn.key_value_projections()
 
-    def key_value_heads(self, enc_outputs, weight, bias, n):
+    def key_value_heads(self, enc_outputs, weight, bias, n, rows=False):
         """The n (bs, n_head, n_enc_seq, d_head) heads of the encoder output's projection by
-        `weight` and `bias` (n key and value projections side by side)."""
-        return self.dec_enc_attn.heads_of(enc_outputs, weight, bias, n)
+        `weight` and `bias` (n key and value projections side by side); rows: enc_outputs is the
+        packed encoder's rows, and so are the heads (rows, n_head, d_head)."""
+        return self.dec_enc_attn.heads_of(enc_outputs, weight, bias, n, rows=rows)
 
     def unfused(self, dec_inputs, enc_outputs, self_attn_mask, dec_enc_attn_mask):
         """The tutorial's forward, module by module."""
@@ -553,6 +603,12 @@ class Decoder(WatchedModule):
         check_token_ids("dec_inputs", dec_inputs, self.config.n_dec_seq, self.config.n_dec_vocab)
         check_ids_shape("enc_inputs", enc_inputs, self.config.n_enc_seq)  # read for its padding alone
         check_same_batch(enc_inputs, dec_inputs, enc_outputs)
+        return self.body(dec_inputs, enc_inputs, enc_outputs)
+
+    def body(self, dec_inputs, enc_inputs, enc_outputs, packing=None):
+        """forward on ids already checked. packing: enc_outputs are the packed encoder's rows of
+        the packing's real tokens (Encoder.packed), which the fused layers' cross-attention reads,
+        each review's queries over its own keys."""
         # (bs, n_dec_seq)
         dec_pad = dec_inputs.eq(self.config.i_pad)
         dec_outputs = self.dec_emb(dec_inputs) + self.pos_emb(position_ids(dec_inputs, dec_pad))
@@ -569,8 +625,14 @@ class Decoder(WatchedModule):
                 dec_enc_attn_probs.append(dec_enc_attn_prob)
             return dec_outputs, self_attn_probs, dec_enc_attn_probs
         self_attn_mask = AttentionMask(key_padding_mask=dec_pad, causal=True)
-        dec_enc_attn_mask = AttentionMask(key_padding_mask=enc_inputs.eq(self.config.i_pad))
-        plan = ForwardPlan(self.layers, dec_outputs, enc_outputs)
+        lengths = dec_enc_attn_mask = None
+        if packing is None:
+            dec_enc_attn_mask = AttentionMask(key_padding_mask=enc_inputs.eq(self.config.i_pad))
+        else:  # each review's decoder positions over its own real tokens
+            bs, n_dec_seq = dec_inputs.shape
+            cu_q = torch.arange(0, (bs + 1) * n_dec_seq, n_dec_seq, dtype=torch.int32, device=dec_inputs.device)
+            lengths = PackedLengths(cu_q, packing.cu_seqlens, n_dec_seq, packing.max_seqlen)
+        plan = ForwardPlan(self.layers, dec_outputs, enc_outputs, packed=lengths)
         hidden = plan.hidden(dec_outputs)
         for layer, layer_plan in zip(self.layers, plan.layers):
             hidden, self_attn_prob, dec_enc_attn_prob = layer(
@@ -595,8 +657,50 @@ class Transformer(WatchedModule):
         check_ids_shape("enc_inputs", enc_inputs, self.config.n_enc_seq)
         check_ids_shape("dec_inputs", dec_inputs, self.config.n_dec_seq)
         check_same_batch(enc_inputs, dec_inputs)
+        if self.packs(enc_inputs):  # the encoder on its real tokens alone (fastformer.packing)
+            return self.packed(enc_inputs, dec_inputs)
         enc_outputs, enc_self_attn_probs = self.encoder(enc_inputs, ids_name="enc_inputs")
         dec_outputs, dec_self_attn_probs, dec_enc_attn_probs = self.decoder(dec_inputs, enc_inputs, enc_outputs)
+        return dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
+
+    def packs(self, enc_inputs):
+        """Whether forward may run the encoder on the real tokens alone (fastformer.packing): packing
+        is on, the count can be read (eager, no capture), attention and add + LayerNorm run the
+        Triton kernels, no probabilities are asked for, and nothing sees the encoder's and decoder's
+        tensors (fastformer.fusion: every module stock, no hooks)."""
+        if not packing_enabled() or not can_read_counts(enc_inputs):
+            return False
+        ops = backend.ops(self.encoder.enc_emb.weight)  # the embeddings' dtype: the hidden states'
+        if not ops.kernels or ops.add_layer_norm is not backend.kernels.add_layer_norm:
+            return False
+        if wants_probs(self.config, True):
+            return False
+        return fusable(self.encoder, ENCODER_ROLES) and fusable(self.decoder, DECODER_ROLES)
+
+    def packed(self, enc_inputs, dec_inputs):
+        """forward with the encoder on the packing's real tokens, the decoder's cross-attention over
+        them; padded as forward is where the batch has no padding or a review has no real token."""
+        pad = enc_inputs.eq(self.config.i_pad)
+        counts, offsets = packing_lengths(pad)
+        limits = self.config.n_enc_seq, self.config.n_enc_vocab
+        # the ids' range and the counts in one copy: (on CUDA) the one sync the check makes anyway
+        rows, longest, shortest = check_token_ids(
+            "enc_inputs", enc_inputs, *limits, counts=(offsets[-1], counts.max(), counts.min())
+        )
+        # nothing to leave out; or a review of padding alone, whose decoder positions have no key
+        # to attend to: the tutorial's weights are then uniform over its padding (mask_scores),
+        # whose encoder outputs the padded model computes
+        if rows == pad.numel() or shortest == 0:
+            enc_outputs, enc_self_attn_probs = self.encoder.body(enc_inputs, pad)
+            dec_outputs, dec_self_attn_probs, dec_enc_attn_probs = self.decoder(dec_inputs, enc_inputs, enc_outputs)
+            return dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
+        packing = make_packing(pad, offsets, rows, longest)
+        enc_rows = self.encoder.packed(enc_inputs, pad, packing)
+        check_token_ids("dec_inputs", dec_inputs, self.config.n_dec_seq, self.config.n_dec_vocab)
+        dec_outputs, dec_self_attn_probs, dec_enc_attn_probs = self.decoder.body(
+            dec_inputs, enc_inputs, enc_rows, packing
+        )
+        enc_self_attn_probs = [None] * len(self.encoder.layers)
         return dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
 
 
@@ -650,3 +754,7 @@ ENCODER_LAYER_ROLES = {**SUBMODULE_ROLES, "": EncoderLayer}
 DECODER_LAYER_ROLES = {**SUBMODULE_ROLES, "": DecoderLayer}
 ENCODER_LAYERS_ROLES = {**SUBMODULE_ROLES, "": nn.ModuleList, "[i]": EncoderLayer}
 DECODER_LAYERS_ROLES = {**SUBMODULE_ROLES, "": nn.ModuleList, "[i]": DecoderLayer}
+# the packed Transformer's encoder and decoder (Transformer.packs), their embeddings included
+EMBEDDING_ROLES = {"enc_emb": nn.Embedding, "dec_emb": nn.Embedding, "pos_emb": nn.Embedding, "layers": nn.ModuleList}
+ENCODER_ROLES = {**ENCODER_LAYERS_ROLES, **EMBEDDING_ROLES, "": Encoder}
+DECODER_ROLES = {**DECODER_LAYERS_ROLES, **EMBEDDING_ROLES, "": Decoder}

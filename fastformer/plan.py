@@ -31,6 +31,7 @@ import torch.nn as nn
 
 from fastformer import backend, fusion, kernels
 from fastformer.kernels._dropout import draw_seeds
+from fastformer.packing import PackedLengths
 
 
 def active_p(dropout):
@@ -81,6 +82,9 @@ class AttentionPlan:
     keys_values: tuple | None = None  # cross-attention: (k_s, v_s), each (bs, n_head, n_enc_seq, d_head)
     seq_len: int | None = None  # the queries' length: the hidden states come as (bs * n_seq, d_hidn) rows
     out_bias: torch.Tensor | None = None  # the output linear's bias in its product: an attention alone
+    # attention over packed rows (fastformer.packing): the encoder's self-attention, the decoder's
+    # cross-attention of a packed encoder; the queries come as rows of every sequence back to back
+    packed: PackedLengths | None = None
 
 
 @dataclass
@@ -282,12 +286,15 @@ class ForwardPlan:
     the LayerPlan layer i runs with.
 
     layers: EncoderLayers or DecoderLayers (one kind); inputs: what the first layer gets;
-    enc_outputs: for DecoderLayers, the encoder output their cross-attention reads."""
+    enc_outputs: for DecoderLayers, the encoder output their cross-attention reads. packed: the
+    lengths of packed rows (fastformer.packing): for EncoderLayers, inputs are the real tokens'
+    rows (rows, d_hidn) and the self-attention runs over each review's own; for DecoderLayers,
+    enc_outputs are, and the cross-attention reads each review's own keys."""
 
-    def __init__(self, layers, inputs, enc_outputs=None):
+    def __init__(self, layers, inputs, enc_outputs=None, packed=None):
         decoder = enc_outputs is not None
         self.shape = inputs.shape
-        seq_len = inputs.size(1)
+        seq_len = None if packed is not None and not decoder else inputs.size(1)
         found = layout(layers, decoder)
         weights, dtype = found.weights(inputs)
         weights = iter(weights)
@@ -295,13 +302,18 @@ class ForwardPlan:
         seeds = dropout_seeds(found.dropouts, len(layers), ops, inputs.device)
         keys_values = [None] * len(layers)
         if decoder:
-            heads = layers[0].key_value_heads(enc_outputs, *take(weights, 2), 2 * len(layers))
+            n = 2 * len(layers)
+            heads = layers[0].key_value_heads(enc_outputs, *take(weights, 2), n, rows=packed is not None)
             keys_values = [tuple(heads[2 * i : 2 * i + 2]) for i in range(len(layers))]
+        self_packed, cross_packed = (None, packed) if decoder else (packed, None)
         self.layers = []
         for i in range(len(layers)):
             seed = layer_seeds(seeds, i)
-            self_attn = AttentionPlan(ops, *take(weights, 3), *take(seed, 2), seq_len=seq_len)
-            cross = AttentionPlan(ops, *take(weights, 3), *take(seed, 2), keys_values[i], seq_len) if decoder else None
+            self_attn = AttentionPlan(ops, *take(weights, 3), *take(seed, 2), seq_len=seq_len, packed=self_packed)
+            cross = None
+            if decoder:
+                kv = keys_values[i]
+                cross = AttentionPlan(ops, *take(weights, 3), *take(seed, 2), kv, seq_len, packed=cross_packed)
             pos_ffn = FeedForwardPlan(ops, *take(weights, 3), next(seed), seq_len=seq_len)
             self.layers.append(LayerPlan(ops, dtype, self_attn, pos_ffn, cross))
 

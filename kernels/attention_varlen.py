@@ -259,9 +259,21 @@ def attention_varlen(
     unchanged) except while a CUDA graph is captured and under torch.compile. The probabilities
     are not returned (the padded `attention` returns them).
     """
-    B, H, D = check_varlen_args(
+    check_varlen_args(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, seed, causal
     )
+    return attention_packed(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, seed
+    )
+
+
+def attention_packed(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, seed
+):  # fmt: skip
+    """attention_varlen without its checks, for offsets its caller made and trusts: the model's
+    packing (fastformer.packing), whose offsets come from the padding flags, so no copy of them is
+    read back to check them (on CUDA, a host sync per offsets tensor)."""
+    B, H, D = cu_seqlens_q.shape[0] - 1, q.shape[1], q.shape[2]
     q, k, v = autocast_inputs(q, k, v)
     # the kernels read the offsets as a unit-stride vector (CU + b): a strided view is copied
     lengths = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k

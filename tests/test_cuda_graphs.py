@@ -9,6 +9,7 @@ import torch
 
 import fastformer
 from fastformer.cli import main
+from fastformer.packing import use_packing
 from fastformer.train import job
 from fastformer.train.graphs import GraphedSteps, make_capturable
 from fastformer.train.loop import adamw, autocast, evaluate, linear_warmup_decay_scheduler, train_epoch, train_step
@@ -278,7 +279,9 @@ def test_the_loops_take_their_steps_from_the_graphs_and_step_the_schedule():
 # On a GPU: replays against the eager steps. Bit for bit: a replay runs the kernels the eager step
 # launches, on the same inputs, and the project's kernels are deterministic (gpu_check's
 # determinism stage checks eager steps twice), so any difference means the graph replays something
-# else (a stale input, a constant lr, a state the warm-up left behind).
+# else (a stale input, a constant lr, a state the warm-up left behind). A capture cannot read the
+# count of real tokens, so replays run padded (fastformer.packing); the eager steps held to them
+# run padded too.
 
 
 def _batches(config, shapes, seed=0):
@@ -320,7 +323,8 @@ def test_replayed_train_steps_give_the_losses_and_weights_of_eager_steps(backend
                 if graphed:
                     loss, _ = graphs.train_step(batch)
                 else:
-                    loss, _ = train_step(model, batch, optimizer, device=CUDA, amp=amp)
+                    with use_packing(False):
+                        loss, _ = train_step(model, batch, optimizer, device=CUDA, amp=amp)
                 scheduler.step()
                 losses.append(loss)
         return torch.stack(losses), model.state_dict(), graphs, initial
@@ -347,7 +351,7 @@ def test_replayed_evaluation_gives_the_eager_logits_of_the_current_weights(backe
     def both(batch):
         with fastformer.use_backend(backend_name):
             replayed = graphs.logits(*batch[1:])
-            with torch.no_grad(), autocast(CUDA, amp):
+            with torch.no_grad(), autocast(CUDA, amp), use_packing(False):
                 return replayed, model(*batch[1:])[0]
 
     model.eval()

@@ -87,6 +87,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastformer
 import fastformer.model
+import fastformer.packing
 import fastformer.plan
 from bench.common import environment
 from fastformer import kernels
@@ -143,6 +144,10 @@ CUDA_FP32_AUTOCAST = {  # ops CUDA's autocast runs in fp32, casting half inputs,
 LAYERS = [  # (function or class of the model's code, layer type): an op takes the innermost on its stack
     (fastformer.model.check_token_ids, "token-id checks"),
     (fastformer.model.position_ids, "embedding + masks"),
+    (fastformer.packing.lengths, "embedding + masks"),  # the real tokens' rows (fastformer.packing)
+    (fastformer.packing.make_packing, "embedding + masks"),
+    (fastformer.packing.Packing, "embedding + masks"),
+    (fastformer.model.Transformer.packed, "embedding + masks"),
     (fastformer.plan.LayerPlan.add_norm, "add + LayerNorm"),
     (fastformer.plan.gather_weights, "weight cat + cast"),
     (fastformer.plan.CastWeights, "weight cat + cast"),
@@ -404,9 +409,12 @@ def counting(device, counter=None):
 # the tutorial's steps
 # ----------------------------------------------------------------------------------------------
 def review_batch(config, batch, enc_len, device, seed=0):
-    """Encoder ids of lengths enc_len // 2 .. enc_len padded to enc_len, decoder [BOS], labels."""
+    """Encoder ids of lengths enc_len // 2 .. enc_len padded to enc_len, the first review the
+    shortest (so that every batch of two tokens or more has padding, which the model leaves out:
+    fastformer.packing), decoder [BOS], labels."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     lengths = torch.randint(enc_len // 2, enc_len + 1, (batch,), generator=g)
+    lengths[0] = max(1, enc_len // 2)
     enc = torch.randint(7, config.n_enc_vocab, (batch, enc_len), generator=g)
     enc = enc.masked_fill(torch.arange(enc_len) >= lengths[:, None], config.i_pad)
     dec = torch.full((batch, 1), 2)

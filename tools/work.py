@@ -9,7 +9,10 @@ default CUDA job runs) and the fp32 reference's, on three workloads: the bench b
 of 8 to 128 pieces padded to the longest, bench.cases.review_batch), and the default
 job's batches of the demo set and of Rotten Tomatoes (length buckets of 128 reviews padded to a
 multiple of 16, fastformer.train.job.loaders; one step per distinct batch shape, weighted by how
-many batches of the epoch have it).
+many batches of the epoch have it: an eager step, which computes on the real tokens alone
+(fastformer.packing), has the work of its shape's first batch, the real tokens' FLOPs too).
+The train step twice: eager, on the real tokens, and replayed, on the padded batch, as a CUDA
+graph captures it (a capture cannot read the count of real tokens); inference as an eager step.
 
 Every kernel the step launches on CUDA, as tools.launches counts them (a TorchDispatchMode sees
 each aten op, Triton's launches are hooked), with:
@@ -44,6 +47,7 @@ with a table per workload (docs/launches.md).
 
 import argparse
 import collections
+import itertools
 import math
 import os
 import sys
@@ -151,17 +155,25 @@ def attention_flops(name, args, kwargs):
     import torch
 
     q, pad = named["Q"], named.get("PAD")
-    B, H, Lq, D = q.shape
-    Lk = named["K"].shape[2]
     block = named.get("BLOCK_N", 1)
-    if pad is not None and named.get("HAS_PAD"):  # key blocks past a row's last real key are skipped
-        real = ~pad.bool().cpu()  # (B, Lk), True = a real key
-        last = (real * torch.arange(1, Lk + 1)).amax(dim=1).tolist()
-        keys = [min(Lk, -(-n // block) * block) for n in last]
+    if named.get("VARLEN"):  # packed sequences (kernels.attention_varlen): each its own lengths
+        H, D = q.shape[1:]
+        cu_q, cu_k = (named[name].cpu().tolist() for name in ("CU_Q", "CU_K"))
+        lengths = [(q1 - q0, k1 - k0) for (q0, q1), (k0, k1) in zip(itertools.pairwise(cu_q), itertools.pairwise(cu_k))]
+        # (Lq, Lk, the keys of the blocks read): a sequence's key blocks end at its last key
+        shapes = [(lq, lk, -(-lk // block) * block) for lq, lk in lengths]
     else:
-        keys = [Lk] * B
+        B, H, Lq, D = q.shape
+        Lk = named["K"].shape[2]
+        if pad is not None and named.get("HAS_PAD"):  # key blocks past a row's last real key are skipped
+            real = ~pad.bool().cpu()  # (B, Lk), True = a real key
+            last = (real * torch.arange(1, Lk + 1)).amax(dim=1).tolist()
+            keys = [min(Lk, -(-n // block) * block) for n in last]
+        else:
+            keys = [Lk] * B
+        shapes = [(Lq, Lk, k) for k in keys]
     pairs = 0
-    for k in keys:
+    for Lq, Lk, k in shapes:
         if named.get("IS_CAUSAL"):  # a query sees the keys up to its diagonal (bottom-right aligned)
             pairs += sum(min(k, max(0, i + 1 + Lk - Lq)) for i in range(Lq))
         else:
@@ -349,28 +361,37 @@ def real_tokens(batches, config):
 
 
 def count_steps(workload, provider):
-    """{"train": [(weight, [Kernel])], "infer": [...]}: the forward, loss and backward of a train step
-    (no optimizer) per train batch and an inference step per eval batch, under the dry-run driver,
-    each counted after the same step once uncounted (what a model does once, the count leaves out)."""
+    """{"train": [(weight, [Kernel])], "train_padded": [...], "infer": [...]}: the forward, loss and
+    backward of a train step (no optimizer) per train batch and an inference step per eval batch,
+    under the dry-run driver, each counted after the same step once uncounted (what a model does
+    once, the count leaves out). "train" and "infer" as an eager step runs them, on the real tokens
+    alone (fastformer.packing); "train_padded" the train step on the padded batch, as a CUDA graph
+    captures it (a capture cannot read the count of real tokens)."""
     import torch
 
     import fastformer
+    from fastformer.packing import use_packing
     from tools import sm90
     from tools.launches import counting
 
     torch.manual_seed(0)
     model = fastformer.MovieClassification(workload.config)
     backend, amp = ("triton", torch.bfloat16) if provider == "fastformer" else ("reference", None)
-    steps = {"train": [], "infer": []}
+    steps = {"train": [], "train_padded": [], "infer": []}
     with fastformer.use_backend(backend), sm90.no_matmuls():
-        for step, mode in (("train", "train"), ("infer", "eval")):
+        for name, step, mode in (
+            ("train", "train", "train"),
+            ("train_padded", "train", "train"),
+            ("infer", "infer", "eval"),
+        ):
             model.train(step == "train")
             for weight, labels, enc, dec in workload.batches[mode]:
-                _step(model, step, labels, enc, dec, amp, None)
-                counter = _work_counter("cpu")
-                with counting("cpu", counter):
-                    _step(model, step, labels, enc, dec, amp, counter)
-                steps[step].append((weight, counter.records))
+                with use_packing(name != "train_padded"):
+                    _step(model, step, labels, enc, dec, amp, None)
+                    counter = _work_counter("cpu")
+                    with counting("cpu", counter):
+                        _step(model, step, labels, enc, dec, amp, counter)
+                steps[name].append((weight, counter.records))
     return steps
 
 
@@ -513,8 +534,8 @@ def _rounded(figures):
 
 
 def measure(workloads, providers=PROVIDERS, quick=False, rotten_tomatoes=None, progress=print):
-    """The report work.json holds: per workload and provider, the train step (eager and replayed:
-    the two optimizers) and the inference step."""
+    """The report work.json holds: per workload and provider, the train step (eager, on the real
+    tokens, and replayed, padded, each with its optimizer) and the inference step (eager)."""
     import torch
 
     from bench.common import environment, model_flops
@@ -552,7 +573,7 @@ def measure(workloads, providers=PROVIDERS, quick=False, rotten_tomatoes=None, p
             steps = count_steps(workload, provider)
             entry["providers"][provider] = {
                 "train_eager": summarize(steps["train"], optimizers["eager"], real["train"]),
-                "train_replayed": summarize(steps["train"], optimizers["replayed"], real["train"]),
+                "train_replayed": summarize(steps["train_padded"], optimizers["replayed"], real["train"]),
                 "infer": summarize(steps["infer"], None, real["infer"]),
             }
         report["workloads"][name] = entry

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import torch
 
+from fastformer.packing import use_packing
 from fastformer.train.loop import autocast, train_step
 
 WARMUP_STEPS = 3
@@ -154,7 +155,8 @@ class GraphedSteps:
         stream = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(stream)
-        with torch.cuda.stream(side), warnings.catch_warnings():
+        # warmed up as captured: padded (a capture cannot read the count of real tokens: fastformer.packing)
+        with torch.cuda.stream(side), warnings.catch_warnings(), use_packing(False):
             # uncaptured on purpose: the optimizer's one-time advice against capturable=True outside graphs
             warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
             for _ in range(self.warmup_steps):
