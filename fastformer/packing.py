@@ -34,22 +34,8 @@ import torch
 from fastformer.kernels._runtime import Choice
 
 ENV_VAR = "FASTFORMER_PACKING"
-
-
-def _parse(value):
-    if value in (None, ""):
-        return True
-    if value not in ("0", "1"):
-        raise ValueError(f"{ENV_VAR} must be 1 (pack the real tokens, the default) or 0 (run padded), got {value!r}")
-    return value == "1"
-
-
-def _check(flag):
-    if not isinstance(flag, bool):
-        raise TypeError(f"set_packing takes True, False or None, got {flag!r}")
-
-
-_choice = Choice(ENV_VAR, _parse, _check)
+# set_packing's choice, else FASTFORMER_PACKING's ("0": run padded; unset, "" or "1": pack)
+_choice = Choice.switch(ENV_VAR, "set_packing", "pack the real tokens, the default", "run padded", True)
 
 
 def set_packing(flag):
@@ -63,10 +49,18 @@ def use_packing(flag):
     return _choice.within(flag)
 
 
+def check_environment():
+    """The ops' variables (kernels.check_environment) and FASTFORMER_PACKING read now: a value none
+    takes raises its ValueError before a job's first piece of work."""
+    from fastformer import kernels
+
+    kernels.check_environment()
+    _choice()
+
+
 def packing_enabled():
-    """Whether packing is chosen (the switch; `packs` says where it applies)."""
-    flag = _choice()
-    return True if flag is None else flag
+    """Whether packing is chosen (the switch; Transformer.packs says where it applies)."""
+    return _choice()
 
 
 def can_read_counts(ids):

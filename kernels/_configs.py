@@ -45,20 +45,9 @@ from ._tma import tma_choice
 ENV_VAR = "FASTFORMER_AUTOTUNE"
 
 
-def _parse_autotune(value):
-    if value not in (None, "", "0", "1"):
-        raise ValueError(f"{ENV_VAR} must be 1 (autotune kernel configs) or 0 (pick them by rule), got {value!r}")
-    return value == "1"
-
-
-def _check_autotune(enabled):
-    if not isinstance(enabled, bool):
-        raise TypeError(f"set_autotune takes True, False or None, got {enabled!r}")
-
-
 # Whether launches autotune: set_autotune's choice, else FASTFORMER_AUTOTUNE ("1": yes; unset, ""
 # or "0": no)
-autotune_enabled = Choice(ENV_VAR, _parse_autotune, _check_autotune)
+autotune_enabled = Choice.switch(ENV_VAR, "set_autotune", "autotune kernel configs", "pick them by rule", False)
 
 
 def set_autotune(enabled):

@@ -128,6 +128,25 @@ class Choice:
     def __call__(self):
         return self.env() if self.made is None else self.made
 
+    @classmethod
+    def switch(cls, env_var, setter, on, off, default):
+        """A Choice of True or False: made by `setter` (the public function's name, which its
+        TypeError names), else env_var's "1" or "0" (`on` and `off` say what each does, for the
+        variable's ValueError), else `default` (unset or empty)."""
+
+        def parse(value):
+            if value in (None, ""):
+                return default
+            if value not in ("0", "1"):
+                raise ValueError(f"{env_var} must be 1 ({on}) or 0 ({off}), got {value!r}")
+            return value == "1"
+
+        def check(flag):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{setter} takes True, False or None, got {flag!r}")
+
+        return cls(env_var, parse, check)
+
 
 def warn_once(key, message):
     """Warn about `key` once per process (fallbacks must be loud but not spam every layer)."""

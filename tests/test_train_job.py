@@ -932,6 +932,7 @@ def test_a_checkpoint_with_weights_that_are_not_finite_is_refused(run_dir, tmp_p
         ("FASTFORMER_FFN_GEMM", "bogus", "FASTFORMER_FFN_GEMM must be triton"),
         ("FASTFORMER_TUNED", "no-such-table.json", "FASTFORMER_TUNED must be the path of a tuned table or 0"),
         ("FASTFORMER_AUTOTUNE", "maybe", "FASTFORMER_AUTOTUNE must be 1"),
+        ("FASTFORMER_PACKING", "off", "FASTFORMER_PACKING must be 1 (pack the real tokens, the default) or 0"),
     ],
 )
 def test_a_bad_kernel_variable_is_refused_before_anything_is_written(

@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastformer import backend, kernels
+from fastformer import backend, kernels, packing
 from fastformer.config import Config
 from fastformer.data.files import check_labels, cut, read_reviews, shared_reviews
 from fastformer.data.reviews import LengthBucketSampler, MovieDataSet, ShardedBatchSampler, movie_collate_fn
@@ -669,7 +669,7 @@ def evaluate_run(
     log = quiet_if_none(log)
     check_run_options(device, backend_name, amp, batch_size)
     check_values({"cuda_graphs": cuda_graphs}, CHECKS)
-    kernels.check_environment()
+    packing.check_environment()  # the ops' variables and FASTFORMER_PACKING
     run = _run_dir(run, log)
     device = resolve_device(device)
     check_backend(backend_name, kernels.HAS_TRITON)
@@ -750,7 +750,7 @@ def predict(*, run, texts, device=None, backend_name="auto", amp="auto", log=pri
     log = quiet_if_none(log)
     texts = check_texts(texts)
     check_run_options(device, backend_name, amp)
-    kernels.check_environment()
+    packing.check_environment()  # the ops' variables and FASTFORMER_PACKING
     run = _run_dir(run, log)
     device = resolve_device(device)
     check_backend(backend_name, kernels.HAS_TRITON)

@@ -949,11 +949,11 @@ class Run:
 def settle(inputs, log):
     """The Run of checked inputs (check_inputs), after the checks that need torch, before
     any work. Raises ValueError/RuntimeError naming what does not fit."""
-    from fastformer import kernels
+    from fastformer import kernels, packing
     from fastformer.train import runtime
 
     options, modes = inputs.options, inputs.modes
-    kernels.check_environment()  # the ops' variables: a bad value is refused here, before any work
+    packing.check_environment()  # the ops' and the model's variables: a bad value is refused here, before any work
     launch = runtime.torchrun_launch()
     device = runtime.resolve_device(options.device, launch.local_rank)
     if options.device is None:  # a device given was checked before torch
