@@ -504,7 +504,7 @@ class Encoder(WatchedModule):
     def packed(self, inputs, pad, packing):
         """The fused layers on the real tokens alone (fastformer.packing): the embeddings of the
         packing's tokens at their own positions, every layer on their rows, each review's
-        self-attention over its own. Returns the last layer's rows (packing.rows, d_hidn)."""
+        self-attention over its own. Returns the last layer's rows (the count of real tokens, d_hidn)."""
         # (rows,): the real tokens' ids and positions, in order
         ids, positions = packing.gather(inputs), packing.gather(position_ids(inputs, pad))
         rows = self.enc_emb(ids) + self.pos_emb(positions)

@@ -77,7 +77,6 @@ class Packing(NamedTuple):
     index: torch.Tensor  # (rows,) int64: each real token's position among the bs * n_seq
     cu_seqlens: torch.Tensor  # (bs + 1,) int32: review b's rows are cu_seqlens[b] to cu_seqlens[b + 1]
     max_seqlen: int  # the longest review's count of real tokens
-    rows: int  # the batch's count of real tokens
 
     def gather(self, padded):
         """The real tokens' entries of `padded`, a (bs, n_seq, ...) tensor: (rows, ...)."""
@@ -97,7 +96,7 @@ def make_packing(pad, offsets, rows, longest):
     and its counts as read on the host (rows: all real tokens; longest: the longest review's)."""
     # their positions in order, found without a sync: the count is known
     index = torch.nonzero_static(~pad.reshape(-1), size=rows).squeeze(1)
-    return Packing(index, offsets, longest, rows)
+    return Packing(index, offsets, longest)
 
 
 class PackedLengths(NamedTuple):
