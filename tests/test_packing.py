@@ -212,3 +212,23 @@ def test_padding_in_front_amid_and_after_the_tokens():
         with use_packing(False):
             padded = model(scattered, torch.full((1, 1), 2))[0]
     assert_max_diff("logits", packed, padded, 1e-5)
+
+
+@pytest.mark.parametrize("view", ["strided", "expanded"])
+def test_ids_as_a_strided_or_an_expanded_view(packed_calls, view):
+    """The ids a caller slices or broadcasts pack as their contiguous copy does, bit for bit."""
+    config = small_config(dropout=0.0, n_layer=1)
+    torch.manual_seed(0)
+    model = fastformer.MovieClassification(config).eval()
+    enc, dec = padded_batch(config)
+    if view == "strided":  # every other column of a wider tensor
+        wide = torch.zeros(enc.size(0), 2 * enc.size(1), dtype=enc.dtype)
+        wide[:, ::2] = enc
+        enc = wide[:, ::2]
+    else:  # one review broadcast over the batch
+        enc = enc[2:3].expand(4, -1)
+    with fastformer.use_backend("triton"):
+        logits = model(enc, dec)[0]
+        expected = model(enc.contiguous(), dec)[0]
+    assert len(packed_calls) == 4
+    assert torch.equal(logits, expected)
