@@ -20,14 +20,14 @@ def start(session):
     if any(item.path.name == "test_sm90_compile.py" and "records" in item.fixturenames for item in session.items):
         from tools import sm90
 
-        session.config.stash[COMPILATION] = sm90.Compilation("tools.sm90_cases:ci_cases", jobs=2, nice=NICE)
+        session.config.stash[COMPILATION] = sm90.Compilation("tools.sm90_cases:ci_cases_here", jobs=2, nice=NICE)
 
 
 def records(config):
     """The matrix's Records: of the compilation begun at collection, else of one begun now."""
     from tools import sm90
 
-    compilation = config.stash.get(COMPILATION, None) or sm90.Compilation("tools.sm90_cases:ci_cases", jobs=2)
+    compilation = config.stash.get(COMPILATION, None) or sm90.Compilation("tools.sm90_cases:ci_cases_here", jobs=2)
     return compilation.records()
 
 

@@ -1,7 +1,8 @@
 """The sm_90a compile check: every kernel under kernels/, with every autotune config a launch can
-select, compiled for Hopper on this CPU machine, and held to the rules in `tools.sm90.problems`:
-it compiles, fits in shared memory, does not spill registers, runs its fp16/bf16 dots on wgmma and
-pipelines its main loops.
+select on the GPU machines' Triton (CI's oldest lane; the rules' picks on other versions:
+`tools.sm90_cases.ci_cases_here`), compiled for Hopper on this CPU machine, and held to the rules
+in `tools.sm90.problems`: it compiles, fits in shared memory, does not spill registers, runs its
+fp16/bf16 dots on wgmma and pipelines its main loops.
 
 How it compiles without a GPU is in tools/sm90.py; the matrix (masks, dropout, head dims, layouts,
 FFN and LayerNorm variants, fp16 and bf16) is `tools.sm90_cases.ci_cases`. A config that breaks a
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.versions  # CI runs it on Triton 3.9 and on 3.6
 
 from tests import sm90_early, sm90_planted  # noqa: E402
 from tools import sm90  # noqa: E402
-from tools.sm90_cases import ci_cases  # noqa: E402
+from tools.sm90_cases import GPU_TRITON, ci_cases, ci_cases_here  # noqa: E402
 
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -122,6 +123,18 @@ def test_a_mask_compiled_with_the_rules_picks_only_has_its_supersets_compiled_wi
             assert superset.autotune, superset.name
 
 
+@pytest.mark.parametrize("version", [f"{GPU_TRITON}.0", "3.9.0", "3.10.1"])
+def test_every_config_is_compiled_on_the_gpu_machines_triton_and_the_rules_picks_elsewhere(monkeypatch, version):
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", version)
+    every, here = ci_cases(), ci_cases_here()
+    assert [case.name for case in here] == [case.name for case in every]
+    assert any(case.autotune for case in every)
+    expected = [case.autotune for case in every] if version.startswith(GPU_TRITON + ".") else [False] * len(every)
+    assert [case.autotune for case in here] == expected
+
+
 def test_the_tf32_matrix_compiles_fp32_products_as_tf32():
     """tools.sm90_cases.tf32_cases (python -m tools.sm90_report --tf32, not CI's): fp32 cases only,
     named apart, each compiling its products as TF32 inside its run (dot_precision) and leaving
@@ -155,9 +168,10 @@ def test_the_matrix_began_compiling_when_collection_ended(records, request):
 
 
 def test_bf16_compiles_as_fp16_does(records):
-    """The matrix compiles bf16 with the configs the rules pick, fp16 with every config, on the
-    ground that bf16 compiles as fp16 does (tools.sm90_cases.ci_cases): each bf16 op compile is
-    held to its fp16 twin's (the same case, kernel and config in fp16), which must exist."""
+    """The matrix compiles bf16 with the configs the rules pick, fp16 with every config (off the GPU
+    machines' Triton the picks too), on the ground that bf16 compiles as fp16 does
+    (tools.sm90_cases.ci_cases): each bf16 op compile is held to its fp16 twin's (the same case,
+    kernel and config in fp16), which must exist."""
     by_key = {(r.case, r.kernel, r.config): r for r in records}
     facts = ("error", "shared", "spill_stores", "spill_loads", "dots", "wgmma_dots", "dot_loops", "pipelined_dot_loops")
     twins = 0

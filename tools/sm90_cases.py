@@ -1,7 +1,9 @@
 """What the sm_90a compile check compiles: every `@triton.jit` kernel under `kernels/`, through its
 real launcher, with tensors laid out as the model lays them out.
 
-`ci_cases()` is the matrix `tests/test_sm90_compile.py` runs on every CI run; `full_cases()` adds
+`ci_cases()` is the matrix `tests/test_sm90_compile.py` runs on every CI run (`ci_cases_here()`:
+with every config on the GPU machines' Triton, CI's oldest lane; the rules' picks on the newest
+lane's); `full_cases()` adds
 the rest of the product (every head dim in both dtypes with every mask, odd lengths) for
 `python -m tools.sm90_report --full`; `tf32_cases()` is fp32 with TF32 products (`--tf32`), for
 the rules that would send an fp32 model's products to the kernels. Tensors are CPU tensors: nothing
@@ -9,6 +11,7 @@ is launched (see tools.sm90).
 """
 
 import contextlib
+import dataclasses
 import itertools
 import sys
 
@@ -338,6 +341,29 @@ SUBSET_MASKS = {  # (mask, dropout): the cases whose flags it is a subset of
     ("none", True): (("pad", True), ("dense", True)),
     ("causal", True): (("pad+causal", True),),
 }
+
+
+# The GPU machines' Triton (major.minor), CI's oldest lane: where CI compiles every config
+GPU_TRITON = "3.6"
+
+
+def ci_cases_here():
+    """The CI matrix as CI compiles it on the Triton installed here. On the GPU machines' Triton
+    (GPU_TRITON, the oldest lane) every config a case's launches can select, as autotuning and the
+    sweep on a GPU choose from them; on any other (the newest lane) every case with its launches'
+    rules' picks, as a GPU run takes by default: every kernel, variant, mask, head dim, layout and
+    dtype still compiled and held to the rules, and the configs' own verdicts left to the Triton a
+    GPU runs (tools/results/sm90-compile.md has every config on 3.9; `python -m tools.sm90_report`
+    compiles them). On this 2-core CPU (2026-12-08, two workers and nothing else running) the
+    picks took 282 compiles in 317 s; every config takes 795 distinct compiles (tools.sm90._shards),
+    about 12 minutes of two cores (tests/sm90_early.py), which both lanes' matrices spent on CI's
+    second core beside the oldest lane's tests."""
+    import triton
+
+    cases = ci_cases()
+    if ".".join(triton.__version__.split(".")[:2]) == GPU_TRITON:
+        return cases
+    return [dataclasses.replace(case, autotune=False) for case in cases]
 
 
 def ci_cases():
