@@ -73,7 +73,8 @@ PLAIN_TENSORS = (torch.Tensor, nn.Parameter, FakeTensor, FunctionalTensor)
 def fusable(module, roles):
     """Whether the model may fuse across `module`'s subtree (see the module docstring). roles:
     {the last part of a submodule's name: its stock type}; module itself is checked against
-    roles[""], and the items of a ModuleList (named by their index) against roles["[i]"]."""
+    roles[""], and the items of a container (named by their index) against roles["name[i]"] where
+    it has that key (name: the container's, i: the index), else roles["[i]"]."""
     if any(_GLOBAL_HOOKS):
         return False
     if torch.compiler.is_compiling():  # traced once per graph: no state kept in the module
@@ -112,9 +113,12 @@ def state():
 
 def _walk(module, roles):
     for name, sub in module.named_modules():
-        role = name.rpartition(".")[2]
+        parent, _, role = name.rpartition(".")
         if role.isdigit():
-            role = "[i]"
+            # an item of a container: its own role where roles names it ("feed_forward[1]", an
+            # nn.Sequential's second module), else any item's, "[i]" (a ModuleList of layers)
+            own = f"{parent.rpartition('.')[2]}[{role}]"
+            role = own if own in roles else "[i]"
         if type(sub) is not roles.get(role) or has_hooks(sub) or "forward" in sub.__dict__ or not _fits(sub):
             _say_if_sharded(sub)
             return False

@@ -2,6 +2,7 @@
 (tests/aladdinpersson.py): signatures, strict checkpoint loading, outputs and gradients on both
 backends, masks, training steps, and cached greedy decoding."""
 
+import copy
 import inspect
 
 import pytest
@@ -263,3 +264,154 @@ def test_forward_traces_as_one_graph_on_the_reference_backend():
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     with fastformer.use_backend("reference"):
         torch.testing.assert_close(compiled(src, trg), reference(src, trg), rtol=0, atol=1e-5)
+
+
+# -- on real tokens only (fastformer.packing): the encoder on the real tokens' rows ------------------
+
+
+@pytest.fixture
+def packed_calls(monkeypatch):
+    """The query rows of every packed attention the model runs."""
+    calls = []
+    original = ours.attention_packed
+
+    def spy(q, *args):
+        calls.append(q.shape[0])
+        return original(q, *args)
+
+    monkeypatch.setattr(ours, "attention_packed", spy)
+    return calls
+
+
+def packed_batch():
+    """Sources of 8, 2 and 11 real tokens of 11 (the second padded before and after its two) and
+    targets of 5 tokens: 21 real tokens of 33 positions."""
+    src, trg = batch(src_len=11, trg_len=5)
+    src[1] = torch.tensor([0, 0, 0, 5, 6, 0, 0, 0, 0, 0, 0])
+    src[2] = torch.arange(1, 12)
+    return src, trg
+
+
+# sized for the interpreter: one layer, two heads of 16
+PACKED_MODEL = dict(num_layers=1, heads=2, embed_size=32)
+
+
+def run_both(model, src, trg, backend, packing=True):
+    """The logits and every parameter's gradient of one forward and backward."""
+    model.zero_grad(set_to_none=True)
+    with fastformer.use_backend(backend), fastformer.packing.use_packing(packing):
+        out = model(src, trg)
+    out.double().square().mean().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    "dtype, atol",
+    [
+        pytest.param(torch.float32, 1e-5, id="fp32"),
+        pytest.param(torch.bfloat16, 1e-2, id="bf16", marks=pytest.mark.bf16),
+    ],
+)
+def test_the_packed_model_matches_the_padded_by_the_parity_rule(packed_calls, dtype, atol):
+    """Logits and every gradient against the fp64 reference: packed and padded kernels within twice
+    the reference backend's error in the same dtype; the encoder ran on the 21 real tokens, the
+    decoder's cross-attention of the 3 x 5 target positions over them."""
+    _, model = pair(**PACKED_MODEL)
+    src, trg = packed_batch()
+    ref_out, ref_grads = run_both(copy.deepcopy(model).double(), src, trg, "reference")
+    model.to(dtype)
+    torch_out, torch_grads = run_both(model, src, trg, "reference")
+    padded_out, padded_grads = run_both(model, src, trg, "triton", packing=False)
+    assert packed_calls == []
+    out, grads = run_both(model, src, trg, "triton")
+    assert packed_calls == [21, 15]
+    assert grads.keys() == padded_grads.keys() == ref_grads.keys()
+    for name, actual, padded, ref, same_dtype in [
+        ("logits", out, padded_out, ref_out, torch_out),
+        *((f"grad {n}", grads[n], padded_grads[n], ref_grads[n], torch_grads[n]) for n in ref_grads),
+    ]:
+        assert_within_torch_error(name, padded, ref, same_dtype, atol)
+        assert_within_torch_error(name, actual, ref, same_dtype, atol)
+    # padding gave the weights nothing: the [PAD] embedding's gradient is zero
+    assert grads["encoder.word_embedding.weight"][SMALL["src_pad_idx"]].abs().max() == 0
+
+
+def _hook(model):
+    model.encoder.layers[0].attention.fc_out.register_forward_hook(lambda module, args, out: None)
+
+
+def _swap(model):
+    model.decoder.layers[0].transformer_block.feed_forward[1] = torch.nn.GELU()  # a user's activation
+
+
+def _of_padding_alone(src):
+    src[1] = 0
+
+
+def _no_padding(src):
+    src[:] = torch.randint(1, SMALL["src_vocab_size"], src.shape)
+
+
+@pytest.mark.parametrize(
+    "backend, change_model, change_src, packing",
+    [
+        ("reference", None, None, True),
+        ("triton", _hook, None, True),
+        ("triton", _swap, None, True),
+        ("triton", None, _of_padding_alone, True),
+        ("triton", None, _no_padding, True),
+        ("triton", None, None, False),
+    ],
+    ids=["reference", "hook", "swapped-module", "a-source-of-padding-alone", "no-padding", "packing-off"],
+)
+def test_the_model_runs_padded_where_something_could_tell(packed_calls, backend, change_model, change_src, packing):
+    """Where a hook or a swapped module would see the packed rows, a source of padding alone attends
+    over its padding's encoder outputs, there is nothing to leave out, or packing is off: no packed
+    attention runs, and the logits are the padded model's, bit for bit."""
+    _, model = pair(**PACKED_MODEL)
+    src, trg = packed_batch()
+    if change_model:
+        change_model(model)
+    if change_src:
+        change_src(src)
+    with fastformer.use_backend(backend), fastformer.packing.use_packing(packing):
+        out = model(src, trg)
+    assert packed_calls == []
+    with fastformer.use_backend(backend), fastformer.packing.use_packing(False):
+        assert torch.equal(out, model(src, trg))
+
+
+def test_packed_ids_are_checked_in_the_same_read(monkeypatch):
+    """The packed forward reads the ids' range and its counts in one check, which raises as the
+    padded forward's does, naming src."""
+    _, model = pair(**PACKED_MODEL)
+    src, trg = packed_batch()
+    reads = []
+    original = ours.check_token_ids
+
+    def spy(name, *args, counts=(), **kwargs):
+        reads.append((name, len(counts)))
+        return original(name, *args, counts=counts, **kwargs)
+
+    monkeypatch.setattr(ours, "check_token_ids", spy)
+    with fastformer.use_backend("triton"):
+        model(src, trg)
+        assert reads[0] == ("src", 3) and [name for name, _ in reads[1:]] == ["x"]  # then the decoder's ids
+        with pytest.raises(ValueError, match=r"^src holds token id 23, outside \[0, 23\)"):
+            model(src.masked_fill(src == src.max(), 23), trg)
+
+
+def test_a_packed_train_step_with_dropout_is_seeded(packed_calls):
+    """With dropout the packed encoder's masks are drawn for its rows, from torch's generator: the
+    same seed gives the same logits and gradients."""
+    _, model = pair(dropout=0.2, **PACKED_MODEL)
+    model.train()
+    src, trg = packed_batch()
+    results = []
+    for _ in range(2):
+        torch.manual_seed(1)
+        results.append(run_both(model, src, trg, "triton"))
+    assert packed_calls == [21, 15] * 2
+    (out_a, grads_a), (out_b, grads_b) = results
+    assert torch.isfinite(out_a).all() and torch.equal(out_a, out_b)
+    assert all(torch.equal(grads_a[n], grads_b[n]) for n in grads_a)

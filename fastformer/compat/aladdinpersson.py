@@ -21,6 +21,16 @@ the (N, 1, 1, len) form becomes a key-padding vector without being expanded. Oth
 kernel's dense path. The feed-forward runs on the fused linear + ReLU kernel, and residual +
 LayerNorm on the fused add + LayerNorm kernel.
 
+On real tokens only (fastformer.packing, as the tutorial's model does): Transformer.forward given
+padded sources runs its encoder on the real tokens' rows back to back, each sentence's
+self-attention over its own by kernels.attention_varlen's kernels, and the decoder's
+cross-attention over those rows; the logits and every gradient are the padded model's within
+rounding. It packs where nothing can tell: the Triton path, every module of encoder and decoder
+stock without hooks, padding in the batch and a real token in every source (a source of padding
+alone attends uniformly over its padding, whose encoder outputs the padded model computes), and
+the count readable (eager, not under torch.compile, a CUDA graph capture or a torch.func
+transform). An Encoder called alone and `generate` run padded; FASTFORMER_PACKING=0 everywhere.
+
 `Transformer.generate` adds batched greedy decoding with a key/value cache.
 """
 
@@ -31,8 +41,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fastformer import backend
+from fastformer.fusion import fusable
+from fastformer.kernels.attention_varlen import attention_packed
 from fastformer.masks import AttentionMask
 from fastformer.model import check_ids_shape, check_token_ids
+from fastformer.packing import PackedLengths, can_read_counts, make_packing, packing_enabled
+from fastformer.packing import lengths as packing_lengths
 
 
 def attention_mask(mask, n, heads, q_len, k_len, name="mask"):
@@ -119,6 +133,26 @@ class SelfAttention(nn.Module):
         # (N, heads, query_len, head_dim) -> (N, query_len, embed_size)
         return self.fc_out(out.transpose(1, 2).reshape(n, query_len, self.embed_size))
 
+    def attend_packed(self, x, lengths, memory=None):
+        """forward on packed rows (fastformer.packing): x (rows, embed_size) the queries' rows of
+        every sentence back to back, memory the keys' and values' rows (None: x's, self-attention),
+        lengths their PackedLengths. Each sentence's queries attend over its own keys
+        (kernels.attention_varlen's kernels). Returns (rows, embed_size)."""
+        if memory is None:
+            weight = torch.cat([self.values.weight, self.keys.weight, self.queries.weight])
+            v, k, q = F.linear(self._heads(x), weight).split(self.head_dim, dim=-1)
+        else:
+            weight = torch.cat([self.values.weight, self.keys.weight])
+            v, k = F.linear(self._heads(memory), weight).split(self.head_dim, dim=-1)
+            q = F.linear(self._heads(x), self.queries.weight)
+        # (rows, heads, head_dim), no dropout (the original has none in attention)
+        out = attention_packed(q, k, v, *lengths, 0.0, self.embed_size**-0.5, False, None)
+        return self.fc_out(out.reshape(x.shape[0], self.embed_size))
+
+    def _heads(self, rows):
+        # (rows, embed_size) -> (rows, heads, head_dim), a view
+        return rows.view(rows.shape[0], self.heads, self.head_dim)
+
 
 class TransformerBlock(nn.Module):
     def __init__(self, embed_size, heads, dropout, forward_expansion):
@@ -186,6 +220,17 @@ class Encoder(nn.Module):
             out = layer(out, out, out, mask)
         return out
 
+    def packed(self, x, packing):
+        """forward on the real tokens of x (N, src_len) alone, the Packing of its padding: the
+        word and position embeddings of those tokens (each at its own position), every layer on
+        their rows, each sentence's self-attention over its own. Returns (rows, embed_size)."""
+        positions = torch.arange(x.shape[1], device=x.device).expand(x.shape)
+        out = self.dropout(self.word_embedding(packing.gather(x)) + self.position_embedding(packing.gather(positions)))
+        lengths = PackedLengths(packing.cu_seqlens, packing.cu_seqlens, packing.max_seqlen, packing.max_seqlen)
+        for layer in self.layers:
+            out = layer.finish(layer.attention.attend_packed(out, lengths), out)
+        return out
+
 
 class DecoderBlock(nn.Module):
     def __init__(self, embed_size, heads, forward_expansion, dropout, device):
@@ -200,6 +245,16 @@ class DecoderBlock(nn.Module):
         attention = self.attention(x, x, x, trg_mask)
         query = self.dropout(add_norm(self.norm, attention, x))
         return self.transformer_block(value, key, query, src_mask)
+
+    def packed(self, x, enc_rows, lengths):
+        """forward with the encoder's output as packed rows, enc_rows (rows, embed_size): the
+        cross-attention of each sentence's positions over its own rows (lengths: PackedLengths,
+        the queries' then the keys')."""
+        attention = self.attention(x, x, x, AttentionMask(causal=True))
+        query = self.dropout(add_norm(self.norm, attention, x))
+        block = self.transformer_block
+        cross = block.attention.attend_packed(query.reshape(-1, query.shape[-1]), lengths, memory=enc_rows)
+        return block.finish(cross.view(query.shape), query)
 
     def step(self, x, t, cache, src_mask):
         """One decoding step for x (N, 1, embed_size) at position t, reading and extending `cache`."""
@@ -242,6 +297,17 @@ class Decoder(nn.Module):
         trg_mask = attention_mask(trg_mask, n, heads, seq_length, seq_length, "trg_mask")
         for layer in self.layers:
             x = layer(x, enc_out, enc_out, src_mask, trg_mask)
+        return self.fc_out(x)
+
+    def packed(self, x, enc_rows, packing):
+        """forward with the encoder's output as the Packing's rows, enc_rows (rows, embed_size):
+        the target's positions (no padding: they are its own) cross-attend over their sentence's rows."""
+        x, _ = _embed(self, x)
+        n, seq_length = x.shape[:2]
+        starts = torch.arange(0, (n + 1) * seq_length, seq_length, dtype=torch.int32, device=x.device)
+        lengths = PackedLengths(starts, packing.cu_seqlens, seq_length, packing.max_seqlen)
+        for layer in self.layers:
+            x = layer.packed(x, enc_rows, lengths)
         return self.fc_out(x)
 
     def start_cache(self, enc_out, max_len) -> list[LayerCache]:
@@ -303,17 +369,46 @@ class Transformer(nn.Module):
         """src: (N, src_len) ids; trg: (N, trg_len) ids. Returns logits (N, trg_len, trg_vocab_size).
 
         The masks are make_src_mask's and make_trg_mask's, handed to the layers in their compact
-        form (a key-padding vector; a causal flag)."""
-        _check_ids("src", src, self.encoder)
+        form (a key-padding vector; a causal flag). Where `packs`, the encoder runs on the real
+        tokens alone (the module docstring)."""
+        limits = self.encoder.position_embedding.num_embeddings, self.encoder.word_embedding.num_embeddings
+        check_ids_shape("src", src, limits[0], limit="max_length")
+        packs = self.packs(src)
+        pad = src.eq(self.src_pad_idx)
+        if packs:
+            # the ids' range and the packing's counts in one copy (on CUDA the check's one sync)
+            counts, offsets = packing_lengths(pad)
+            rows, longest, shortest = check_token_ids(
+                "src", src, *limits, limit="max_length", counts=(offsets[-1], counts.max(), counts.min())
+            )
+        else:
+            _check_ids("src", src, self.encoder)
         check_ids_shape("trg", trg, self.decoder.position_embedding.num_embeddings, limit="max_length")
         if src.shape[0] != trg.shape[0]:
             raise ValueError(
                 f"src and trg must hold the same sentences, one per row: got src {tuple(src.shape)} and trg "
                 f"{tuple(trg.shape)}"
             )
-        src_mask = AttentionMask(key_padding_mask=src.eq(self.src_pad_idx))
+        # packed where there is padding to leave out and no source of padding alone (whose
+        # positions attend uniformly over its padding: the padded encoder's outputs there count)
+        if packs and rows < pad.numel() and shortest > 0:
+            packing = make_packing(pad, offsets, rows, longest)
+            return self.decoder.packed(trg, self.encoder.packed(src, packing), packing)
+        src_mask = AttentionMask(key_padding_mask=pad)
         enc_src = self.encoder(src, src_mask)
         return self.decoder(trg, enc_src, src_mask, AttentionMask(causal=True))
+
+    def packs(self, src):
+        """Whether forward may run the encoder on the real tokens alone: packing on
+        (fastformer.packing), the count readable (eager, no capture), attention and add +
+        LayerNorm on the Triton kernels, and every module of encoder and decoder stock, without
+        hooks (fastformer.fusion), so that nothing sees the packed rows in the padded tensors' place."""
+        if not packing_enabled() or not can_read_counts(src):
+            return False
+        ops = backend.ops(self.encoder.word_embedding.weight)
+        if not ops.kernels or ops.add_layer_norm is not backend.kernels.add_layer_norm:
+            return False
+        return fusable(self.encoder, ENCODER_ROLES) and fusable(self.decoder, DECODER_ROLES)
 
     @torch.no_grad()
     def generate(self, src, max_len, bos_idx, eos_idx=None, use_cache=True):
@@ -364,3 +459,27 @@ class Transformer(nn.Module):
             if eos_idx is not None and bool(finished.all()):
                 return tokens[:, : t + 1]
         return tokens
+
+
+# The stock type of each module of the Encoder's and the Decoder's subtrees, by role (the last part
+# of its name; fastformer.fusion): the packed forward reads their weights and runs them on rows
+_BLOCK_ROLES = {
+    "attention": SelfAttention,
+    "values": nn.Linear,
+    "keys": nn.Linear,
+    "queries": nn.Linear,
+    "fc_out": nn.Linear,
+    "norm": nn.LayerNorm,
+    "norm1": nn.LayerNorm,
+    "norm2": nn.LayerNorm,
+    "feed_forward": nn.Sequential,
+    "feed_forward[0]": nn.Linear,
+    "feed_forward[1]": nn.ReLU,
+    "feed_forward[2]": nn.Linear,
+    "dropout": nn.Dropout,
+    "word_embedding": nn.Embedding,
+    "position_embedding": nn.Embedding,
+    "layers": nn.ModuleList,
+}
+ENCODER_ROLES = {**_BLOCK_ROLES, "": Encoder, "[i]": TransformerBlock}
+DECODER_ROLES = {**_BLOCK_ROLES, "": Decoder, "[i]": DecoderBlock, "transformer_block": TransformerBlock}
