@@ -34,7 +34,14 @@ from fastformer.kernels._checks import argument_check
 from fastformer.kernels.attention import mask_scores
 from fastformer.kernels.attention_varlen import attention_packed
 from fastformer.masks import AttentionMask, get_attn_decoder_mask, get_attn_pad_mask, get_sinusoid_encoding_table
-from fastformer.packing import PackedLengths, can_read_counts, make_packing, packing_enabled
+from fastformer.packing import (
+    bucket_rows,
+    can_pack_statically,
+    can_read_counts,
+    make_packing,
+    make_static_packing,
+    packing_enabled,
+)
 from fastformer.packing import lengths as packing_lengths
 from fastformer.plan import AttentionPlan, FeedForwardPlan, ForwardPlan, Hidden, Pending, active_p, linear_groups
 
@@ -508,8 +515,7 @@ class Encoder(WatchedModule):
         # (rows,): the real tokens' ids and positions, in order
         ids, positions = packing.gather(inputs), packing.gather(position_ids(inputs, pad))
         rows = self.enc_emb(ids) + self.pos_emb(positions)
-        lengths = PackedLengths(packing.cu_seqlens, packing.cu_seqlens, packing.max_seqlen, packing.max_seqlen)
-        plan = ForwardPlan(self.layers, rows, packed=lengths)
+        plan = ForwardPlan(self.layers, rows, packed=packing.self_attention())
         hidden = Hidden.of(rows)
         for layer, layer_plan in zip(self.layers, plan.layers):
             hidden, _ = layer(hidden, None, plan=layer_plan)
@@ -629,9 +635,7 @@ class Decoder(WatchedModule):
         if packing is None:
             dec_enc_attn_mask = AttentionMask(key_padding_mask=enc_inputs.eq(self.config.i_pad))
         else:  # each review's decoder positions over its own real tokens
-            bs, n_dec_seq = dec_inputs.shape
-            cu_q = torch.arange(0, (bs + 1) * n_dec_seq, n_dec_seq, dtype=torch.int32, device=dec_inputs.device)
-            lengths = PackedLengths(cu_q, packing.cu_seqlens, n_dec_seq, packing.max_seqlen)
+            lengths = packing.cross_attention(dec_inputs.size(1))
         plan = ForwardPlan(self.layers, dec_outputs, enc_outputs, packed=lengths)
         hidden = plan.hidden(dec_outputs)
         for layer, layer_plan in zip(self.layers, plan.layers):
@@ -668,7 +672,9 @@ class Transformer(WatchedModule):
         is on, the count can be read (eager, no capture), attention and add + LayerNorm run the
         Triton kernels, no probabilities are asked for, and nothing sees the encoder's and decoder's
         tensors (fastformer.fusion: every module stock, no hooks)."""
-        if not packing_enabled() or not can_read_counts(enc_inputs):
+        if not packing_enabled():
+            return False
+        if not can_read_counts(enc_inputs) and (bucket_rows() is None or not can_pack_statically()):
             return False
         ops = backend.ops(self.encoder.enc_emb.weight)  # the embeddings' dtype: the hidden states'
         if not ops.kernels or ops.add_layer_norm is not backend.kernels.add_layer_norm:
@@ -683,18 +689,25 @@ class Transformer(WatchedModule):
         pad = enc_inputs.eq(self.config.i_pad)
         counts, offsets = packing_lengths(pad)
         limits = self.config.n_enc_seq, self.config.n_enc_vocab
-        # the ids' range and the counts in one copy: (on CUDA) the one sync the check makes anyway
-        rows, longest, shortest = check_token_ids(
-            "enc_inputs", enc_inputs, *limits, counts=(offsets[-1], counts.max(), counts.min())
-        )
-        # nothing to leave out; or a review of padding alone, whose decoder positions have no key
-        # to attend to: the tutorial's weights are then uniform over its padding (mask_scores),
-        # whose encoder outputs the padded model computes
-        if rows == pad.numel() or shortest == 0:
-            enc_outputs, enc_self_attn_probs = self.encoder.body(enc_inputs, pad)
-            dec_outputs, dec_self_attn_probs, dec_enc_attn_probs = self.decoder(dec_inputs, enc_inputs, enc_outputs)
-            return dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
-        packing = make_packing(pad, offsets, rows, longest)
+        static = bucket_rows()
+        if static is not None:  # a token bucket's rows, whatever the count (fastformer.packing)
+            check_token_ids("enc_inputs", enc_inputs, *limits)  # skipped under a capture
+            # a review of padding alone could not be run as the tutorial runs it (below)
+            torch._assert_async(counts.min() > 0, "a review of padding alone in a token bucket's batch")
+            packing = make_static_packing(pad, offsets, static)
+        else:
+            # the ids' range and the counts in one copy: (on CUDA) the one sync the check makes anyway
+            rows, longest, shortest = check_token_ids(
+                "enc_inputs", enc_inputs, *limits, counts=(offsets[-1], counts.max(), counts.min())
+            )
+            # nothing to leave out; or a review of padding alone, whose decoder positions have no
+            # key to attend to: the tutorial's weights are then uniform over its padding
+            # (mask_scores), whose encoder outputs the padded model computes
+            if rows == pad.numel() or shortest == 0:
+                enc_outputs, enc_self_attn_probs = self.encoder.body(enc_inputs, pad)
+                dec_outputs, dec_self_attn_probs, dec_enc_attn_probs = self.decoder(dec_inputs, enc_inputs, enc_outputs)
+                return dec_outputs, enc_self_attn_probs, dec_self_attn_probs, dec_enc_attn_probs
+            packing = make_packing(pad, offsets, rows, longest)
         enc_rows = self.encoder.packed(enc_inputs, pad, packing)
         check_token_ids("dec_inputs", dec_inputs, self.config.n_dec_seq, self.config.n_dec_vocab)
         dec_outputs, dec_self_attn_probs, dec_enc_attn_probs = self.decoder.body(

@@ -22,11 +22,15 @@ called alone returns its output at every position, pads included, and runs padde
 
 The packed row count is the batch's count of real tokens, read on the host with the ids' range
 check in one copy (on CUDA the sync that check makes anyway). A traced or captured step cannot
-read it (torch.compile, CUDA graphs, a torch.func transform), so those run padded, as before: a
-static token bucket for them is the next step (docs/drop-in.md). FASTFORMER_PACKING=0 or
+read it (torch.compile, CUDA graphs, a torch.func transform), so those run padded, as before;
+inside `token_bucket(rows)` the model reads no count: it packs every batch into `rows` rows (a
+static packing, `make_static_packing`: the real tokens, then filler rows in sequences of their
+own), so a CUDA graph captured there replays on real tokens too, whoever knows a bound on the
+batches' counts (the host that made them) choosing `rows`. FASTFORMER_PACKING=0 or
 `set_packing(False)` runs padded everywhere, for comparison.
 """
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -71,16 +75,39 @@ def can_read_counts(ids):
     return not (ids.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-class Packing(NamedTuple):
-    """The real tokens of a padded batch of ids as rows back to back."""
+def can_pack_statically():
+    """Whether a static packing (token_bucket) may run: eagerly or while a CUDA graph is captured;
+    not while torch.compile traces or a torch.func transform runs, which run padded."""
+    return not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is None
 
-    index: torch.Tensor  # (rows,) int64: each real token's position among the bs * n_seq
-    cu_seqlens: torch.Tensor  # (bs + 1,) int32: review b's rows are cu_seqlens[b] to cu_seqlens[b + 1]
-    max_seqlen: int  # the longest review's count of real tokens
+
+class Packing(NamedTuple):
+    """The real tokens of a padded batch of ids as rows back to back; in a static packing
+    (`make_static_packing`) then filler rows up to a fixed count, in sequences of their own."""
+
+    index: torch.Tensor  # (rows,) int64: each row's position among the bs * n_seq
+    # (sequences + 1,) int32: sequence s's rows are cu_seqlens[s] to cu_seqlens[s + 1]; the first bs
+    # sequences are the reviews, any after them filler
+    cu_seqlens: torch.Tensor
+    max_seqlen: int  # the longest sequence's count of rows (a static packing's: at most n_seq)
+    reviews: int  # bs
 
     def gather(self, padded):
-        """The real tokens' entries of `padded`, a (bs, n_seq, ...) tensor: (rows, ...)."""
+        """The rows' entries of `padded`, a (bs, n_seq, ...) tensor: (rows, ...)."""
         return padded.reshape(-1, *padded.shape[2:]).index_select(0, self.index)
+
+    def self_attention(self):
+        """The PackedLengths of the rows' self-attention: each sequence over its own rows."""
+        return PackedLengths(self.cu_seqlens, self.cu_seqlens, self.max_seqlen, self.max_seqlen)
+
+    def cross_attention(self, n_q):
+        """The PackedLengths of n_q query rows a review (bs * n_q rows back to back) attending over
+        the review's rows: a filler sequence has no query, so its rows' gradients are zeros."""
+        starts = torch.arange(0, (self.reviews + 1) * n_q, n_q, dtype=torch.int32, device=self.index.device)
+        fillers = self.cu_seqlens.shape[0] - 1 - self.reviews
+        if fillers:
+            starts = torch.cat([starts, starts[-1:].expand(fillers)])
+        return PackedLengths(starts, self.cu_seqlens, n_q, self.max_seqlen)
 
 
 def lengths(pad):
@@ -96,7 +123,59 @@ def make_packing(pad, offsets, rows, longest):
     and its counts as read on the host (rows: all real tokens; longest: the longest review's)."""
     # their positions in order, found without a sync: the count is known
     index = torch.nonzero_static(~pad.reshape(-1), size=rows).squeeze(1)
-    return Packing(index, offsets, longest)
+    return Packing(index, offsets, longest, pad.size(0))
+
+
+FILLER_ROWS = 32  # the rows of a static packing's filler sequence, at most
+
+
+def make_static_packing(pad, offsets, rows):
+    """The Packing of a batch whose padding flags are `pad` (bs, n_seq) and offsets `lengths`'
+    as `rows` rows whatever its count of real tokens, which nothing reads on the host: a captured or
+    compiled step sees one shape. The real tokens first, in order, then filler rows (copies of
+    position 0's token, so finite) up to `rows`, in sequences of at most FILLER_ROWS rows that
+    attend over their own rows: every row lies in a sequence, so attention writes every output and
+    gradient row, and the fillers' are exact zeros in every gradient (nothing reads their outputs).
+    The sequences' lengths are bounded by n_seq (max_seqlen). More real tokens than `rows` fails a
+    device-side assert (on CUDA an error at the next sync; on a CPU at once): never a token left out."""
+    bs, n_seq = pad.shape
+    count = offsets[-1]
+    torch._assert_async(count <= rows, f"the batch has more real tokens than the token bucket's {rows} rows")
+    index = torch.nonzero_static(~pad.reshape(-1), size=rows, fill_value=0).squeeze(1)
+    # enough filler sequences for `rows` fillers, the most a batch can have; those past the
+    # batch's fillers are empty
+    size = min(FILLER_ROWS, n_seq)
+    step = torch.arange(1, -(-rows // size) + 1, dtype=offsets.dtype, device=offsets.device) * size
+    filler_ends = torch.clamp_max(count + step, rows)
+    return Packing(index, torch.cat([offsets, filler_ends]), n_seq, bs)
+
+
+_bucket = None  # token_bucket's rows, or None
+
+
+@contextlib.contextmanager
+def token_bucket(rows):
+    """Inside the block the model packs every batch into `rows` rows (a static packing: its real
+    tokens, then fillers), reading no count on the host: what a CUDA graph captured in the block
+    needs, whose replays then run on real tokens too. `rows` must be at least every batch's count
+    of real tokens, and no review may be padding alone (device-side asserts say so). None: the
+    counts read on the host where they can be, as outside any block."""
+    global _bucket
+    if rows is not None:
+        if isinstance(rows, bool) or not isinstance(rows, int):
+            raise TypeError(f"rows must be an int (a count of rows) or None, got {type(rows).__name__}")
+        if rows < 1:
+            raise ValueError(f"rows must be at least 1, got {rows}")
+    before, _bucket = _bucket, rows
+    try:
+        yield
+    finally:
+        _bucket = before
+
+
+def bucket_rows():
+    """The rows of the token_bucket block the caller is in, or None."""
+    return _bucket
 
 
 class PackedLengths(NamedTuple):

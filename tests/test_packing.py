@@ -10,7 +10,7 @@ import torch
 
 import fastformer
 import fastformer.model
-from fastformer.packing import ENV_VAR, _choice, packing_enabled, set_packing, use_packing
+from fastformer.packing import ENV_VAR, _choice, packing_enabled, set_packing, token_bucket, use_packing
 from tests.helpers import assert_max_diff, assert_within_torch_error, small_config, token_batch
 
 
@@ -232,3 +232,71 @@ def test_ids_as_a_strided_or_an_expanded_view(packed_calls, view):
         expected = model(enc.contiguous(), dec)[0]
     assert len(packed_calls) == 4
     assert torch.equal(logits, expected)
+
+
+# -- a token bucket: the rows' count fixed, nothing read on the host (what a captured step needs) ----
+
+
+def packed_lengths_calls(monkeypatch):
+    """(query rows, key offsets) of every packed attention the model runs."""
+    calls = []
+    original = fastformer.model.attention_packed
+
+    def spy(q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
+        calls.append((q.shape[0], k.shape[0], cu_seqlens_q.tolist(), cu_seqlens_k.tolist()))
+        return original(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
+
+    monkeypatch.setattr(fastformer.model, "attention_packed", spy)
+    return calls
+
+
+@pytest.mark.parametrize("rows", [28, 61])
+def test_a_token_bucket_packs_into_its_rows_and_matches_the_padded_model(monkeypatch, rows):
+    """In token_bucket(rows) the 28 real tokens and fillers up to `rows` (61: more than the 52
+    positions) run as one static packing: outputs and every gradient by the parity rule against
+    fp64, the fillers in sequences of their own that no decoder query reads (so their gradients
+    are zeros and every weight's is the padded model's), and no count read on the host."""
+    calls = packed_lengths_calls(monkeypatch)
+    config = small_config(dropout=0.0, n_layer=1)
+    torch.manual_seed(0)
+    model = fastformer.MovieClassification(config)
+    enc, dec = padded_batch(config)
+    ref_out, ref_grads = run(copy.deepcopy(model).double(), enc, dec, "reference")
+    torch_out, torch_grads = run(model, enc, dec, "reference")
+    reads = []
+    original = fastformer.model.check_token_ids
+    monkeypatch.setattr(
+        fastformer.model, "check_token_ids", lambda *a, counts=(), **k: reads.append(counts) or original(*a, **k)
+    )
+    with token_bucket(rows):
+        out, grads = run(model, enc, dec, "triton")
+    assert reads == [(), ()]  # the encoder's and the decoder's ids' range: no count
+    # fillers in sequences of at most 13 rows (n_seq), enough for `rows` of them, the rest empty
+    fillers = [min(28 + 13 * i, rows) for i in range(1, -(-rows // 13) + 1)]
+    offsets = [0, 13, 14, 19, 28, *fillers]
+    assert calls == [(rows, rows, offsets, offsets), (4, rows, [0, 1, 2, 3, 4] + [4] * len(fillers), offsets)]
+    for name, actual, ref, same_dtype in [
+        ("dec_outputs", out, ref_out, torch_out),
+        *((f"grad {n}", grads[n], ref_grads[n], torch_grads[n]) for n in ref_grads),
+    ]:
+        assert_within_torch_error(name, actual, ref, same_dtype, 1e-5)
+
+
+def test_a_token_bucket_refuses_what_it_cannot_run_as_the_tutorial():
+    """A batch of more real tokens than the bucket's rows, or with a review of padding alone (whose
+    decoder would attend over its padding), fails the packing's device-side asserts (on a CPU at
+    once): never a token left out, never another answer. A bad bucket is refused, naming rows."""
+    config = small_config(dropout=0.0, n_layer=1)
+    model = fastformer.MovieClassification(config)
+    enc, dec = padded_batch(config)
+    with fastformer.use_backend("triton"):
+        with token_bucket(27), pytest.raises(RuntimeError, match="more real tokens than the token bucket's 27 rows"):
+            model(enc, dec)
+        enc[3] = config.i_pad
+        with token_bucket(40), pytest.raises(RuntimeError, match="a review of padding alone"):
+            model(enc, dec)
+    for rows, error in [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)]:
+        with pytest.raises(error, match="rows"), token_bucket(rows):
+            pass
+    with token_bucket(None):
+        assert fastformer.packing.bucket_rows() is None

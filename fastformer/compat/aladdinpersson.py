@@ -45,7 +45,7 @@ from fastformer.fusion import fusable
 from fastformer.kernels.attention_varlen import attention_packed
 from fastformer.masks import AttentionMask
 from fastformer.model import check_ids_shape, check_token_ids
-from fastformer.packing import PackedLengths, can_read_counts, make_packing, packing_enabled
+from fastformer.packing import can_read_counts, make_packing, packing_enabled
 from fastformer.packing import lengths as packing_lengths
 
 
@@ -226,7 +226,7 @@ class Encoder(nn.Module):
         their rows, each sentence's self-attention over its own. Returns (rows, embed_size)."""
         positions = torch.arange(x.shape[1], device=x.device).expand(x.shape)
         out = self.dropout(self.word_embedding(packing.gather(x)) + self.position_embedding(packing.gather(positions)))
-        lengths = PackedLengths(packing.cu_seqlens, packing.cu_seqlens, packing.max_seqlen, packing.max_seqlen)
+        lengths = packing.self_attention()
         for layer in self.layers:
             out = layer.finish(layer.attention.attend_packed(out, lengths), out)
         return out
@@ -303,9 +303,7 @@ class Decoder(nn.Module):
         """forward with the encoder's output as the Packing's rows, enc_rows (rows, embed_size):
         the target's positions (no padding: they are its own) cross-attend over their sentence's rows."""
         x, _ = _embed(self, x)
-        n, seq_length = x.shape[:2]
-        starts = torch.arange(0, (n + 1) * seq_length, seq_length, dtype=torch.int32, device=x.device)
-        lengths = PackedLengths(starts, packing.cu_seqlens, seq_length, packing.max_seqlen)
+        lengths = packing.cross_attention(x.shape[1])
         for layer in self.layers:
             x = layer.packed(x, enc_rows, lengths)
         return self.fc_out(x)
