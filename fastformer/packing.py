@@ -186,3 +186,24 @@ class PackedLengths(NamedTuple):
     cu_seqlens_k: torch.Tensor
     max_seqlen_q: int
     max_seqlen_k: int
+
+
+ROW_STEPS = 8  # a replayed batch's rows: its count of real tokens rounded up to an eighth of its positions
+
+
+def replay_rows(enc_inputs, i_pad, steps=ROW_STEPS):
+    """The token bucket's rows a batch of encoder ids is replayed in (the job's CUDA graphs,
+    fastformer.train.graphs.GraphedSteps): its count of real tokens rounded up to a multiple of
+    1/steps of its positions, so that a shape's batches take a few graphs; None where it runs
+    padded: packing off, the ids on a device (read there, the count would be a host sync), no
+    padding to leave out once rounded, or a review of padding alone (whose decoder attends over its
+    padding). Reads the ids on the host."""
+    if enc_inputs.device.type != "cpu" or not packing_enabled():
+        return None
+    counts = enc_inputs.ne(i_pad).sum(1)
+    positions = enc_inputs.numel()
+    step = max(1, -(-positions // steps))
+    rows = min(positions, -(-int(counts.sum()) // step) * step)
+    if rows == positions or int(counts.min()) == 0:
+        return None
+    return rows

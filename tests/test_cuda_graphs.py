@@ -237,14 +237,16 @@ class EagerGraphs:
     """Stands in for GraphedSteps on a CPU: the eager steps, counted, to check the loops' wiring."""
 
     def __init__(self, model, optimizer):
-        self.model, self.optimizer, self.calls = model, optimizer, []
+        self.model, self.optimizer, self.calls, self.rows = model, optimizer, [], []
 
-    def train_step(self, batch):
+    def train_step(self, batch, rows=None):
         self.calls.append("train")
+        self.rows.append(rows)
         return train_step(self.model, batch, self.optimizer, device="cpu")
 
-    def logits(self, enc_inputs, dec_inputs):
+    def logits(self, enc_inputs, dec_inputs, rows=None):
         self.calls.append("eval")
+        self.rows.append(rows)
         return self.model(enc_inputs, dec_inputs)[0]
 
 
@@ -255,6 +257,7 @@ def test_the_loops_take_their_steps_from_the_graphs_and_step_the_schedule():
         (torch.randint(0, 3, (4,), generator=g), torch.randint(1, 50, (4, 16), generator=g), torch.full((4, 1), 2))
         for _ in range(3)
     ]
+    batches[1][1][:, 9:] = config.i_pad  # padding: replayed in a token bucket of 40 rows (eighths of 8)
 
     def run(graphed):
         torch.manual_seed(0)
@@ -270,6 +273,7 @@ def test_the_loops_take_their_steps_from_the_graphs_and_step_the_schedule():
     eager, eager_model, eager_scheduler, _ = run(False)
     graphed, graphed_model, graphed_scheduler, graphs = run(True)
     assert graphs.calls == ["train"] * 3 + ["eval"] * 3
+    assert graphs.rows == [None, 40, None] * 2  # each batch's replay_rows, read on the host
     assert graphed_scheduler.last_epoch == eager_scheduler.last_epoch == 3
     assert graphed == eager
     for (name, a), b in zip(graphed_model.state_dict().items(), eager_model.state_dict().values()):
@@ -280,8 +284,8 @@ def test_the_loops_take_their_steps_from_the_graphs_and_step_the_schedule():
 # launches, on the same inputs, and the project's kernels are deterministic (gpu_check's
 # determinism stage checks eager steps twice), so any difference means the graph replays something
 # else (a stale input, a constant lr, a state the warm-up left behind). A capture cannot read the
-# count of real tokens, so replays run padded (fastformer.packing); the eager steps held to them
-# run padded too.
+# count of real tokens: given no rows, replays run padded (fastformer.packing), and the eager steps
+# held to them run padded too; given a batch's rows, in its token bucket, as the eager steps then.
 
 
 def _batches(config, shapes, seed=0):
@@ -336,6 +340,55 @@ def test_replayed_train_steps_give_the_losses_and_weights_of_eager_steps(backend
     for name in eager_weights:
         torch.testing.assert_close(weights[name], eager_weights[name], rtol=0, atol=0, msg=name)
     assert not torch.equal(weights["projection.weight"], initial)  # it trained
+
+
+@pytest.mark.cuda
+def test_replayed_train_steps_on_real_tokens_give_the_losses_and_weights_of_eager_steps_in_their_bucket():
+    """Given each batch's replay_rows (read on the host), a graph is captured per shape and rows, its
+    encoder on the real tokens and fillers up to the rows (fastformer.packing.token_bucket): bit
+    for bit the eager steps in the same token bucket, within rounding of the padded ones."""
+    from fastformer.packing import replay_rows, token_bucket
+
+    config = small_config(dropout=0.0)
+    batches = _batches(config, SHAPES)
+    rows = [replay_rows(enc.cpu(), config.i_pad) for _, enc, _ in batches]
+    assert all(r is not None for r in rows) and len(set(rows)) > 1, rows
+
+    def run(mode):
+        torch.manual_seed(0)
+        model = fastformer.MovieClassification(config).to(CUDA).train()
+        optimizer = make_capturable(torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, fused=True))
+        graphs = GraphedSteps(model, optimizer, amp="bf16") if mode == "replayed" else None
+        packed = []
+        model.transformer.packed = _spy(model.transformer.packed, packed)
+        losses = []
+        with fastformer.use_backend("triton"):
+            for batch, r in zip(batches, rows):
+                if mode == "replayed":
+                    loss, _ = graphs.train_step(batch, r)
+                else:
+                    with token_bucket(r) if mode == "bucket" else use_packing(False):
+                        loss, _ = train_step(model, batch, optimizer, device=CUDA, amp="bf16")
+                losses.append(loss)
+        return torch.stack(losses), model.state_dict(), graphs, packed
+
+    padded_losses, _, _, _ = run("padded")
+    bucket_losses, bucket_weights, _, bucket_packed = run("bucket")
+    losses, weights, graphs, packed = run("replayed")
+    assert graphs.captured == len({(r, shape) for r, shape in zip(rows, SHAPES)})
+    assert bucket_packed and packed  # the encoder ran packed, eager and in the captures
+    torch.testing.assert_close(losses, bucket_losses, rtol=0, atol=0)
+    for name in bucket_weights:
+        torch.testing.assert_close(weights[name], bucket_weights[name], rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(losses, padded_losses, rtol=2e-2, atol=2e-2)  # bf16: another order of sums
+
+
+def _spy(method, calls):
+    def spied(*args, **kwargs):
+        calls.append(args[0].shape)
+        return method(*args, **kwargs)
+
+    return spied
 
 
 @pytest.mark.cuda

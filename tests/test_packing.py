@@ -300,3 +300,25 @@ def test_a_token_bucket_refuses_what_it_cannot_run_as_the_tutorial():
             pass
     with token_bucket(None):
         assert fastformer.packing.bucket_rows() is None
+
+
+def test_replay_rows_rounds_the_count_up_to_an_eighth_of_the_positions(monkeypatch):
+    """The rows the job replays a batch in (its CUDA graphs): read on the host, the count of real
+    tokens rounded up to a multiple of an eighth of the positions; None (padded) where packing is
+    off, nothing is left out once rounded, a review is padding alone or the ids are on a device."""
+    from fastformer.packing import replay_rows
+
+    config = small_config()
+    enc, _ = padded_batch(config)  # 28 real tokens of 52 positions: eighths of 7 rows
+    assert replay_rows(enc, config.i_pad) == 28
+    enc[0, 12] = config.i_pad
+    assert replay_rows(enc, config.i_pad) == 28  # 27 rounded up
+    assert replay_rows(enc, config.i_pad, steps=4) == 39  # quarters of 13 rows
+    with use_packing(False):
+        assert replay_rows(enc, config.i_pad) is None
+    assert replay_rows(enc.to("meta"), config.i_pad) is None  # not on the host: no read
+    full = torch.randint(1, config.n_enc_vocab, (4, 13))
+    full[0, 12] = config.i_pad  # 51 of 52, rounded up to all of them
+    assert replay_rows(full, config.i_pad) is None
+    enc[3] = config.i_pad
+    assert replay_rows(enc, config.i_pad) is None  # a review of padding alone

@@ -146,6 +146,7 @@ LAYERS = [  # (function or class of the model's code, layer type): an op takes t
     (fastformer.model.position_ids, "embedding + masks"),
     (fastformer.packing.lengths, "embedding + masks"),  # the real tokens' rows (fastformer.packing)
     (fastformer.packing.make_packing, "embedding + masks"),
+    (fastformer.packing.make_static_packing, "embedding + masks"),
     (fastformer.packing.Packing, "embedding + masks"),
     (fastformer.model.Transformer.packed, "embedding + masks"),
     (fastformer.plan.LayerPlan.add_norm, "add + LayerNorm"),

@@ -26,6 +26,12 @@ all with one launch. `GraphedSteps` does this for MovieClassification:
   requires: every replay casts the weights it reads afresh.
 - Dropout's seeds are drawn on the device from torch's CUDA generator, which torch.cuda.graph
   advances at every replay, so each replay draws new masks.
+- On real tokens (fastformer.packing): given a batch's `rows` (`fastformer.packing.replay_rows`, which the job's loops
+  read from the batch's encoder ids while they are still on the host: its count of real tokens
+  rounded up to an eighth of its positions), a step is captured and replayed in
+  `token_bucket(rows)`, its encoder on the real tokens and fillers up to `rows`; one graph per
+  shape and rows. Without (`rows=None`: packing off, nothing to leave out, a review of padding
+  alone, the model not packing, the ids already on the device) it runs padded.
 
 The graphs share one memory pool and are replayed one at a time, in any order: each replay writes
 every buffer it reads. After a replay, the parameters' `.grad` are buffers of the graph captured
@@ -38,7 +44,7 @@ from typing import NamedTuple
 
 import torch
 
-from fastformer.packing import use_packing
+from fastformer.packing import token_bucket, use_packing
 from fastformer.train.loop import autocast, train_step
 
 WARMUP_STEPS = 3
@@ -122,23 +128,31 @@ class GraphedSteps:
     def captured(self):
         return len(self._graphs)
 
-    def train_step(self, batch):
+    def train_step(self, batch, rows=None):
         """One optimizer step on batch = (labels, enc_inputs, dec_inputs), replayed: returns the loss
-        and the logits, detached copies, without a host sync."""
+        and the logits, detached copies, without a host sync. rows: replay_rows of the batch's
+        encoder ids, its encoder run on its real tokens in that many rows; None: padded."""
         if self.optimizer is None:
             raise ValueError("these graphs were made without an optimizer: they replay the evaluation forward only")
-        loss, logits = self._replay("train", self._train_body, batch)
+        loss, logits = self._replay("train", self._train_body, batch, rows)
         return loss, logits
 
-    def logits(self, enc_inputs, dec_inputs):
-        """model(enc_inputs, dec_inputs)[0] without autograd, replayed (a copy)."""
-        return self._replay("eval", self._eval_body, (enc_inputs, dec_inputs))[0]
+    def logits(self, enc_inputs, dec_inputs, rows=None):
+        """model(enc_inputs, dec_inputs)[0] without autograd, replayed (a copy); rows as train_step's."""
+        return self._replay("eval", self._eval_body, (enc_inputs, dec_inputs), rows)[0]
 
-    def _replay(self, kind, body, batch):
-        key = (kind, self.model.training, *((tuple(t.shape), t.dtype) for t in batch))
+    def _replay(self, kind, body, batch, rows):
+        if rows is not None and not self._packs(batch[-2], rows):
+            rows = None  # the model runs padded (a hook, a swapped module, the reference backend)
+        key = (kind, self.model.training, rows, *((tuple(t.shape), t.dtype) for t in batch))
         if key not in self._graphs:
-            self._graphs[key] = self._capture(body, batch)
+            self._graphs[key] = self._capture(body, batch, rows)
         return self._graphs[key].replay(batch)
+
+    def _packs(self, enc_inputs, rows):
+        """Whether the model packs a batch of these ids in token_bucket(rows) (Transformer.packs)."""
+        with token_bucket(rows):
+            return self.model.transformer.packs(enc_inputs)
 
     def _train_body(self, labels, enc_inputs, dec_inputs):
         with torch.enable_grad():
@@ -149,14 +163,16 @@ class GraphedSteps:
         with torch.no_grad(), autocast(self.device, self.amp, cache=False):
             return (self.model(enc_inputs, dec_inputs)[0],)
 
-    def _capture(self, body, batch):
+    def _capture(self, body, batch, rows):
         inputs = tuple(t.to(self.device, copy=True) for t in batch)  # allocated outside the graphs' pool
         saved = self._save()
         stream = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(stream)
-        # warmed up as captured: padded (a capture cannot read the count of real tokens: fastformer.packing)
-        with torch.cuda.stream(side), warnings.catch_warnings(), use_packing(False):
+        # warmed up as captured: in the token bucket's rows, or padded (a capture cannot read the
+        # count of real tokens: fastformer.packing)
+        packing = token_bucket(rows) if rows is not None else use_packing(False)
+        with torch.cuda.stream(side), warnings.catch_warnings(), packing:
             # uncaptured on purpose: the optimizer's one-time advice against capturable=True outside graphs
             warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
             for _ in range(self.warmup_steps):
@@ -166,7 +182,8 @@ class GraphedSteps:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates .grad in the pool
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        packing = token_bucket(rows) if rows is not None else use_packing(False)
+        with torch.cuda.graph(graph, pool=self.pool), packing:
             outputs = body(*inputs)
         return _Captured(graph, inputs, outputs)
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from fastformer.data.reviews import movie_collate_fn
 from fastformer.data.vocab import BOS
+from fastformer.packing import replay_rows
 from fastformer.progress import progress_bar
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -219,13 +220,14 @@ def train_epoch(
         for labels, enc_inputs, dec_inputs in loader:
             if steps == n_steps:
                 break
+            rows = None if graphs is None else replay_rows(enc_inputs, i_pad)  # read while on the host
             labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
             if graphs is None:
                 loss, logits = train_step(
                     model, (labels, enc_inputs, dec_inputs), optimizer, scheduler, device=device, amp=amp, scaler=scaler
                 )
             else:
-                loss, logits = graphs.train_step((labels, enc_inputs, dec_inputs))
+                loss, logits = graphs.train_step((labels, enc_inputs, dec_inputs), rows)
                 if scheduler is not None:
                     scheduler.step()
             total_loss += loss * labels.numel()
@@ -276,17 +278,19 @@ def evaluate(model, loader, *, device, amp="off", desc="Valid", graphs=None):
     `graphs` (a fastformer.train.graphs.GraphedSteps of `model`), the logits come from CUDA graph replays.
     Returns {"loss", "accuracy", "n"}."""
     model.eval()
+    i_pad = getattr(model, "module", model).config.i_pad  # DistributedDataParallel keeps the model as .module
     total_loss = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)
     seen = 0
     with progress_bar(total=len(loader), desc=desc, unit=" batch", disable=not _is_main_process()) as bar:
         for labels, enc_inputs, dec_inputs in loader:
+            rows = None if graphs is None else replay_rows(enc_inputs, i_pad)  # read while on the host
             labels, enc_inputs, dec_inputs = (t.to(device, non_blocking=True) for t in (labels, enc_inputs, dec_inputs))
             if graphs is None:
                 with autocast(device, amp):
                     logits = model(enc_inputs, dec_inputs)[0]
             else:
-                logits = graphs.logits(enc_inputs, dec_inputs)
+                logits = graphs.logits(enc_inputs, dec_inputs, rows)
             total_loss += F.cross_entropy(logits.float(), labels, reduction="sum")
             correct += logits.argmax(1).eq(labels).sum()
             seen += labels.numel()
