@@ -24,7 +24,7 @@ if interpreter_requested() and importlib.util.find_spec("triton"):
     interpreter_speed.install()  # triton.language patched once per module and launch, not per helper call
 
 import fastformer.backend  # after TRITON_INTERPRET, on purpose
-from tests import sm90_early
+from tests import compile_early, sm90_early
 
 HAS_CUDA = torch.cuda.is_available()
 HERE = Path(__file__).resolve().parent
@@ -67,8 +67,9 @@ def spread(n, k):
 @pytest.hookimpl(tryfirst=True)  # before -m and -k read the markers and keywords added here
 def pytest_collection_modifyitems(config, items):
     """Mark the tests that take `device` `parity` (what a GPU run adds to the `cuda` tests), tag
-    the ones --parity-subset quick keeps with PARITY_QUICK_KEYWORD, apply --parity-subset, and
-    skip the `cuda` tests where there is no GPU."""
+    the ones --parity-subset quick keeps with PARITY_QUICK_KEYWORD, apply --parity-subset, run
+    tests/test_compile.py last (tests/compile_early.py), and skip the `cuda` tests where there is
+    no GPU."""
     functions = {}  # (parent, function name): its parity tests in collection order
     for item in items:
         if uses_device_fixture(item):
@@ -85,6 +86,7 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=[item for item in items if item in drop])
         items[:] = [item for item in items if item not in drop]
+    compile_early.last(items)  # the compile harness's module last: its harness is begun first
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none (run `pytest -m cuda` on a GPU)")
@@ -95,10 +97,12 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collection_finish(session):
     sm90_early.start(session)  # the sm_90a compile check's workers, at nice 19, beside the tests before it
+    compile_early.start(session)  # tests/test_compile.py's harness, at nice 19, beside the tests before it
 
 
 def pytest_unconfigure(config):
     sm90_early.cancel(config)
+    compile_early.cancel(config)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
 """CI's sm_90a compile matrix begun as the test run begins (tests/conftest.py's hooks), for
 tests/test_sm90_compile.py's `records`: its two worker processes compile for about 12 minutes of
-two cores (CI, 2026-12-03). Begun when collection ends, at nice 19, they compile on a core the
+two cores on the oldest lane (CI, 2026-12-03), every config; about 5 on the newest, the rules'
+picks (tools.sm90_cases.ci_cases_here). Begun when collection ends, at nice 19, they compile on a core the
 tests leave idle: CI's newest lane runs its tests in one process, and once its oldest lane ends
 (1,620 s into CI's run of 2026-12-03, of 3,176) a core is idle until the check; the fixture then
 sets them back to the default niceness and waits for what is left: the rehearsal of 2026-12-04

@@ -4,42 +4,35 @@ backward, with the aot_eager and inductor backends, Inductor's Triton kernels co
 (how: the docstring of tests/compile_harness.py). CI runs this on the newest and the oldest stack."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
 
+from tests import compile_early
+
 pytestmark = pytest.mark.versions
 
-ROOT = Path(__file__).resolve().parent.parent
-MODELS = ("movie", "seq2seq")
-BACKENDS = ("aot_eager", "inductor")
-EXTRAS = ("--bucketed", "--export")  # the drop-in loop over bucketed batches, and torch.export
+MODELS, BACKENDS = compile_early.MODELS, compile_early.BACKENDS
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(request):
     """{(model, backend): result} from one harness process (the kernels must be imported there
-    without TRITON_INTERPRET, which this test process has set), with Inductor's and Triton's caches
-    of its own: CI's two lanes run this at once, on two torch versions."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    caches = tmp_path_factory.mktemp("compile-caches")
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"), TRITON_CACHE_DIR=str(caches / "triton"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.compile_harness", "--models", *MODELS, "--backends", *BACKENDS, *EXTRAS],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    without TRITON_INTERPRET, which this test process has set), begun at nice 19 when collection
+    ended, this module run last (tests/compile_early.py)."""
+    returncode, stdout, stderr = compile_early.result(request.config)
+    assert returncode == 0, stdout[-3000:] + stderr[-6000:]
+    found = json.loads(stdout.strip().splitlines()[-1])
     return {(r["model"], r.get("backend", r.get("loop"))): r for r in found}
+
+
+def test_the_harness_began_when_collection_ended_and_this_module_runs_last(results, request):
+    """The results come from the harness tests/conftest.py began (tests/compile_early.py), and
+    every test of this module comes after the others selected."""
+    assert isinstance(request.config.stash.get(compile_early.HARNESS, None), compile_early.Harness)
+    names = [item.path.name for item in request.session.items]
+    assert names[names.index(compile_early.MODULE) :] == [compile_early.MODULE] * names.count(compile_early.MODULE)
 
 
 # the kernels a train step of each model launches: attention both ways, the FFN both ways (its
