@@ -669,9 +669,10 @@ class Transformer(WatchedModule):
 
     def packs(self, enc_inputs):
         """Whether forward may run the encoder on the real tokens alone (fastformer.packing): packing
-        is on, the count can be read (eager, no capture), attention and add + LayerNorm run the
-        Triton kernels, no probabilities are asked for, and nothing sees the encoder's and decoder's
-        tensors (fastformer.fusion: every module stock, no hooks)."""
+        is on, the count can be read (eager, no capture) or a token bucket gives the rows (eager or
+        in a CUDA graph's capture: fastformer.packing.token_bucket), attention and add + LayerNorm
+        run the Triton kernels, no probabilities are asked for, and nothing sees the encoder's and
+        decoder's tensors (fastformer.fusion: every module stock, no hooks)."""
         if not packing_enabled():
             return False
         if not can_read_counts(enc_inputs) and (bucket_rows() is None or not can_pack_statically()):
