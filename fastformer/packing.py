@@ -22,7 +22,7 @@ called alone returns its output at every position, pads included, and runs padde
 
 The packed row count is the batch's count of real tokens, read on the host with the ids' range
 check in one copy (on CUDA the sync that check makes anyway). A traced or captured step cannot
-read it (torch.compile, CUDA graphs, a torch.func transform), so those run padded, as before;
+read it (torch.compile, CUDA graphs, a torch.func transform), so those run padded;
 inside `token_bucket(rows)` the model reads no count: it packs every batch into `rows` rows (a
 static packing, `make_static_packing`: the real tokens, then filler rows in sequences of their
 own), so a CUDA graph captured there replays on real tokens too, whoever knows a bound on the
@@ -131,8 +131,8 @@ FILLER_ROWS = 32  # the rows of a static packing's filler sequence, at most
 
 def make_static_packing(pad, offsets, rows):
     """The Packing of a batch whose padding flags are `pad` (bs, n_seq) and offsets `lengths`'
-    as `rows` rows whatever its count of real tokens, which nothing reads on the host: a captured or
-    compiled step sees one shape. The real tokens first, in order, then filler rows (copies of
+    as `rows` rows whatever its count of real tokens, which nothing reads on the host: a captured
+    step sees one shape. The real tokens first, in order, then filler rows (copies of
     position 0's token, so finite) up to `rows`, in sequences of at most FILLER_ROWS rows that
     attend over their own rows: every row lies in a sequence, so attention writes every output and
     gradient row, and the fillers' are exact zeros in every gradient (nothing reads their outputs).
@@ -145,7 +145,7 @@ def make_static_packing(pad, offsets, rows):
     # enough filler sequences for `rows` fillers, the most a batch can have; those past the
     # batch's fillers are empty
     size = min(FILLER_ROWS, n_seq)
-    step = torch.arange(1, -(-rows // size) + 1, dtype=offsets.dtype, device=offsets.device) * size
+    step = torch.arange(size, (-(-rows // size) + 1) * size, size, dtype=offsets.dtype, device=offsets.device)
     filler_ends = torch.clamp_max(count + step, rows)
     return Packing(index, torch.cat([offsets, filler_ends]), n_seq, bs)
 

@@ -26,10 +26,10 @@ all with one launch. `GraphedSteps` does this for MovieClassification:
   requires: every replay casts the weights it reads afresh.
 - Dropout's seeds are drawn on the device from torch's CUDA generator, which torch.cuda.graph
   advances at every replay, so each replay draws new masks.
-- On real tokens (fastformer.packing): given a batch's `rows` (`fastformer.packing.replay_rows`, which the job's loops
-  read from the batch's encoder ids while they are still on the host: its count of real tokens
-  rounded up to an eighth of its positions), a step is captured and replayed in
-  `token_bucket(rows)`, its encoder on the real tokens and fillers up to `rows`; one graph per
+- On real tokens (fastformer.packing): given a batch's `rows` (`fastformer.packing.replay_rows`,
+  which the job's loops read from the batch's encoder ids while they are still on the host: its
+  count of real tokens rounded up to an eighth of its positions), a step is captured and replayed
+  in `token_bucket(rows)`, its encoder on the real tokens and fillers up to `rows`; one graph per
   shape and rows. Without (`rows=None`: packing off, nothing to leave out, a review of padding
   alone, the model not packing, the ids already on the device) it runs padded.
 
@@ -74,6 +74,12 @@ def make_capturable(optimizer, capturable=True):
             if "step" in state:
                 state["step"] = state["step"].to(device if capturable or group.get("fused") else "cpu")
     return optimizer
+
+
+def _packing(rows):
+    """The packing a step with these rows is warmed up and captured in: token_bucket(rows), or
+    padded where it has none."""
+    return token_bucket(rows) if rows is not None else use_packing(False)
 
 
 class _Captured(NamedTuple):
@@ -171,8 +177,7 @@ class GraphedSteps:
         side.wait_stream(stream)
         # warmed up as captured: in the token bucket's rows, or padded (a capture cannot read the
         # count of real tokens: fastformer.packing)
-        packing = token_bucket(rows) if rows is not None else use_packing(False)
-        with torch.cuda.stream(side), warnings.catch_warnings(), packing:
+        with torch.cuda.stream(side), warnings.catch_warnings(), _packing(rows):
             # uncaptured on purpose: the optimizer's one-time advice against capturable=True outside graphs
             warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
             for _ in range(self.warmup_steps):
@@ -182,8 +187,7 @@ class GraphedSteps:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)  # the captured backward allocates .grad in the pool
         graph = torch.cuda.CUDAGraph()
-        packing = token_bucket(rows) if rows is not None else use_packing(False)
-        with torch.cuda.graph(graph, pool=self.pool), packing:
+        with torch.cuda.graph(graph, pool=self.pool), _packing(rows):
             outputs = body(*inputs)
         return _Captured(graph, inputs, outputs)
 
